@@ -1,0 +1,50 @@
+"""The ops the runtime calls. Each routes to its Triton kernel or its PyTorch reference (see `backend`).
+
+Triton modules are imported only when chosen, so the reference path needs no Triton installed.
+"""
+import torch
+
+from kubeinfer.kernels import references
+from kubeinfer.kernels.backend import use_triton
+from kubeinfer.kernels.metadata import AttentionMetadata
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    if use_triton(key):
+        from kubeinfer.kernels.kv_store import store_kv as triton_store_kv
+        return triton_store_kv(key, value, k_cache, v_cache, slot_mapping)
+    return references.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    if use_triton(q):
+        if meta.is_decode_only:
+            from kubeinfer.kernels.decode_attention import decode_attention
+            return decode_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+        from kubeinfer.kernels.extend_attention import extend_attention
+        return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    return references.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    if use_triton(x):
+        from kubeinfer.kernels.rmsnorm import rms_norm as triton_rms_norm
+        return triton_rms_norm(x, weight, eps, residual)
+    return references.rms_norm(x, weight, eps, residual)
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(q):
+        from kubeinfer.kernels.rotary import rotary_embedding as triton_rotary
+        return triton_rotary(positions, q, k, cos_sin_cache)
+    return references.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from kubeinfer.kernels.activation import silu_and_mul as triton_silu_and_mul
+        return triton_silu_and_mul(x)
+    return references.silu_and_mul(x)

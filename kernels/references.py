@@ -1,0 +1,116 @@
+"""Plain PyTorch references of every kernel. They define the ops' meaning, and are the runtime's CPU path.
+
+Layouts: activations are flattened along tokens (`[num_tokens, num_heads, head_dim]`); the paged cache is
+`[num_blocks, block_size, num_kv_heads, head_dim]` (see `kubeinfer.kernels`). Softmax and norms run in fp32.
+"""
+import torch
+import torch.nn.functional as F
+
+from kubeinfer.kernels.metadata import AttentionMetadata
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write each token's K/V into its slot; tokens with slot -1 are skipped."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[keep]
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep]
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence, `[length, num_kv_heads, head_dim]`."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """Causal mask, narrowed to the last `sliding_window` keys when set: `[..., queries, keys]`."""
+    mask = key_pos <= query_pos
+    if sliding_window is not None:
+        mask &= key_pos > query_pos - sliding_window
+    return mask
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q `[..., n, H, D]`, k/v `[..., L, KVH, D]`, mask `[..., n, L]` -> `[..., n, H, D]`, grouped-query aware."""
+    *batch, n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[-2]
+    group = num_heads // num_kv_heads
+    qg = q.float().view(*batch, n, num_kv_heads, group, head_dim)
+    scores = torch.einsum("...nkgd,...lkd->...kgnl", qg, k.float()) * scale
+    scores.masked_fill_(~mask.unsqueeze(-3).unsqueeze(-3), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("...kgnl,...lkd->...nkgd", probs, v.float())
+    return out.reshape(*batch, n, num_heads, head_dim).to(q.dtype)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """One query token per sequence (q `[num_seqs, H, D]`), all sequences in one batched gather."""
+    block_size = k_cache.shape[1]
+    max_blocks = -(-meta.max_seqlen_k // block_size)
+    tables = meta.block_tables[:, :max_blocks].long()
+    k = k_cache[tables].flatten(1, 2)                       # [B, L, KVH, D]
+    v = v_cache[tables].flatten(1, 2)
+    key_pos = torch.arange(k.shape[1], device=q.device)
+    query_pos = (meta.seq_lens.long() - 1).view(-1, 1, 1)   # [B, 1 query, 1]
+    mask = _visible(query_pos, key_pos.view(1, 1, -1), sliding_window)
+    return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """Variable-length query chunks with a causal offset (prefill, chunked prefill, prefix hits, decode)."""
+    out = torch.empty_like(q)
+    starts = meta.cu_seqlens_q.tolist()
+    for i, seq_len in enumerate(meta.seq_lens.tolist()):
+        begin, end = starts[i], starts[i + 1]
+        k = _gather_kv(k_cache, meta.block_tables[i], seq_len)
+        v = _gather_kv(v_cache, meta.block_tables[i], seq_len)
+        key_pos = torch.arange(seq_len, device=q.device)
+        query_pos = key_pos[seq_len - (end - begin):].unsqueeze(-1)
+        mask = _visible(query_pos, key_pos.unsqueeze(0), sliding_window)
+        out[begin:end] = _attend(q[begin:end], k, v, mask, scale)
+    return out
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    if meta.is_decode_only:
+        return decode_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm as Llama defines it (fp32 statistics, weight applied in the input dtype).
+
+    With `residual`, first adds it (`x + residual`) and returns `(normed, x + residual)`.
+    """
+    if residual is not None:
+        x = x + residual
+        residual = x
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    normed = weight * normed.to(x.dtype)
+    return normed if residual is None else (normed, residual)
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX/Llama layout (rotate halves). `cos_sin_cache` is `[max_positions, head_dim]`: cos | sin halves."""
+    cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(-2).chunk(2, dim=-1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    return rotate(q), rotate(k)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """`silu(x[..., :d]) * x[..., d:]` for `x` of last size `2d`."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
