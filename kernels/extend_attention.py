@@ -1,0 +1,156 @@
+"""Paged prefill/extend attention: variable-length query chunks against paged KV (Triton).
+
+Scope and assumptions:
+- Covers prefill, chunked prefill, prefix-cache hits and decode rows mixed in one batch. Sequence `i`
+  owns query tokens `cu_seqlens_q[i]:cu_seqlens_q[i+1]` of `q` (`[num_tokens, num_heads, head_dim]`,
+  unit stride on `head_dim`): the last `n` of its first `seq_lens[i]` tokens, whose K/V (this chunk's
+  included) are already in the cache. Query `j` sits at `seq_lens[i] - n + j` (causal offset) and sees
+  keys up to that position, only the last `sliding_window` of them when a window is set (Mistral).
+- `k_cache`/`v_cache` are `[num_blocks, block_size, num_kv_heads, head_dim]` (any block size; unit stride
+  on `head_dim`); `block_tables` int32 `[num_seqs, max_blocks]`; `cu_seqlens_q`, `seq_lens` int32.
+- Grouped-query attention: query head `h` reads KV head `h // (num_heads // num_kv_heads)`.
+
+Grid `(num_seqs, num_heads, cdiv(max_seqlen_q, BLOCK_M))`: a program takes BLOCK_M queries of one head
+and runs an online softmax over the keys its tile can see, `[first visible, last query + 1)`, gathering
+each key's page through the block table. Rows that see no key of a tile keep their state (the running
+max is guarded against -inf), so windows narrower than a tile are exact.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kubeinfer.kernels.metadata import AttentionMetadata
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K_Cache, V_Cache, Out, Cu_Seqlens_Q, Seq_Lens, Block_Tables,
+    stride_qt, stride_qh,
+    stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    sm_scale_log2, sliding_window, head_dim,
+    GROUP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    m_block = tl.program_id(2)
+    q_begin = tl.load(Cu_Seqlens_Q + seq)
+    q_len = tl.load(Cu_Seqlens_Q + seq + 1) - q_begin
+    if m_block * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(Seq_Lens + seq)
+    kv_head = head // GROUP
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < q_len
+    query_pos = seq_len - q_len + offs_m
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    q_rows = (q_begin + offs_m).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+
+    # Keys this tile can see: causal end at its last query, window start at its first query.
+    first_pos = seq_len - q_len + m_block * BLOCK_M
+    kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
+    kv_start = 0
+    if HAS_WINDOW:
+        kv_start = tl.maximum(first_pos - sliding_window + 1, 0)
+    table = Block_Tables + seq.to(tl.int64) * stride_bt
+
+    running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    denominator = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(kv_start, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        in_page = offs_n % PAGE_SIZE
+
+        k = tl.load(K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh
+                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_M, BLOCK_N]
+        visible = mask_n[None, :] & (offs_n[None, :] <= query_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > query_pos[:, None] - sliding_window)
+        scores = tl.where(visible, scores, float("-inf"))
+
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)            # rows with no key yet
+        rescale = tl.exp2(running_max - safe_max)
+        probs = tl.exp2(scores - safe_max[:, None])
+        denominator = denominator * rescale + tl.sum(probs, axis=1)
+
+        v = tl.load(V_Cache + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh
+                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    out = acc / tl.where(denominator > 0.0, denominator, 1.0)[:, None]
+    tl.store(Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this device, dtype and head size."""
+    if not q.is_cuda:
+        return 64, 64, 4, 1              # interpreter: few, large programs
+    if q.dtype == torch.float32 or head_dim > 128:
+        return 64, 32, 4, 2
+    if head_dim > 64:
+        return 128, 64, 8, 2
+    return 128, 64, 4, 3
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of variable-length query chunks over their paged KV; returns `[num_tokens, H, D]`."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
+    num_seqs = meta.num_seqs
+    assert v_cache.shape == k_cache.shape, "k_cache and v_cache must have the same shape"
+    assert cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query head_dim {head_dim}"
+    assert num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads"
+    assert q.dtype == k_cache.dtype == v_cache.dtype, "q and the caches must share a dtype"
+    assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}"
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "need unit stride on head_dim"
+    assert meta.cu_seqlens_q.shape == (num_seqs + 1,) and meta.block_tables.shape[0] == num_seqs
+    for name in ("cu_seqlens_q", "seq_lens", "block_tables"):
+        assert getattr(meta, name).dtype == torch.int32, f"meta.{name} must be int32"
+    assert meta.block_tables.stride(-1) == 1, "block_tables needs a unit stride on its last dim"
+    assert sliding_window is None or sliding_window > 0
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    block_m, block_n, num_warps, num_stages = _block_sizes(q, head_dim)
+    grid = (num_seqs, num_heads, triton.cdiv(meta.max_seqlen_q, block_m))
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
+        q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        meta.block_tables.stride(0),
+        scale * _LOG2E, sliding_window or 0, head_dim,
+        GROUP=num_heads // num_kv_heads,
+        PAGE_SIZE=page_size,
+        HAS_WINDOW=sliding_window is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
