@@ -1,0 +1,76 @@
+"""The engine's settings: one dataclass, validated once, handed down unchanged."""
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kubeinfer.kernels.backend import BACKENDS
+from kubeinfer.runtime.errors import ConfigError
+from kubeinfer.runtime.models.config import DTYPES, ModelConfig
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    served_model_name: str | None = None
+    dtype: str = "auto"                    # auto = the checkpoint's dtype
+    max_model_len: int | None = None       # None = the model's max_position_embeddings
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048     # token budget of one step; prompts longer than this are chunked
+    enable_prefix_caching: bool = True
+    num_kvcache_blocks: int | None = None  # overrides the memory budget below
+    kv_cache_memory_gib: float | None = None
+    gpu_memory_utilization: float = 0.9
+    max_waiting_requests: int = 1024
+    tensor_parallel_size: int = 1
+    device: str = "auto"                   # auto = cuda when available, else cpu
+    kernel_backend: str = "auto"           # auto | torch | triton (see kubeinfer.kernels)
+    seed: int = 0
+    model_config: ModelConfig = field(init=False, repr=False)
+
+    def __post_init__(self):
+        from kubeinfer.runtime.demo import resolve_model_dir
+        self.model = str(resolve_model_dir(self.model))
+        if not Path(self.model).is_dir():
+            raise ConfigError(f"model folder {self.model!r} does not exist")
+        self.model_config = ModelConfig.from_dir(self.model)
+        self.served_model_name = self.served_model_name or Path(self.model).name
+        limit = self.model_config.max_position_embeddings
+        self.max_model_len = self.max_model_len or limit
+        _require(self.max_model_len <= limit,
+                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {limit}")
+        _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
+                 f"block_size must be a power of two, got {self.block_size}")
+        _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _require(self.max_num_batched_tokens >= 1,
+                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        _require(self.dtype == "auto" or self.dtype in DTYPES,
+                 f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _require(self.kernel_backend in BACKENDS,
+                 f"kernel_backend must be one of {', '.join(BACKENDS)}, got {self.kernel_backend!r}")
+        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                 f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
+        _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
+        _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return self.model_config.dtype if self.dtype == "auto" else DTYPES[self.dtype]
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kubeinfer"

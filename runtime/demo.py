@@ -1,0 +1,124 @@
+"""The built-in demo model: a tiny random-weight Llama with a byte-level BPE tokenizer trained offline.
+
+`--model demo` builds it once under the user's cache directory, so the runtime works on a fresh machine
+with no download. Its weights are random: its text is too.
+"""
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+logger = logging.getLogger(__name__)
+DEMO_NAME = "demo"
+DEMO_VERSION = "v1"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "Kubernetes runs containers on a fleet of machines and keeps them in the state that you declare.",
+    "An operator watches custom resources and reconciles the cluster towards what they describe.",
+    "A language model predicts the next token from the tokens before it, one step at a time.",
+    "The key and value cache keeps the attention state of every token already seen, in fixed-size blocks.",
+    "Continuous batching adds new requests to the running batch as soon as there is room for them.",
+    "Prometheus scrapes metrics over HTTP and answers queries written in PromQL.",
+    "Tensor parallelism splits each weight matrix across the GPUs of one machine.",
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 3.14159 2.71828; symbols: {} [] () <> += -> => ;;",
+    "Unicode: café, naïve, Straße, 日本語のテキスト, 中文文本, 한국어, Ελληνικά, кириллица, emoji 🙂🚀.",
+]
+
+
+def train_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> Tokenizer:
+    """A byte-level BPE tokenizer (every byte is a token, so any text encodes) trained in milliseconds."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((corpus or CORPUS) * 4, trainer=trainer)
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, model_dir: Path, eos_token: str = "<|endoftext|>") -> None:
+    """Writes tokenizer.json and a tokenizer_config.json that transformers' AutoTokenizer also reads."""
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_token, "bos_token": None,
+              "pad_token": eos_token, "model_max_length": 1 << 20, "chat_template": CHATML_TEMPLATE}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def demo_config(vocab_size: int, eos_token_ids: list[int]) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
+        "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "tie_word_embeddings": False,
+        "dtype": "float32", "eos_token_id": eos_token_ids, "bos_token_id": None,
+    }
+
+
+def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors named as Hugging Face names them, drawn from N(0, std); norms are ones."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config["head_dim"]
+    q_size = config["num_attention_heads"] * head_dim
+    kv_size = config["num_key_value_heads"] * head_dim
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator) * std
+
+    weights = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden),
+               "model.norm.weight": torch.ones(hidden), "lm_head.weight": normal(config["vocab_size"], hidden)}
+    for i in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{i}."
+        weights |= {
+            prefix + "self_attn.q_proj.weight": normal(q_size, hidden),
+            prefix + "self_attn.k_proj.weight": normal(kv_size, hidden),
+            prefix + "self_attn.v_proj.weight": normal(kv_size, hidden),
+            prefix + "self_attn.o_proj.weight": normal(hidden, q_size),
+            prefix + "mlp.gate_proj.weight": normal(inter, hidden),
+            prefix + "mlp.up_proj.weight": normal(inter, hidden),
+            prefix + "mlp.down_proj.weight": normal(hidden, inter),
+            prefix + "input_layernorm.weight": torch.ones(hidden),
+            prefix + "post_attention_layernorm.weight": torch.ones(hidden),
+        }
+    return weights
+
+
+def build_demo_model(model_dir: Path) -> None:
+    tokenizer = train_tokenizer()
+    eos_ids = [tokenizer.token_to_id("<|endoftext|>"), tokenizer.token_to_id("<|im_end|>")]
+    config = demo_config(tokenizer.get_vocab_size(), eos_ids)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(random_llama_weights(config), str(model_dir / "model.safetensors"))
+    save_tokenizer(tokenizer, model_dir)
+
+
+def resolve_model_dir(model: str) -> Path:
+    """`demo` -> the demo model's folder (built on first use); anything else is a folder path."""
+    if model != DEMO_NAME:
+        return Path(model).expanduser()
+    from kubeinfer.runtime.config import default_cache_dir
+    target = default_cache_dir() / f"demo-model-{DEMO_VERSION}"
+    if not (target / "model.safetensors").is_file():
+        logger.info("building the demo model in %s (once)", target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".demo-"))
+        try:
+            build_demo_model(staging)
+            if target.exists():  # a half-built folder from an interrupted run
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

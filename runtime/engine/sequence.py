@@ -1,0 +1,67 @@
+"""A request as the engine sees it: its tokens, sampling settings, KV blocks and progress."""
+import enum
+import itertools
+import time
+
+from kubeinfer.runtime.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    _ids = itertools.count()
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float | None = None):
+        self.seq_id = next(Sequence._ids)
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0   # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0     # of the prompt, served by the prefix cache at first admission
+        self.num_hashed_blocks = 0     # leading full blocks registered in the prefix cache
+        self.last_block_hash: int | None = None
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.logprobs: list[dict] = []
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_token_time: float | None = None
+        self.generator = None          # torch.Generator when the request has a seed (made by the sampler)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

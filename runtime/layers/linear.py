@@ -1,0 +1,123 @@
+"""Linear layers that shard themselves over the tensor-parallel group.
+
+Each parameter carries a `weight_loader(param, source, shard_id=None)` that reads only this rank's part of
+a checkpoint tensor. `source` is a safetensors slice (or a tensor): indexing it reads just that range.
+Column-parallel layers split the output features; row-parallel layers split the input features and
+all-reduce their output; the model code never looks at the rank.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kubeinfer.runtime.parallel import all_reduce, tp_rank, tp_size
+
+
+def _read(source, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+    if rows is None and cols is None:
+        return source[:]
+    if cols is None:
+        return source[rows]
+    return source[rows if rows is not None else slice(None), cols]
+
+
+def _shape(source) -> tuple[int, ...]:
+    return tuple(source.get_shape()) if hasattr(source, "get_shape") else tuple(source.shape)
+
+
+def _copy_into(dest: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if dest.shape != loaded.shape:
+        raise ValueError(f"{name}: checkpoint shard has shape {tuple(loaded.shape)}, expected {tuple(dest.shape)}")
+    dest.copy_(loaded)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
+        _copy_into(param.data, _read(source), "replicated linear")
+
+
+class ColumnParallelLinear(LinearBase):
+    """Splits the output features: rank r holds rows `[r*n, (r+1)*n)` of the weight."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        assert out_features % tp_size() == 0, f"{out_features} output features do not split over {tp_size()} ranks"
+        super().__init__(in_features, out_features // tp_size(), bias)
+
+    def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
+        rows = param.shape[0]
+        start = tp_rank() * rows
+        _copy_into(param.data, _read(source, slice(start, start + rows)), "column-parallel linear")
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input in one matmul (e.g. gate and up)."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, source, shard_id: int = 0) -> None:
+        size = self.output_sizes[shard_id] // tp_size()
+        offset = sum(self.output_sizes[:shard_id]) // tp_size()
+        start = tp_rank() * size
+        _copy_into(param.data[offset:offset + size], _read(source, slice(start, start + size)),
+                   f"merged linear shard {shard_id}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Q, K and V projections in one matmul; heads are split over ranks, KV heads replicated when fewer."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+        size = tp_size()
+        assert num_heads % size == 0, f"{num_heads} attention heads do not split over {size} ranks"
+        assert num_kv_heads % size == 0 or size % num_kv_heads == 0, \
+            f"{num_kv_heads} KV heads neither split over nor replicate onto {size} ranks"
+        self.head_dim = head_dim
+        self.num_heads = num_heads // size
+        self.num_kv_heads = max(1, num_kv_heads // size)
+        self.kv_replicas = max(1, size // num_kv_heads)   # ranks that hold the same KV head
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        LinearBase.__init__(self, hidden_size, out, bias)
+
+    def weight_loader(self, param: nn.Parameter, source, shard_id: str = "q") -> None:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            offset, size, start = 0, q_size, tp_rank() * q_size
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, start = kv_size, (tp_rank() // self.kv_replicas) * kv_size
+        _copy_into(param.data[offset:offset + size], _read(source, slice(start, start + size)),
+                   f"qkv shard {shard_id}")
+
+
+class RowParallelLinear(LinearBase):
+    """Splits the input features; the partial outputs are summed over ranks (bias added once)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        assert in_features % tp_size() == 0, f"{in_features} input features do not split over {tp_size()} ranks"
+        super().__init__(in_features // tp_size(), out_features, bias)
+
+    def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
+        if param.dim() == 1:  # the bias is not split
+            _copy_into(param.data, _read(source), "row-parallel bias")
+            return
+        cols = param.shape[1]
+        start = tp_rank() * cols
+        _copy_into(param.data, _read(source, None, slice(start, start + cols)), "row-parallel linear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias if tp_rank() == 0 else None)
+        return all_reduce(y)

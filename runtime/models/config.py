@@ -1,0 +1,160 @@
+"""The model's `config.json`, parsed once into a typed, architecture-neutral description."""
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kubeinfer.runtime.errors import ModelLoadError, UnsupportedModelError
+
+# Architecture name -> (qkv bias, q/k RMSNorm, sliding window on every layer)
+ARCHITECTURES = {
+    "LlamaForCausalLM": ("attention_bias", False, False),
+    "MistralForCausalLM": ("attention_bias", False, True),
+    "Qwen2ForCausalLM": (True, False, False),
+    "Qwen3ForCausalLM": ("attention_bias", True, False),
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    sliding_windows: tuple[int | None, ...]   # per layer; None = full attention
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{model_dir}: no config.json; expected a Hugging Face model folder")
+        raw = json.loads(path.read_text())
+        generation = Path(model_dir) / "generation_config.json"
+        eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
+        return parse_config(raw, eos if eos is not None else raw.get("eos_token_id"))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+
+def parse_config(raw: dict, eos_token_id: int | list[int] | None = None) -> ModelConfig:
+    architecture = (raw.get("architectures") or ["?"])[0]
+    if architecture not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    qkv_bias, qk_norm, sliding_everywhere = ARCHITECTURES[architecture]
+    attention_bias = bool(raw.get("attention_bias", False))
+    num_heads = raw["num_attention_heads"]
+    num_layers = raw["num_hidden_layers"]
+    hidden_size = raw["hidden_size"]
+    dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    if dtype_name not in DTYPES:
+        raise UnsupportedModelError(f"checkpoint dtype {dtype_name!r} is not supported; use one of {list(DTYPES)}")
+    if isinstance(eos_token_id, int):
+        eos_token_id = [eos_token_id]
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=raw["vocab_size"],
+        hidden_size=hidden_size,
+        intermediate_size=raw["intermediate_size"],
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or hidden_size // num_heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=raw.get("max_position_embeddings", 4096),
+        rope=parse_rope(raw),
+        qkv_bias=attention_bias if qkv_bias == "attention_bias" else qkv_bias,
+        o_bias=attention_bias and architecture in ("LlamaForCausalLM", "MistralForCausalLM"),
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        qk_norm=qk_norm,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        sliding_windows=_sliding_windows(raw, num_layers, sliding_everywhere),
+        dtype=DTYPES[dtype_name],
+        eos_token_ids=tuple(eos_token_id or ()),
+        bos_token_id=raw.get("bos_token_id"),
+    )
+
+
+def parse_rope(raw: dict) -> RopeConfig:
+    """Reads transformers 5's `rope_parameters` or the older top-level `rope_theta` + `rope_scaling`."""
+    params = dict(raw.get("rope_parameters") or {})
+    if not params:
+        params = dict(raw.get("rope_scaling") or {})
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in ROPE_TYPES:
+        raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial_rotary_factor != 1 is not supported")
+    known = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    return RopeConfig(theta=float(params.get("rope_theta", 10000.0)), rope_type=rope_type,
+                      **{k: v for k, v in params.items() if k in known})
+
+
+def _sliding_windows(raw: dict, num_layers: int, sliding_everywhere: bool) -> tuple[int | None, ...]:
+    window = raw.get("sliding_window")
+    if sliding_everywhere:
+        return (window,) * num_layers
+    layer_types = raw.get("layer_types")
+    if layer_types is None:  # Qwen2/Qwen3 checkpoints from before transformers 5
+        use = raw.get("use_sliding_window", False)
+        start = raw.get("max_window_layers", num_layers)
+        layer_types = ["sliding_attention" if use and window and i >= start else "full_attention"
+                       for i in range(num_layers)]
+    return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies, computed exactly as transformers does (same ops, fp32)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope.theta ** exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_freq_wavelen = old_len / rope.low_freq_factor
+        high_freq_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin_cache(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:
+    """`[max_positions, head_dim]`: cos of each frequency in the first half, sin in the second (fp32)."""
+    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(rope, head_dim)[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)

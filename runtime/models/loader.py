@@ -1,0 +1,86 @@
+"""Loads a Hugging Face safetensors checkpoint into our modules, each rank reading only its shards."""
+import logging
+import sys
+from pathlib import Path
+
+from safetensors import safe_open
+from torch import nn
+
+from kubeinfer.runtime.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir}: no *.safetensors weight files")
+    params = dict(model.named_parameters())
+    packed = getattr(model, "packed_modules", {})
+    expected = {(name, shard) for name, shard in _expected_shards(params, packed)}
+    loaded: set[tuple[str, object]] = set()
+    progress = _Progress(len(files))
+    for index, file in enumerate(files):
+        with safe_open(file, framework="pt", device="cpu") as checkpoint:
+            for name in checkpoint.keys():
+                if name.endswith(IGNORED_SUFFIXES):
+                    continue
+                target, shard = _map_name(name, packed)
+                param = params.get(target)
+                if param is None:
+                    if name == "lm_head.weight" and "lm_head.weight" not in params:
+                        continue  # tied to the embedding
+                    logger.warning("checkpoint tensor %s has no place in the model; skipped", name)
+                    continue
+                loader = getattr(param, "weight_loader", _load_whole)
+                try:
+                    loader(param, checkpoint.get_slice(name), shard)
+                except ValueError as error:
+                    raise ModelLoadError(f"{file.name}: {name}: {error}") from error
+                loaded.add((target, shard))
+        progress.update(index + 1, len(loaded), len(expected))
+    missing = sorted(f"{name}{'' if shard is None else f' [{shard}]'}" for name, shard in expected - loaded)
+    if missing:
+        raise ModelLoadError(f"{model_dir}: weights missing from the checkpoint: {', '.join(missing[:8])}"
+                             + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
+def _load_whole(param, source, shard_id=None) -> None:
+    loaded = source[:]
+    if param.shape != loaded.shape:
+        raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+def _map_name(name: str, packed: dict[str, tuple[str, object]]) -> tuple[str, object]:
+    for checkpoint_part, (our_part, shard) in packed.items():
+        if f".{checkpoint_part}." in name:
+            return name.replace(f".{checkpoint_part}.", f".{our_part}."), shard
+    return name, None
+
+
+def _expected_shards(params: dict[str, nn.Parameter], packed: dict[str, tuple[str, object]]):
+    shards_of: dict[str, list[object]] = {}
+    for our_part, shard in packed.values():
+        shards_of.setdefault(our_part, []).append(shard)
+    for name in params:
+        part = next((p for p in shards_of if f".{p}." in name), None)
+        for shard in shards_of[part] if part else [None]:
+            yield name, shard
+
+
+class _Progress:
+    """One line on a terminal (rewritten in place), one log line per file otherwise."""
+
+    def __init__(self, num_files: int):
+        self.num_files = num_files
+        self.tty = sys.stderr.isatty()
+
+    def update(self, files_done: int, tensors_done: int, tensors_total: int) -> None:
+        line = f"loading weights: {files_done}/{self.num_files} files, {tensors_done}/{tensors_total} tensors"
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if files_done == self.num_files else ""))
+            sys.stderr.flush()
+        else:
+            logger.info(line)

@@ -1,0 +1,59 @@
+"""Per-request sampling settings, validated once when built."""
+from dataclasses import dataclass, field
+
+from kubeinfer.runtime.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0        # 0 = greedy
+    top_p: float = 1.0              # in (0, 1]
+    top_k: int = -1                 # -1 = off
+    min_p: float = 0.0              # in [0, 1]
+    repetition_penalty: float = 1.0  # > 0; > 1 discourages tokens of the prompt and the output
+    presence_penalty: float = 0.0   # in [-2, 2], OpenAI semantics, over the output
+    frequency_penalty: float = 0.0  # in [-2, 2], OpenAI semantics, over the output
+    seed: int | None = None         # same seed, same output, whatever else runs in the batch
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None     # top-N logprobs of each sampled position (0 = only the sampled token's)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+               f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}", "temperature")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        _check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}", "top_k")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        _check(self.repetition_penalty > 0,
+               f"repetition_penalty must be > 0, got {self.repetition_penalty}", "repetition_penalty")
+        _check(-2 <= self.presence_penalty <= 2,
+               f"presence_penalty must be in [-2, 2], got {self.presence_penalty}", "presence_penalty")
+        _check(-2 <= self.frequency_penalty <= 2,
+               f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}", "frequency_penalty")
+        _check(0 <= self.min_tokens <= self.max_tokens,
+               f"min_tokens must be in [0, max_tokens], got {self.min_tokens}", "min_tokens")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", "stop")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+               f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+
+def _check(ok: bool, message: str, param: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message, param)
