@@ -1,0 +1,161 @@
+"""Attention kernel figures on one GPU: decode bandwidth and prefill TFLOP/s, beside PyTorch's SDPA.
+
+    python benchmarks/kernels.py [--batch 64] [--context 2048] [--prefill-len 2048] [--block-size 16]
+
+Shapes are Llama-3-8B's attention layout (32 query heads, 8 KV heads, head_dim 128), bf16, fixed seed.
+- Decode: one query per sequence over `context` cached tokens in a paged cache whose blocks are shuffled.
+  Bytes counted = what the op must move at least: K and V of every cached token read once
+  (batch * context * kv_heads * head_dim * 2 tensors * 2 bytes), plus q read and out written; block
+  tables and split scratch are not counted. % of peak uses the HBM peak of the device (table below).
+  SDPA runs on dense, unpaged `[batch, kv_heads, context, head_dim]` K/V with `enable_gqa=True`.
+- Prefill: `prefill_batch` prompts of `prefill_len` tokens, causal; FLOPs counted = 4 * heads * head_dim
+  * (number of visible query-key pairs) (QK^T and PV, 2 FLOPs per multiply-add, masked pairs excluded);
+  SDPA runs with `is_causal=True` on the same dense shapes.
+Timings: `triton.testing.do_bench`, median of repeated runs after warm-up. Without CUDA it says so and
+exits 0.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+try:
+    import kubeinfer.kernels  # noqa: F401
+except ImportError:  # a bare checkout (no `pip install -e .`): map kubeinfer.kernels onto ./kernels
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import kubeinfer
+    kubeinfer.__path__.append(str(Path(__file__).resolve().parents[1]))
+
+# HBM peak bandwidth in bytes/s, matched against torch.cuda.get_device_name() in this order.
+HBM_PEAK = [
+    ("H200", 4.8e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),          # SXM5 ("NVIDIA H100 80GB HBM3")
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100", 1.555e12),
+    ("L40S", 0.864e12),
+]
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+
+
+def hbm_peak(name: str) -> float | None:
+    return next((peak for key, peak in HBM_PEAK if key in name), None)
+
+
+def paged_batch(seq_lens: list[int], q_lens: list[int], block_size: int, dtype: torch.dtype, device: str):
+    """Random q and a paged cache holding every sequence's K/V in shuffled blocks; also the dense K/V."""
+    from kubeinfer.kernels import AttentionMetadata
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq)
+    order = torch.randperm(num_blocks, generator=gen, device=device).to(torch.int32)
+    tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32, device=device)
+    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    v_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    used = 0
+    for i, nb in enumerate(blocks_per_seq):
+        tables[i, :nb] = order[used:used + nb]
+        used += nb
+    q = torch.randn(sum(q_lens), NUM_HEADS, HEAD_DIM, generator=gen, device=device, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    meta = AttentionMetadata(cu_seqlens_q=cu, seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                             block_tables=tables, max_seqlen_q=max(q_lens), max_seqlen_k=max(seq_lens),
+                             slot_mapping=torch.full((sum(q_lens),), -1, dtype=torch.int64, device=device))
+    # Dense copies for SDPA, [batch, kv_heads, seq, head_dim] (all sequences have the same length here).
+    length = seq_lens[0]
+    dense = [c[tables.long()].flatten(1, 2)[:, :length].transpose(1, 2).contiguous() for c in (k_cache, v_cache)]
+    return q, k_cache, v_cache, meta, dense[0], dense[1]
+
+
+def time_ms(fn) -> float:
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def bench_decode(batch: int, context: int, block_size: int, dtype: torch.dtype, peak: float | None) -> None:
+    import torch.nn.functional as F
+    from kubeinfer.kernels.decode_attention import decode_attention
+
+    q, k_cache, v_cache, meta, dense_k, dense_v = paged_batch([context] * batch, [1] * batch, block_size, dtype, "cuda")
+    scale = HEAD_DIM ** -0.5
+    elem = torch.finfo(dtype).bits // 8
+    bytes_moved = (2 * batch * context * NUM_KV_HEADS * HEAD_DIM + 2 * batch * NUM_HEADS * HEAD_DIM) * elem
+    sdpa_q = q.view(batch, NUM_HEADS, 1, HEAD_DIM)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(sdpa_q, dense_k, dense_v, scale=scale, enable_gqa=True)
+
+    error = (decode_attention(q, k_cache, v_cache, meta, scale).float() - sdpa().view_as(q).float()).abs().max()
+    print(f"\n## Decode attention: batch {batch}, context {context}, block size {block_size}, "
+          f"{NUM_HEADS}/{NUM_KV_HEADS} heads x {HEAD_DIM}, {dtype}; max |triton - sdpa| = {float(error):.2e}")
+    print(f"bytes counted per call: {bytes_moved / 1e6:.1f} MB (K+V of every cached token once, q, out)")
+    print("| impl | splits | time (us) | GB/s | % HBM peak |\n|---|---|---|---|---|")
+
+    def row(name, splits, ms):
+        gbps = bytes_moved / (ms * 1e-3) / 1e9
+        pct = f"{100 * gbps * 1e9 / peak:.0f}%" if peak else "n/a"
+        print(f"| {name} | {splits} | {ms * 1e3:.1f} | {gbps:.0f} | {pct} |")
+
+    row("triton paged (default)", "auto", time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale)))
+    for splits in (1, 2, 4, 8, 16):
+        row("triton paged", splits, time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale,
+                                                                     num_kv_splits=splits)))
+    row("torch SDPA (dense)", "-", time_ms(sdpa))
+
+
+def bench_prefill(batch: int, length: int, block_size: int, dtype: torch.dtype) -> None:
+    import torch.nn.functional as F
+    from kubeinfer.kernels.extend_attention import extend_attention
+
+    q, k_cache, v_cache, meta, dense_k, dense_v = paged_batch([length] * batch, [length] * batch, block_size,
+                                                              dtype, "cuda")
+    scale = HEAD_DIM ** -0.5
+    flops = 4 * NUM_HEADS * HEAD_DIM * batch * length * (length + 1) / 2
+    sdpa_q = q.view(batch, length, NUM_HEADS, HEAD_DIM).transpose(1, 2)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(sdpa_q, dense_k, dense_v, is_causal=True, scale=scale, enable_gqa=True)
+
+    got = extend_attention(q, k_cache, v_cache, meta, scale)
+    error = (got.float() - sdpa().transpose(1, 2).reshape_as(q).float()).abs().max()
+    print(f"\n## Prefill attention: batch {batch} x {length} tokens, causal, block size {block_size}, "
+          f"{NUM_HEADS}/{NUM_KV_HEADS} heads x {HEAD_DIM}, {dtype}; max |triton - sdpa| = {float(error):.2e}")
+    print(f"FLOPs counted per call: {flops / 1e12:.3f} TFLOP (QK^T + PV over visible pairs)")
+    print("| impl | time (ms) | TFLOP/s |\n|---|---|---|")
+    for name, fn in (("triton paged extend", lambda: extend_attention(q, k_cache, v_cache, meta, scale)),
+                     ("torch SDPA (dense, causal)", sdpa)):
+        ms = time_ms(fn)
+        print(f"| {name} | {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--prefill-batch", type=int, default=4)
+    parser.add_argument("--prefill-len", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/kernels.py needs a CUDA GPU (none found): no figures on this machine.")
+        return 0
+    dtype = getattr(torch, args.dtype)
+    name = torch.cuda.get_device_name()
+    peak = hbm_peak(name)
+    import triton
+    print(f"# Kernels on {name} ({torch.cuda.get_device_properties(0).multi_processor_count} SMs, "
+          f"HBM peak {peak / 1e12 if peak else float('nan'):.2f} TB/s); torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    torch.manual_seed(0)
+    bench_decode(args.batch, args.context, args.block_size, dtype, peak)
+    bench_prefill(args.prefill_batch, args.prefill_len, args.block_size, dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
