@@ -1,0 +1,157 @@
+"""Pure builders of the child objects of one InferenceService: Deployment, Service, PDB, ServiceMonitor.
+
+Each returns a complete object, ready for server-side apply, carrying the owner reference, the
+common labels and a hash annotation of its own content (see :mod:`kubeinfer.operator.apply`).
+The pod selector uses only the owner's name, so it never changes across spec updates
+(a Deployment's selector is immutable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from kubeinfer.operator import pod
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.spec import API_VERSION, GROUP, KIND, InferenceServiceSpec
+
+INSTANCE_LABEL = f"{GROUP}/inferenceservice"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kubeinfer"
+HASH_ANNOTATION = f"{GROUP}/desired-hash"
+SERVICE_PORT = 80
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """The identity of the InferenceService that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Owner:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
+
+
+def selector_labels(owner: Owner) -> dict[str, str]:
+    return {INSTANCE_LABEL: owner.name}
+
+
+def selector_string(owner: Owner) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(owner).items())
+
+
+def common_labels(owner: Owner) -> dict[str, str]:
+    return {
+        **selector_labels(owner),
+        "app.kubernetes.io/name": "kubeinfer-runtime",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": "inference",
+        MANAGED_BY_LABEL: MANAGED_BY,
+    }
+
+
+def served_name(spec: InferenceServiceSpec, owner: Owner) -> str:
+    return spec.model.served_name or owner.name
+
+
+def endpoint(owner: Owner) -> str:
+    """The in-cluster OpenAI base URL clients use."""
+    return f"http://{owner.name}.{owner.namespace}.svc/v1"
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def content_hash(obj: dict[str, Any]) -> str:
+    """A stable hash of an object's desired content (the hash annotation itself excluded)."""
+    stripped = json.loads(json.dumps(obj))
+    stripped.get("metadata", {}).get("annotations", {}).pop(HASH_ANNOTATION, None)
+    return hashlib.sha256(json.dumps(stripped, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _finish(api_version: str, kind: str, owner: Owner, body: dict[str, Any]) -> dict[str, Any]:
+    obj = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "labels": common_labels(owner),
+            "annotations": {},
+            "ownerReferences": [owner_reference(owner)],
+        },
+        **body,
+    }
+    obj["metadata"]["annotations"][HASH_ANNOTATION] = content_hash(obj)
+    return obj
+
+
+def deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig) -> dict[str, Any]:
+    template_annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(pod.PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    # The Deployment keeps reporting progress while a replica may still be loading its model.
+    progress_deadline = spec.runtime.startup_timeout_seconds + 600
+    return _finish("apps/v1", "Deployment", owner, {"spec": {
+        "replicas": spec.desired_replicas,
+        "selector": {"matchLabels": selector_labels(owner)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {
+            "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
+        "progressDeadlineSeconds": progress_deadline,
+        "revisionHistoryLimit": 3,
+        "template": {
+            "metadata": {"labels": common_labels(owner), "annotations": template_annotations},
+            "spec": pod.pod_spec(spec, served_name(spec, owner), config),
+        },
+    }})
+
+
+def service(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
+    return _finish("v1", "Service", owner, {"spec": {
+        "type": "ClusterIP",
+        "selector": selector_labels(owner),
+        "ports": [{"name": pod.PORT_NAME, "port": SERVICE_PORT, "targetPort": pod.PORT_NAME, "protocol": "TCP"}],
+    }})
+
+
+def pod_disruption_budget(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
+    # Policy: voluntary disruptions (node drains) take at most one replica at a time. maxUnavailable,
+    # not minAvailable, so a single-replica service never blocks a drain forever.
+    return _finish("policy/v1", "PodDisruptionBudget", owner, {"spec": {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": selector_labels(owner)},
+    }})
+
+
+def service_monitor(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
+    return _finish("monitoring.coreos.com/v1", "ServiceMonitor", owner, {"spec": {
+        "selector": {"matchLabels": selector_labels(owner)},
+        "namespaceSelector": {"matchNames": [owner.namespace]},
+        "endpoints": [{"port": pod.PORT_NAME, "path": "/metrics", "interval": "15s"}],
+    }})
+
+
+def children(
+        spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig, *, with_service_monitor: bool,
+) -> list[dict[str, Any]]:
+    """Everything one InferenceService owns, in apply order."""
+    objs = [deployment(spec, owner, config), service(spec, owner), pod_disruption_budget(spec, owner)]
+    if with_service_monitor:
+        objs.append(service_monitor(spec, owner))
+    return objs

@@ -1,0 +1,60 @@
+"""Operator settings: one frozen dataclass, read once from the environment (and CLI flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/kubeinfer/runtime:0.1.0"
+DEFAULT_S3_DOWNLOADER_IMAGE = "amazon/aws-cli:2.22.0"
+
+ServiceMonitorMode = Literal["auto", "always", "never"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    """Every knob of the operator; env var ``KUBEINFER_<NAME_IN_UPPER_SNAKE>`` for each field."""
+
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    # hf:// downloads run `hf download` (huggingface_hub CLI) in this image; s3:// runs `aws s3 sync`.
+    hf_downloader_image: str = DEFAULT_RUNTIME_IMAGE
+    s3_downloader_image: str = DEFAULT_S3_DOWNLOADER_IMAGE
+    service_monitor: ServiceMonitorMode = "auto"
+    resync_seconds: float = 30.0
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    peering: str = "kubeinfer"
+    standalone: bool = False
+    priority: int = 0
+    # Namespace/CRD scanning; off where the API server refuses listing namespaces.
+    scanning: bool = True
+    liveness_endpoint: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(f"KUBEINFER_{field.name.upper()}")
+            if raw is None:
+                continue
+            values[field.name] = _coerce(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        config = cls(**values)  # type: ignore[arg-type]
+        if config.service_monitor not in ("auto", "always", "never"):
+            raise ValueError(f"KUBEINFER_SERVICE_MONITOR must be auto, always or never, not {config.service_monitor!r}")
+        return config
+
+
+def _coerce(name: str, annotation: object, raw: str) -> object:
+    kind = str(annotation)
+    if kind == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    if kind.startswith("tuple"):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    return raw

@@ -1,0 +1,237 @@
+"""Pure builder of the runtime pod template (the part of the Deployment that runs the model).
+
+Policy, decided here:
+- GPUs per pod = parallelism.tensor, as both request and limit of ``nvidia.com/gpu``.
+- Memory is requested and limited alike (a model server must not be OOM-killed by neighbours);
+  CPU is only requested (limits throttle the tokenizer and HTTP loop for no gain).
+- The startup probe allows ``runtime.startupTimeoutSeconds`` for loading weights; liveness only
+  starts after it, so a long load is never mistaken for a hang.
+- On termination the pod first sleeps in preStop (so endpoints drop it), then the runtime gets
+  SIGTERM and drains for ``drainTimeoutSeconds``; the grace period covers both plus a margin.
+- Root filesystem is read-only, so every writable path is an explicit emptyDir.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.spec import InferenceServiceSpec, ModelSource
+
+PORT = 8000
+PORT_NAME = "http"
+RUNTIME_CONTAINER = "runtime"
+RUN_AS_USER = 1000
+PRESTOP_SLEEP_SECONDS = 5
+GRACE_MARGIN_SECONDS = 10
+STARTUP_PERIOD_SECONDS = 10
+
+MODEL_MOUNT = "/models"
+API_KEYS_DIR = "/etc/kubeinfer/api-keys"
+API_KEYS_FILE = f"{API_KEYS_DIR}/keys"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+# Flags the operator sets itself; a user may not pass them through extraArgs or env.
+MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--api-keys-file")
+
+
+def model_dir(model: ModelSource) -> str:
+    """The directory `kubeinfer serve --model` reads inside the runtime container."""
+    if model.scheme == "file":
+        return "/" + model.location.lstrip("/")
+    if model.scheme == "pvc":
+        _, _, path = model.location.partition("/")
+        return f"{MODEL_MOUNT}/{path}".rstrip("/")
+    return f"{MODEL_MOUNT}/weights"
+
+
+def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
+    rt = spec.runtime
+    args = [
+        "--model", model_dir(spec.model),
+        "--served-model-name", served_name,
+        "--host", "0.0.0.0",
+        "--port", str(PORT),
+        "--tensor-parallel-size", str(spec.parallelism.tensor),
+        "--dtype", rt.dtype,
+        "--block-size", str(rt.block_size),
+        "--max-num-seqs", str(rt.max_num_seqs),
+        "--max-num-batched-tokens", str(rt.max_num_batched_tokens),
+        "--drain-timeout-seconds", str(rt.drain_timeout_seconds),
+    ]
+    if rt.max_model_len is not None:
+        args += ["--max-model-len", str(rt.max_model_len)]
+    if rt.max_waiting_requests is not None:
+        args += ["--max-waiting-requests", str(rt.max_waiting_requests)]
+    if rt.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(rt.gpu_memory_utilization)]
+    if rt.kv_cache_memory_gib is not None:
+        args += ["--kv-cache-memory-gib", str(rt.kv_cache_memory_gib)]
+    if not rt.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
+    if spec.api_key_secret_ref is not None:
+        args += ["--api-keys-file", API_KEYS_FILE]
+    return args + list(rt.extra_args)
+
+
+def _quantity(value: int | str | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    gpus = str(spec.num_gpus)
+    requests: dict[str, str] = {GPU_RESOURCE: gpus}
+    limits: dict[str, str] = {GPU_RESOURCE: gpus}
+    if (cpu := _quantity(spec.resources.cpu)) is not None:
+        requests["cpu"] = cpu
+    if (memory := _quantity(spec.resources.memory)) is not None:
+        requests["memory"] = limits["memory"] = memory
+    return {"requests": requests, "limits": limits}
+
+
+def probes(spec: InferenceServiceSpec) -> dict[str, Any]:
+    startup_failures = -(-spec.runtime.startup_timeout_seconds // STARTUP_PERIOD_SECONDS)
+    http = lambda path: {"httpGet": {"path": path, "port": PORT_NAME}}  # noqa: E731
+    return {
+        "startupProbe": {**http("/health"), "periodSeconds": STARTUP_PERIOD_SECONDS,
+                         "timeoutSeconds": 5, "failureThreshold": startup_failures},
+        "readinessProbe": {**http("/ready"), "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3},
+        "livenessProbe": {**http("/health"), "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
+    }
+
+
+def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
+    return PRESTOP_SLEEP_SECONDS + spec.runtime.drain_timeout_seconds + GRACE_MARGIN_SECONDS
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def model_volume(model: ModelSource) -> dict[str, Any] | None:
+    """The volume mounted at /models, or None for file:// (weights baked into the image)."""
+    if model.scheme == "file":
+        return None
+    if model.scheme == "pvc":
+        claim = model.location.split("/", 1)[0]
+        return {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+    if model.cache_volume_claim:
+        return {"name": "model", "persistentVolumeClaim": {"claimName": model.cache_volume_claim}}
+    empty: dict[str, Any] = {}
+    if model.cache_size_limit:
+        empty["sizeLimit"] = model.cache_size_limit
+    return {"name": "model", "emptyDir": empty}
+
+
+def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any] | None:
+    """An init container that fetches hf:// or s3:// weights into /models/weights (once per cache)."""
+    model = spec.model
+    target = model_dir(model)
+    if model.scheme == "hf":
+        repo, _, revision = model.location.partition("@")
+        fetch = f"hf download {shlex.quote(repo)} --local-dir {target}"
+        fetch += f" --revision {shlex.quote(revision)}" if revision else ""
+        image = config.hf_downloader_image
+    elif model.scheme == "s3":
+        fetch = f"aws s3 sync {shlex.quote(model.uri)} {target} --only-show-errors"
+        image = config.s3_downloader_image
+    else:
+        return None
+    marker = f"{target}/.kubeinfer-complete"
+    container: dict[str, Any] = {
+        "name": "model-download",
+        "image": image,
+        "command": ["sh", "-c", f"test -f {marker} || {{ {fetch} && touch {marker}; }}"],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}],
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if model.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": model.credentials_secret}}]
+    return container
+
+
+def volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, runtime container mounts)."""
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shm_size is not None:
+        shm["sizeLimit"] = str(spec.resources.shm_size)
+    vols = [{"name": "dshm", "emptyDir": shm}, {"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
+    if (model := model_volume(spec.model)) is not None:
+        vols.append(model)
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    if (ref := spec.api_key_secret_ref) is not None:
+        vols.append({"name": "api-keys", "secret": {
+            "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+    return vols, mounts
+
+
+def runtime_container(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig) -> dict[str, Any]:
+    _, mounts = volumes(spec)
+    env = [{"name": "HOME", "value": "/tmp"}]
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env]
+    container: dict[str, Any] = {
+        "name": RUNTIME_CONTAINER,
+        "image": spec.runtime.image or config.runtime_image,
+        "command": ["kubeinfer", "serve"],
+        "args": runtime_args(spec, served_name),
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": resources(spec),
+        **probes(spec),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    if spec.runtime.image_pull_policy:
+        container["imagePullPolicy"] = spec.runtime.image_pull_policy
+    return container
+
+
+def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig) -> dict[str, Any]:
+    vols, _ = volumes(spec)
+    node_selector = dict(spec.scheduling.node_selector)
+    if spec.resources.gpu_product:
+        node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+    # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; tolerate it, plus the user's own.
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
+    pod: dict[str, Any] = {
+        "containers": [runtime_container(spec, served_name, config)],
+        "volumes": vols,
+        "securityContext": pod_security_context(),
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "tolerations": tolerations,
+        # Service links would inject e.g. KUBEINFER_PORT=tcp://... for a Service named "kubeinfer",
+        # which the runtime reads as its --port flag.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+    }
+    if (init := download_init_container(spec, config)) is not None:
+        pod["initContainers"] = [init]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if spec.scheduling.affinity:
+        pod["affinity"] = spec.scheduling.affinity
+    if spec.scheduling.priority_class_name:
+        pod["priorityClassName"] = spec.scheduling.priority_class_name
+    return pod

@@ -1,0 +1,285 @@
+"""Typed InferenceService spec and status: the single source of truth for the CRD.
+
+Field names are camelCase on the wire (aliases); Python code uses snake_case attributes.
+Validation that the API server can do is declared here once, twice in form:
+``x-kubernetes-validations`` (CEL, read by :mod:`kubeinfer.operator.crd`) and the equivalent
+pydantic check, so a spec parsed here is refused for the same reasons the API server refuses it.
+Checks that need more than the object itself live in :mod:`kubeinfer.operator.validation`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kubeinfer.dev"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ["infsvc"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+MODEL_URI_RE = r"^(hf|pvc|s3|file)://.+"
+TENSOR_PARALLEL_SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
+INT_OR_STRING = {"x-kubernetes-int-or-string": True}
+
+
+def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    """One CEL rule, as it appears in ``x-kubernetes-validations``."""
+    return {"rule": rule, "message": message, **extra}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ModelSource(_Model):
+    uri: str = Field(
+        max_length=1024,
+        description="Where the weights are: hf://org/name[@revision], pvc://claim/path, "
+        "s3://bucket/prefix, or file:///path inside the runtime image.",
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            f"self.matches('{MODEL_URI_RE}')",
+            "model.uri must start with hf://, pvc://, s3:// or file://",
+        )]},
+    )
+    served_name: str | None = Field(
+        default=None, max_length=253,
+        description="Model name clients send in requests; defaults to the InferenceService name.",
+    )
+    credentials_secret: str | None = Field(
+        default=None, max_length=253,
+        description="Secret whose keys become env vars of the download init container "
+        "(HF_TOKEN, AWS_ACCESS_KEY_ID, ...).",
+    )
+    cache_volume_claim: str | None = Field(
+        default=None, max_length=253,
+        description="PVC that keeps downloaded hf:// / s3:// weights across restarts; "
+        "an emptyDir is used when unset.",
+    )
+    cache_size_limit: str | None = Field(
+        default=None, description="sizeLimit of the emptyDir download cache.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        if not re.match(MODEL_URI_RE, value):
+            raise ValueError("model.uri must start with hf://, pvc://, s3:// or file://")
+        return value
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    @property
+    def location(self) -> str:
+        """The URI without its scheme (``org/name@rev``, ``claim/path``, ``bucket/prefix``, ``/path``)."""
+        return self.uri.split("://", 1)[1]
+
+
+class EnvVar(_Model):
+    name: str
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
+
+
+class RuntimeSpec(_Model):
+    image: str | None = Field(default=None, description="Runtime image; the operator's default when unset.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    max_model_len: int | None = Field(default=None, ge=1)
+    block_size: int = Field(default=16, ge=1, le=256)
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    max_waiting_requests: int | None = Field(default=None, ge=0)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
+    drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
+    startup_timeout_seconds: int = Field(
+        default=1800, ge=60, le=86400,
+        description="How long a replica may take to load the model before it is restarted.",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Extra `kubeinfer serve` flags.")
+    env: list[EnvVar] = Field(default_factory=list)
+
+
+class Parallelism(_Model):
+    tensor: int = Field(
+        default=1, description="GPUs per replica, one shard each (tensor parallel size).",
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            "self in " + str(TENSOR_PARALLEL_SIZES),
+            "parallelism.tensor must be a power of two between 1 and 64",
+        )]},
+    )
+
+    @field_validator("tensor")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value not in TENSOR_PARALLEL_SIZES:
+            raise ValueError("parallelism.tensor must be a power of two between 1 and 64")
+        return value
+
+
+class Resources(_Model):
+    gpu_product: str | None = Field(
+        default=None, description="Value of the node label nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3.",
+    )
+    cpu: int | str | None = Field(default=None, json_schema_extra=INT_OR_STRING)
+    memory: int | str | None = Field(default=None, json_schema_extra=INT_OR_STRING)
+    shm_size: int | str | None = Field(
+        default=None, json_schema_extra=INT_OR_STRING,
+        description="sizeLimit of the in-memory /dev/shm volume NCCL uses.",
+    )
+
+
+class Autoscaling(_Model):
+    """Read by the autoscaler policy; names fixed by docs/contracts.md."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid",
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            "(has(self.minReplicas) ? self.minReplicas : 1) <= self.maxReplicas",
+            "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+        )]},
+    )
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(ge=1)
+    target_queue_depth_per_replica: float = Field(default=4, gt=0)
+    target_ttft_p95_seconds: float = Field(default=0.5, gt=0, alias="targetTTFTP95Seconds")
+    metric_window_seconds: int = Field(default=60, ge=1)
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0)
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0)
+    max_scale_up_step: int = Field(default=4, ge=1)
+    max_scale_down_step: int = Field(default=1, ge=1)
+    scale_to_zero_idle_seconds: int = Field(default=600, ge=0)
+    initial_delay_seconds: int = Field(default=120, ge=0)
+    tolerance: float = Field(default=0.1, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+        return self
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Scheduling(_Model):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
+    priority_class_name: str | None = None
+
+
+class Rollout(_Model):
+    max_surge: int | str = Field(default=1, json_schema_extra=INT_OR_STRING)
+    max_unavailable: int | str = Field(default=0, json_schema_extra=INT_OR_STRING)
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(max_length=253)
+    key: str = Field(default="api-keys", description="Key holding one API key per line.")
+
+
+REPLICAS_IN_BOUNDS = cel(
+    "!has(self.autoscaling) || !has(self.replicas) || "
+    "(self.replicas >= (has(self.autoscaling.minReplicas) ? self.autoscaling.minReplicas : 1) "
+    "&& self.replicas <= self.autoscaling.maxReplicas)",
+    "spec.replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas]; "
+    "the autoscaler owns spec.replicas when autoscaling is set",
+)
+
+
+class InferenceServiceSpec(_Model):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid",
+        json_schema_extra={"x-kubernetes-validations": [REPLICAS_IN_BOUNDS]},
+    )
+
+    model: ModelSource
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    resources: Resources = Field(default_factory=Resources)
+    replicas: int | None = Field(
+        default=None, ge=0,
+        description="Desired replicas. With autoscaling it is the starting size and the autoscaler owns it.",
+    )
+    autoscaling: Autoscaling | None = None
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    rollout: Rollout = Field(default_factory=Rollout)
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret with the API keys; mounted as a file for --api-keys-file.",
+    )
+
+    @model_validator(mode="after")
+    def _replicas_in_bounds(self) -> InferenceServiceSpec:
+        a, r = self.autoscaling, self.replicas
+        if a is not None and r is not None and not a.min_replicas <= r <= a.max_replicas:
+            raise ValueError(REPLICAS_IN_BOUNDS["message"])
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs per replica: one per tensor-parallel shard."""
+        return self.parallelism.tensor
+
+    @property
+    def desired_replicas(self) -> int:
+        # Policy: spec.replicas wins; with autoscaling and no replicas, start at
+        # minReplicas but never cold (at least one) unless the ceiling says otherwise.
+        if self.replicas is not None:
+            return self.replicas
+        if self.autoscaling is not None:
+            return min(max(self.autoscaling.min_replicas, 1), self.autoscaling.max_replicas)
+        return 1
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class InferenceServiceStatus(_Model):
+    """Every field a writer puts under status; a real API server prunes undeclared ones."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    observed_generation: int | None = None
+    replicas: int | None = Field(default=None, description="Pods of the Deployment (scale subresource).")
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    endpoint: str | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
+    ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
+    tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")
+    desired_replicas: int | None = Field(default=None, description="Last autoscaler recommendation.")
+    last_scale_time: str | None = Field(default=None, description="When the autoscaler last changed replicas.")
+
+
+def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
+    """Parse a spec once into the typed model; raises pydantic.ValidationError."""
+    return InferenceServiceSpec.model_validate(raw)

@@ -1,0 +1,250 @@
+"""Each spec field's effect on the desired Deployment, Service, PDB and ServiceMonitor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kubeinfer.operator import builders, pod
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.spec import parse_spec
+
+OWNER = builders.Owner(name="qwen", namespace="ml", uid="0000-1111")
+CONFIG = OperatorConfig()
+
+
+def build(**spec: Any) -> dict[str, Any]:
+    raw = {"model": {"uri": "pvc://models/qwen"}, **spec}
+    return builders.deployment(parse_spec(raw), OWNER, CONFIG)
+
+
+def container(dep: dict[str, Any]) -> dict[str, Any]:
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def flag(dep: dict[str, Any], name: str) -> str | None:
+    args = container(dep)["args"]
+    return args[args.index(name) + 1] if name in args else None
+
+
+def volume(dep: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == name), None)
+
+
+def mount(dep: dict[str, Any], path: str) -> dict[str, Any] | None:
+    return next((m for m in container(dep)["volumeMounts"] if m["mountPath"] == path), None)
+
+
+@pytest.mark.parametrize("tensor", [1, 2, 8])
+def test_gpu_count_follows_tensor_parallelism(tensor: int) -> None:
+    dep = build(parallelism={"tensor": tensor})
+    res = container(dep)["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == str(tensor)
+    assert res["limits"]["nvidia.com/gpu"] == str(tensor)
+    assert flag(dep, "--tensor-parallel-size") == str(tensor)
+
+
+def test_cpu_is_requested_memory_requested_and_limited() -> None:
+    res = container(build(resources={"cpu": "8", "memory": "64Gi"}))["resources"]
+    assert res["requests"]["cpu"] == "8" and "cpu" not in res["limits"]
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "64Gi"
+
+
+def test_gpu_product_becomes_a_node_selector_beside_the_users() -> None:
+    dep = build(resources={"gpuProduct": "NVIDIA-H100-80GB-HBM3"}, scheduling={"nodeSelector": {"pool": "gpu"}})
+    assert dep["spec"]["template"]["spec"]["nodeSelector"] == {
+        "pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert "nodeSelector" not in build()["spec"]["template"]["spec"]
+
+
+def test_runtime_fields_map_to_the_contract_flags() -> None:
+    dep = build(model={"uri": "pvc://models/qwen", "servedName": "qwen-chat"}, runtime={
+        "maxModelLen": 4096, "blockSize": 32, "maxNumSeqs": 64, "maxNumBatchedTokens": 1024, "dtype": "bfloat16",
+        "maxWaitingRequests": 100, "gpuMemoryUtilization": 0.8, "kvCacheMemoryGib": 20, "drainTimeoutSeconds": 60,
+        "enablePrefixCaching": False, "extraArgs": ["--seed", "7"]})
+    c = container(dep)
+    assert c["command"] == ["kubeinfer", "serve"]
+    expected = {"--served-model-name": "qwen-chat", "--port": "8000", "--host": "0.0.0.0", "--max-model-len": "4096",
+                "--block-size": "32", "--max-num-seqs": "64", "--max-num-batched-tokens": "1024",
+                "--dtype": "bfloat16", "--max-waiting-requests": "100", "--gpu-memory-utilization": "0.8",
+                "--kv-cache-memory-gib": "20.0", "--drain-timeout-seconds": "60"}
+    assert {k: flag(dep, k) for k in expected} == expected
+    assert "--no-enable-prefix-caching" in c["args"]
+    assert c["args"][-2:] == ["--seed", "7"]
+
+
+def test_defaults_leave_optional_flags_out_and_name_the_model_after_the_owner() -> None:
+    dep = build()
+    args = container(dep)["args"]
+    assert flag(dep, "--served-model-name") == "qwen"
+    for absent in ("--max-model-len", "--api-keys-file", "--no-enable-prefix-caching", "--gpu-memory-utilization"):
+        assert absent not in args
+    assert container(dep)["image"] == CONFIG.runtime_image
+
+
+def test_image_comes_from_spec_or_operator_setting() -> None:
+    assert container(build(runtime={"image": "reg/rt:2"}))["image"] == "reg/rt:2"
+    dep = builders.deployment(parse_spec({"model": {"uri": "file:///m"}}), OWNER, OperatorConfig(runtime_image="x/y:1"))
+    assert container(dep)["image"] == "x/y:1"
+
+
+def test_probes_and_startup_budget() -> None:
+    c = container(build(runtime={"startupTimeoutSeconds": 1200}))
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
+    assert startup["periodSeconds"] * (startup["failureThreshold"] - 1) < 1200
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_drain_prestop_and_grace_period() -> None:
+    dep = build(runtime={"drainTimeoutSeconds": 90})
+    c = container(dep)
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert sleep > 0 and grace > sleep + 90
+
+
+def test_security_context_is_locked_down() -> None:
+    dep = build(model={"uri": "hf://org/m"})
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    for c in spec["containers"] + spec["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+
+
+def test_shm_and_tmp_are_writable_emptydirs() -> None:
+    dep = build(resources={"shmSize": "16Gi"})
+    assert volume(dep, "dshm") == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+    assert mount(dep, "/dev/shm")["name"] == "dshm"
+    assert mount(dep, "/tmp")["name"] == "tmp"
+
+
+def test_pvc_uri_mounts_the_claim_read_only() -> None:
+    dep = build(model={"uri": "pvc://model-store/meta/llama"})
+    assert volume(dep, "model")["persistentVolumeClaim"] == {"claimName": "model-store", "readOnly": True}
+    assert mount(dep, "/models")["readOnly"] is True
+    assert flag(dep, "--model") == "/models/meta/llama"
+    assert "initContainers" not in dep["spec"]["template"]["spec"]
+
+
+def test_file_uri_uses_the_image_path_without_volume() -> None:
+    dep = build(model={"uri": "file:///opt/models/tiny"})
+    assert flag(dep, "--model") == "/opt/models/tiny"
+    assert volume(dep, "model") is None
+    assert "initContainers" not in dep["spec"]["template"]["spec"]
+
+
+def test_hf_uri_downloads_in_an_init_container_into_an_emptydir() -> None:
+    dep = build(model={"uri": "hf://Qwen/Qwen3-0.6B@v2", "credentialsSecret": "hf-token"})
+    init = dep["spec"]["template"]["spec"]["initContainers"][0]
+    script = init["command"][-1]
+    assert "hf download Qwen/Qwen3-0.6B" in script and "--revision v2" in script
+    assert "/models/weights" in script
+    assert init["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    assert volume(dep, "model") == {"name": "model", "emptyDir": {}}
+    assert flag(dep, "--model") == "/models/weights"
+
+
+def test_s3_uri_syncs_into_a_cache_pvc_when_given() -> None:
+    dep = build(model={"uri": "s3://bucket/llama", "cacheVolumeClaim": "weights-cache"})
+    init = dep["spec"]["template"]["spec"]["initContainers"][0]
+    assert "aws s3 sync s3://bucket/llama /models/weights" in init["command"][-1]
+    assert init["image"] == CONFIG.s3_downloader_image
+    assert volume(dep, "model")["persistentVolumeClaim"] == {"claimName": "weights-cache"}
+
+
+def test_uri_cannot_inject_shell() -> None:
+    dep = build(model={"uri": "hf://org/m;rm -rf /"})
+    script = dep["spec"]["template"]["spec"]["initContainers"][0]["command"][-1]
+    assert "'org/m;rm -rf /'" in script
+
+
+def test_api_key_secret_is_mounted_as_a_file() -> None:
+    dep = build(apiKeySecretRef={"name": "keys", "key": "tokens"})
+    assert volume(dep, "api-keys")["secret"]["secretName"] == "keys"
+    assert volume(dep, "api-keys")["secret"]["items"] == [{"key": "tokens", "path": "keys"}]
+    assert flag(dep, "--api-keys-file") == f"{mount(dep, pod.API_KEYS_DIR)['mountPath']}/keys"
+
+
+def test_scheduling_fields() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    dep = build(scheduling={"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                             "effect": "NoSchedule"}],
+                            "affinity": affinity, "priorityClassName": "high"})
+    spec = dep["spec"]["template"]["spec"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["affinity"] == affinity
+    assert spec["priorityClassName"] == "high"
+
+
+def test_replicas_and_rollout() -> None:
+    dep = build(replicas=3, rollout={"maxSurge": "25%", "maxUnavailable": 1})
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 1}
+    assert build(autoscaling={"minReplicas": 2, "maxReplicas": 5})["spec"]["replicas"] == 2
+    assert build(autoscaling={"minReplicas": 0, "maxReplicas": 5})["spec"]["replicas"] == 1
+    assert build(replicas=0)["spec"]["replicas"] == 0
+
+
+def test_env_is_passed_through() -> None:
+    env = container(build(runtime={"env": [{"name": "LOG_LEVEL", "value": "debug"},
+                                           {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}))["env"]
+    assert {"name": "LOG_LEVEL", "value": "debug"} in env
+    assert {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}} in env
+
+
+def test_prometheus_annotations_on_pods() -> None:
+    ann = build()["spec"]["template"]["metadata"]["annotations"]
+    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
+
+
+def test_selector_is_stable_across_spec_changes() -> None:
+    a = build()
+    b = build(parallelism={"tensor": 4}, runtime={"image": "other:1"}, replicas=5, model={"uri": "hf://x/y"})
+    assert a["spec"]["selector"] == b["spec"]["selector"] == {"matchLabels": {"kubeinfer.dev/inferenceservice": "qwen"}}
+    labels = a["spec"]["template"]["metadata"]["labels"]
+    assert a["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert a["metadata"]["annotations"][builders.HASH_ANNOTATION] != b["metadata"]["annotations"][builders.HASH_ANNOTATION]
+
+
+def test_hash_is_deterministic_and_tracks_content() -> None:
+    assert build()["metadata"]["annotations"] == build()["metadata"]["annotations"]
+    assert build(replicas=2)["metadata"]["annotations"] != build(replicas=3)["metadata"]["annotations"]
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    parsed = parse_spec({"model": {"uri": "hf://org/m"}})
+    objs = builders.children(parsed, OWNER, CONFIG, with_service_monitor=True)
+    assert [o["kind"] for o in objs] == ["Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor"]
+    for obj in objs:
+        ref = obj["metadata"]["ownerReferences"]
+        assert ref == [{"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService", "name": "qwen",
+                        "uid": "0000-1111", "controller": True, "blockOwnerDeletion": True}]
+        assert obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubeinfer"
+        assert builders.HASH_ANNOTATION in obj["metadata"]["annotations"]
+    assert len(builders.children(parsed, OWNER, CONFIG, with_service_monitor=False)) == 3
+
+
+def test_service_pdb_and_service_monitor_select_the_pods() -> None:
+    parsed = parse_spec({"model": {"uri": "hf://org/m"}})
+    pod_labels = builders.deployment(parsed, OWNER, CONFIG)["spec"]["template"]["metadata"]["labels"]
+    svc = builders.service(parsed, OWNER)
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    pdb = builders.pod_disruption_budget(parsed, OWNER)
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+    sm = builders.service_monitor(parsed, OWNER)
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == "http" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert builders.endpoint(OWNER) == "http://qwen.ml.svc/v1"

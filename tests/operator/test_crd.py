@@ -1,0 +1,162 @@
+"""The CRD on disk matches the spec models, declares every status field, and validates like pydantic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from kubeinfer.operator import crd, spec, status
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _version() -> dict[str, Any]:
+    return crd.inference_service_crd()["spec"]["versions"][0]
+
+
+def _schema() -> dict[str, Any]:
+    return _version()["schema"]["openAPIV3Schema"]
+
+
+def _rules(node: Any) -> list[dict[str, str]]:
+    """Every CEL rule anywhere in a schema."""
+    found: list[dict[str, str]] = []
+    if isinstance(node, dict):
+        found += node.get("x-kubernetes-validations", [])
+        for value in node.values():
+            found += _rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _rules(value)
+    return found
+
+
+def test_crds_on_disk_are_current() -> None:
+    stale = crd.stale_files(ROOT / "crds")
+    assert stale == [], f"regenerate with: python -m kubeinfer.operator.crd ({stale})"
+
+
+def test_check_command_reports_stale_files(tmp_path: Path) -> None:
+    assert crd.main(["--check", "--out", str(tmp_path)]) == 1
+    assert crd.main(["--out", str(tmp_path)]) == 0
+    assert crd.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / crd.CRD_FILE).write_text((tmp_path / crd.CRD_FILE).read_text().replace("infsvc", "isvc"))
+    assert crd.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+def test_identity_scale_and_columns() -> None:
+    doc = crd.inference_service_crd()
+    assert doc["metadata"]["name"] == "inferenceservices.kubeinfer.dev"
+    assert doc["spec"]["scope"] == "Namespaced"
+    assert doc["spec"]["names"]["kind"] == "InferenceService"
+    assert doc["spec"]["names"]["shortNames"] == ["infsvc"]
+    version = _version()
+    assert version["name"] == "v1alpha1" and version["storage"] and version["served"]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}
+    assert "status" in version["subresources"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Model"] == ".spec.model.uri"
+    assert columns["TP"] == ".spec.parallelism.tensor"
+    assert columns["Desired"] == ".spec.replicas"
+    assert columns["Ready"] == ".status.readyReplicas"
+    assert columns["TTFT-P95"] == ".status.ttftP95Seconds"
+    assert columns["Queue"] == ".status.queueDepth"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def _assert_structural(node: dict[str, Any], where: str = "") -> None:
+    """Every node has a type (or int-or-string / preserve-unknown), no refs, no anyOf, no titles."""
+    assert "$ref" not in node and "anyOf" not in node and "title" not in node, where
+    assert "type" in node or node.get("x-kubernetes-int-or-string"), where
+    if node.get("additionalProperties") is not None:
+        assert isinstance(node["additionalProperties"], dict), where
+    for name, sub in (node.get("properties") or {}).items():
+        _assert_structural(sub, f"{where}.{name}")
+    if isinstance(node.get("items"), dict):
+        _assert_structural(node["items"], f"{where}[]")
+
+
+def test_schema_is_structural() -> None:
+    _assert_structural(_schema())
+
+
+def test_every_status_field_is_declared() -> None:
+    declared = set(_schema()["properties"]["status"]["properties"])
+    written = set(status.OWN_FIELDS)
+    # What the autoscaler writes (DESIGN.md): the last observed signals.
+    written |= {"queueDepth", "ttftP95Seconds", "tokensPerSecond"}
+    assert written <= declared
+    condition = _schema()["properties"]["status"]["properties"]["conditions"]["items"]["properties"]
+    assert {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"} <= set(condition)
+
+
+def test_autoscaling_fields_match_the_contract() -> None:
+    fields = set(_schema()["properties"]["spec"]["properties"]["autoscaling"]["properties"])
+    assert fields == {
+        "minReplicas", "maxReplicas", "targetQueueDepthPerReplica", "targetTTFTP95Seconds", "metricWindowSeconds",
+        "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "maxScaleUpStep", "maxScaleDownStep",
+        "scaleToZeroIdleSeconds", "initialDelaySeconds", "tolerance"}
+
+
+def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
+    messages = " | ".join(r["message"] for r in _rules(_schema()))
+    assert "minReplicas must not exceed" in messages
+    assert "power of two" in messages
+    assert "hf://, pvc://, s3:// or file://" in messages
+    assert "spec.replicas must lie within" in messages
+    for rule in _rules(_schema()):
+        assert rule["rule"] and rule["message"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_pass_schema_and_models(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == spec.API_VERSION and doc["kind"] == spec.KIND
+    # The v3.0 schema (boolean exclusiveMinimum) is Draft 4 JSON Schema as far as these keywords go.
+    jsonschema.Draft4Validator(_schema()).validate(doc)
+    spec.parse_spec(doc["spec"])
+
+
+BAD_SPECS = {
+    "min above max": ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas must not exceed"),
+    "tensor 3": ({"parallelism": {"tensor": 3}}, "power of two"),
+    "ftp uri": ({"model": {"uri": "ftp://host/model"}}, "hf://, pvc://, s3:// or file://"),
+    "replicas above max": ({"replicas": 9, "autoscaling": {"maxReplicas": 4}}, "spec.replicas must lie within"),
+    "replicas below min": ({"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}},
+                           "spec.replicas must lie within"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SPECS))
+def test_models_refuse_what_cel_refuses(name: str) -> None:
+    patch, message = BAD_SPECS[name]
+    raw = {"model": {"uri": "hf://org/model"}, **patch}
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        spec.parse_spec(raw)
+
+
+def test_replicas_inside_bounds_beside_autoscaling_is_accepted() -> None:
+    parsed = spec.parse_spec({"model": {"uri": "hf://org/model"}, "replicas": 3,
+                              "autoscaling": {"minReplicas": 1, "maxReplicas": 4}})
+    assert parsed.desired_replicas == 3
+
+
+def test_unknown_fields_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        spec.parse_spec({"model": {"uri": "hf://org/model"}, "gpus": 2})
+
+
+def test_wire_names_are_camel_case() -> None:
+    props = _schema()["properties"]["spec"]["properties"]
+    assert {"model", "runtime", "parallelism", "resources", "replicas", "autoscaling", "scheduling", "rollout",
+            "apiKeySecretRef"} == set(props)
+    assert "maxNumBatchedTokens" in props["runtime"]["properties"]
+    assert props["rollout"]["properties"]["maxSurge"]["x-kubernetes-int-or-string"] is True
