@@ -69,7 +69,10 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
     traffic = signals.has_traffic
     last_traffic = now if traffic or hist.last_traffic_time is None else hist.last_traffic_time
     hist = replace(hist, last_traffic_time=last_traffic)
-    if replicas.ready > 0 and (signals.queue_depth or 0) > 0 and signals.num_running:
+    # Saturation capacity is measured only when the queue is at its target on a fully ready fleet
+    # (a request waiting for the next engine step is not saturation; a loading replica runs nothing).
+    if (replicas.ready > 0 and replicas.pending == 0 and signals.num_running
+            and (signals.queue_depth or 0) >= config.target_queue_depth_per_replica * replicas.ready * (1 - config.tolerance)):
         hist = replace(hist, capacity_per_replica=signals.num_running / replicas.ready)
 
     idle = config.min_replicas == 0 and not traffic and now - last_traffic >= config.scale_to_zero_idle_seconds

@@ -1,0 +1,115 @@
+"""The policies the simulator compares: ours (kubeinfer.operator.autoscale_policy, fed Prometheus-like
+signals), a fixed fleet, a KubeAI-style moving average of concurrency, and a Knative-KPA-style
+stable/panic policy. The two baselines are written here from their public descriptions (KubeAI:
+concurrency sampled every `interval`, averaged over `timeWindow`, divided by `targetRequests`, scale-down
+after `scaleDownDelaySeconds`; KPA: concurrency averaged over a stable (60 s) and a panic (6 s) window,
+panic when the panic recommendation reaches 2x the ready pods, no scale-down in panic, scale-down at
+most 2x per tick); they are models of those designs, not their code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from kubeinfer.operator.autoscale_policy import decide
+from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
+
+from .sim import Observation
+
+
+@dataclass
+class FixedFleet:
+    replicas: int
+    name: str = "fixed (peak-sized)"
+    tick_s: float = 60.0
+
+    def decide(self, obs: Observation) -> int:
+        return self.replicas
+
+
+@dataclass
+class KubeInferPolicy:
+    """Ours. The history goes through its JSON form at every tick, as it would through the status."""
+
+    config: PolicyConfig
+    tick_s: float = 10.0
+    scrape_interval_s: float = 5.0
+    name: str = "kubeinfer (queue + TTFT P95)"
+    history: ScaleHistory = field(default_factory=ScaleHistory)
+    reasons: list[str] = field(default_factory=list)
+
+    def decide(self, obs: Observation) -> int:
+        signals = obs.signals(self.scrape_interval_s, self.config.metric_window_seconds)
+        d = decide(signals, ReplicaCounts(obs.current, obs.ready, obs.pending), self.history, self.config, obs.now)
+        self.history = ScaleHistory.from_dict(json.loads(json.dumps(d.history.to_dict())))
+        self.reasons.append(d.reason)
+        return d.desired_replicas
+
+
+@dataclass
+class MovingAverageConcurrency:
+    """KubeAI-style: ceil(moving average of in-flight requests / target per replica)."""
+
+    target_per_replica: float
+    min_replicas: int
+    max_replicas: int
+    tick_s: float = 10.0
+    window_s: float = 600.0
+    scale_down_delay_s: float = 30.0
+    name: str = "KubeAI-style (moving avg)"
+    _samples: deque = field(default_factory=deque)
+    _lower_since: float | None = None
+
+    def decide(self, obs: Observation) -> int:
+        current_concurrency = obs.concurrency(1.0)
+        self._samples.append(current_concurrency[-1] if current_concurrency else 0.0)
+        while len(self._samples) > max(1, int(self.window_s / self.tick_s)):
+            self._samples.popleft()
+        avg = sum(self._samples) / len(self._samples)
+        desired = min(self.max_replicas, max(self.min_replicas, math.ceil(avg / self.target_per_replica)))
+        if desired >= obs.current:
+            self._lower_since = None
+            return desired
+        if self._lower_since is None:
+            self._lower_since = obs.now
+        return desired if obs.now - self._lower_since >= self.scale_down_delay_s else obs.current
+
+
+@dataclass
+class StablePanic:
+    """Knative-KPA-style: stable and panic windows over per-second concurrency."""
+
+    target_per_replica: float
+    min_replicas: int
+    max_replicas: int
+    tick_s: float = 2.0
+    stable_window_s: float = 60.0
+    panic_window_s: float = 6.0
+    panic_threshold: float = 2.0
+    max_scale_down_rate: float = 2.0
+    name: str = "KPA-style (stable/panic)"
+    _panic_since: float | None = None
+    _panic_floor: int = 0
+
+    def decide(self, obs: Observation) -> int:
+        stable = obs.concurrency(self.stable_window_s) or [0.0]
+        panic = obs.concurrency(self.panic_window_s) or [0.0]
+        want_stable = sum(stable) / len(stable) / self.target_per_replica
+        want_panic = sum(panic) / len(panic) / self.target_per_replica
+        ready = max(1, obs.ready)
+        floor_rate = math.floor(ready / self.max_scale_down_rate)
+        desired_stable = max(floor_rate, math.ceil(want_stable))
+        desired_panic = max(floor_rate, math.ceil(want_panic))
+        if want_panic / ready >= self.panic_threshold:
+            self._panic_since = obs.now
+        elif self._panic_since is not None and obs.now - self._panic_since > self.stable_window_s:
+            self._panic_since, self._panic_floor = None, 0
+        if self._panic_since is not None:
+            desired = max(desired_panic, self._panic_floor, obs.current)  # never scale down in panic
+            self._panic_floor = desired
+        else:
+            desired = desired_stable
+        return min(self.max_replicas, max(self.min_replicas, desired))

@@ -1,0 +1,112 @@
+"""Compare autoscaling policies on the discrete-event simulator (benchmarks/autoscale/sim.py).
+
+    .venv/bin/python benchmarks/autoscale_sim.py [--seed 0] [--cold-start 60] [--out benchmarks/autoscale/results]
+
+Prints one markdown table (also written to OUT/table.md) and writes OUT/<trace>.png with replicas and
+TTFT P95 over time per policy. Fixed seed; matplotlib (the `bench` extra) only for the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autoscale.policies import FixedFleet, KubeInferPolicy, MovingAverageConcurrency, StablePanic  # noqa: E402
+from autoscale.scenarios import ALL_TRACES, HEADER, concurrency_per_replica, replicas_for_rate, summarize  # noqa: E402
+from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
+
+from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
+
+TTFT_TARGET_S = 0.5
+MIN_REPLICAS, MAX_REPLICAS = 1, 20
+
+
+def make_policies(peak_rate: float, model: ReplicaModel) -> list:
+    # The concurrency baselines get a per-replica target calibrated on this replica model: the mean
+    # in-flight requests of one replica at the highest rate it serves with 99% of TTFTs within target.
+    target_concurrency = concurrency_per_replica(TTFT_TARGET_S, model)
+    config = PolicyConfig(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS, target_ttft_p95_seconds=TTFT_TARGET_S,
+                          initial_delay_seconds=0)
+    return [
+        FixedFleet(replicas_for_rate(peak_rate, TTFT_TARGET_S, model)),
+        KubeInferPolicy(config),
+        MovingAverageConcurrency(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
+        MovingAverageConcurrency(target_concurrency, MIN_REPLICAS, MAX_REPLICAS, window_s=60.0,
+                                 name="KubeAI-style, 60 s window"),
+        StablePanic(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
+    ]
+
+
+def plot(trace_name: str, sims: list[Simulation], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_t) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    for sim in sims:
+        s = sim.samples
+        ax_r.step([t / 60 for t in s.t], s.replicas, where="post", label=sim.policy.name, lw=1.2)
+        bins: dict[int, list[float]] = {}
+        for t, v in zip(sim.ttft_times, sim.ttft_values):
+            bins.setdefault(int(t // 30), []).append(v)
+        xs = sorted(bins)
+        p95 = [sorted(bins[b])[max(0, math.ceil(0.95 * len(bins[b])) - 1)] for b in xs]
+        ax_t.plot([(b * 30 + 15) / 60 for b in xs], p95, lw=1.0, label=sim.policy.name)
+    rate = sims[0].trace.rate
+    ax_rate = ax_r.twinx()
+    ts = [i * 10 for i in range(int(sims[0].trace.duration_s / 10))]
+    ax_rate.plot([t / 60 for t in ts], [rate(t) for t in ts], color="grey", ls=":", lw=1)
+    ax_rate.set_ylabel("arrival rate (req/s, dotted)")
+    ax_r.set_ylabel("replicas (ready + pending)")
+    ax_r.legend(fontsize=8, loc="upper left")
+    ax_t.axhline(TTFT_TARGET_S, color="black", ls="--", lw=0.8)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("TTFT P95 per 30 s (s)")
+    ax_t.set_xlabel("minutes")
+    fig.suptitle(f"{trace_name}: replicas and TTFT P95 (target {TTFT_TARGET_S} s, dashed)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cold-start", type=float, default=60.0, help="replica cold start, seconds")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "autoscale" / "results")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    model = ReplicaModel(cold_start_s=args.cold_start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = concurrency_per_replica(TTFT_TARGET_S, model)
+    print(f"calibrated concurrency target per replica: {target:.1f} (batch cap {model.max_batch})", flush=True)
+    lines = [HEADER]
+    print(HEADER, flush=True)
+    for make_trace in ALL_TRACES:
+        trace = make_trace()
+        sims = []
+        for policy in make_policies(trace.peak_rate, model):
+            start = time.perf_counter()
+            n0 = replicas_for_rate(trace.rate(0.0), TTFT_TARGET_S, model)
+            initial = policy.replicas if isinstance(policy, FixedFleet) else n0
+            sim = Simulation(trace, policy, initial_replicas=initial, model=model, seed=args.seed).run()
+            sims.append(sim)
+            row = summarize(sim, TTFT_TARGET_S).row()
+            lines.append(row)
+            print(row, f"<!-- {time.perf_counter() - start:.1f}s -->", flush=True)
+        if not args.no_plots:
+            plot(trace.name, sims, args.out / f"{trace.name.replace(' ', '_')}.png")
+    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
