@@ -115,3 +115,5 @@ def main(argv: list[str] | None = None) -> None:
     except KubeinferError as error:
         print(f"kubeinfer: error: {error}", file=sys.stderr)
         sys.exit(2)
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""`kubeinfer generate` as a user runs it: the demo model is built on first use, text streams out."""
+import os
+import subprocess
+import sys
+
+
+def run_cli(*args, cache):
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    return subprocess.run([sys.executable, "-m", "kubeinfer.runtime.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_generate_with_the_demo_model(tmp_path):
+    result = run_cli("generate", "--model", "demo", "--prompt", "Hello, Kubernetes", "--max-tokens", "8",
+                     cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Hello, Kubernetes") and len(result.stdout) > len("Hello, Kubernetes\n")
+    assert "random" in result.stderr and "loading weights" in result.stderr
+    assert (tmp_path / "kubeinfer" / "demo-model-v1" / "model.safetensors").is_file()
+
+
+def test_generate_reports_bad_input_without_a_traceback(tmp_path, llama_dir):
+    result = run_cli("generate", "--model", str(llama_dir), "--prompt", "x", "--top-p", "2", cache=tmp_path)
+    assert result.returncode == 2
+    assert "top_p must be in (0, 1]" in result.stderr and "Traceback" not in result.stderr
