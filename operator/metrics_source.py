@@ -1,0 +1,183 @@
+"""Metrics sources of the autoscaler. Both return `Signals` for one InferenceService:
+
+- `PrometheusSource`: PromQL over the Prometheus HTTP API (the operator setting `prometheusUrl`).
+- `ScrapeSource`: reads the pods' `/metrics` directly, for clusters without Prometheus; it keeps a few
+  snapshots per pod so that its TTFT P95 and request rate cover the same window as the PromQL ones.
+
+Neither raises on a measuring failure: it logs one line and returns `Signals.missing(...)`, which the
+policy answers by holding the current replica count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubeinfer.operator.autoscale_types import Signals
+from kubeinfer.operator.metrics_histogram import histogram_quantile
+
+log = logging.getLogger(__name__)
+
+WAITING = "kubeinfer_num_requests_waiting"
+RUNNING = "kubeinfer_num_requests_running"
+TTFT = "kubeinfer_time_to_first_token_seconds"
+
+
+@dataclass(frozen=True)
+class PodSelector:
+    """Which series belong to the service: exact label matches as the ServiceMonitor/scrape config
+    attaches them (e.g. namespace and service), plus the runtime's `model_name` when given."""
+
+    labels: Mapping[str, str]
+    model_name: str | None = None
+
+    def promql(self) -> str:
+        pairs = dict(self.labels)
+        if self.model_name is not None:
+            pairs["model_name"] = self.model_name
+        return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(pairs.items())) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def promql_queries(selector: PodSelector, window_s: int) -> dict[str, str]:
+    sel, w = selector.promql(), f"{int(window_s)}s"
+    return {
+        "queue": f"sum({WAITING}{sel})",
+        "running": f"sum({RUNNING}{sel})",
+        "ttft_p95": f"histogram_quantile(0.95, sum by (le) (rate({TTFT}_bucket{sel}[{w}])))",
+        "rate": f"sum(rate({TTFT}_count{sel}[{w}]))",
+        "pods": f"count({WAITING}{sel})",
+        "oldest": f"min(timestamp({WAITING}{sel}))",
+    }
+
+
+class PrometheusSource:
+    def __init__(self, url: str, client: httpx.AsyncClient | None = None, timeout_s: float = 5.0):
+        self.url = url.rstrip("/")
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _query(self, promql: str, at: float) -> float | None:
+        resp = await self._client.get(f"{self.url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"})
+        resp.raise_for_status()
+        body = resp.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus: {body.get('error', body)}")
+        result = body["data"]["result"]
+        if not result:
+            return None
+        value = float(result[0]["value"][1])
+        return value if math.isfinite(value) else None
+
+    async def fetch(self, selector: PodSelector, window_s: int, now: float | None = None) -> Signals:
+        now = time.time() if now is None else now
+        queries = promql_queries(selector, window_s)
+        try:
+            values = await asyncio.gather(*(self._query(q, now) for q in queries.values()))
+        except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+            log.warning("metrics prometheus failed url=%s error=%s", self.url, exc)
+            return Signals.missing(f"prometheus query failed: {exc}", now)
+        v = dict(zip(queries, values))
+        if v["queue"] is None:
+            return Signals.missing(f"no {WAITING} series for {selector.promql()}", now)
+        return Signals(timestamp=v["oldest"] if v["oldest"] is not None else now, queue_depth=v["queue"],
+                       num_running=v["running"], ttft_p95_seconds=v["ttft_p95"], request_rate=v["rate"],
+                       num_pods_reporting=int(v["pods"] or 0))
+
+
+@dataclass
+class _PodSample:
+    time: float
+    waiting: float
+    running: float
+    buckets: dict[float, float]  # le -> cumulative count
+    count: float
+
+
+def parse_pod_metrics(text: str, model_name: str | None, at: float) -> _PodSample:
+    """Sum the kubeinfer series of one pod's exposition text (one model or all)."""
+    waiting = running = count = 0.0
+    buckets: dict[float, float] = defaultdict(float)
+    seen_waiting = False
+    for family in text_string_to_metric_families(text):
+        if family.name not in (WAITING, RUNNING, TTFT):
+            continue
+        for s in family.samples:
+            if model_name is not None and s.labels.get("model_name") != model_name:
+                continue
+            if s.name == WAITING:
+                waiting += s.value
+                seen_waiting = True
+            elif s.name == RUNNING:
+                running += s.value
+            elif s.name == f"{TTFT}_bucket":
+                buckets[float(s.labels["le"])] += s.value
+            elif s.name == f"{TTFT}_count":
+                count += s.value
+    if not seen_waiting:
+        raise ValueError(f"no {WAITING} series" + (f" for model_name={model_name}" if model_name else ""))
+    return _PodSample(at, waiting, running, dict(buckets), count)
+
+
+@dataclass
+class ScrapeSource:
+    """Direct scrape. The TTFT P95 and request rate are deltas against the newest snapshot of each pod
+    taken at least `window_s` before now; with none (a pod seen for less than a window), against zero,
+    i.e. the pod's whole life, which equals the window for a pod younger than it. A counter that went
+    down (restarted pod) is taken from zero. Any pod that cannot be read makes the whole signal
+    missing: a partial sum would under-count the queue and invite a scale-down."""
+
+    client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=2.0))
+    max_snapshots: int = 64
+    _history: dict[str, deque[_PodSample]] = field(default_factory=dict)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def _scrape(self, url: str, model_name: str | None, at: float) -> _PodSample:
+        resp = await self.client.get(url)
+        resp.raise_for_status()
+        return parse_pod_metrics(resp.text, model_name, at)
+
+    async def fetch(self, targets: Sequence[str], window_s: int, model_name: str | None = None,
+                    now: float | None = None) -> Signals:
+        now = time.time() if now is None else now
+        if not targets:
+            return Signals.missing("no pods to scrape", now)
+        results = await asyncio.gather(*(self._scrape(u, model_name, now) for u in targets), return_exceptions=True)
+        errors = [f"{u}: {r}" for u, r in zip(targets, results) if isinstance(r, BaseException)]
+        if errors:
+            log.warning("metrics scrape failed targets=%d errors=%s", len(errors), errors)
+            return Signals.missing(f"scrape failed: {errors[0]}", now)
+        total: dict[float, float] = defaultdict(float)
+        observed = 0.0
+        for url, sample in zip(targets, results):
+            history = self._history.setdefault(url, deque(maxlen=self.max_snapshots))
+            base = next((h for h in reversed(history) if h.time <= now - window_s), None)
+            if base is None or sample.count < base.count:
+                base = _PodSample(now, 0.0, 0.0, {}, 0.0)
+            for le, c in sample.buckets.items():
+                total[le] += c - base.buckets.get(le, 0.0)
+            observed += sample.count - base.count
+            history.append(sample)
+            while len(history) > 1 and history[1].time <= now - window_s:
+                history.popleft()  # keep one snapshot older than the window, drop the rest
+        for url in set(self._history) - set(targets):
+            del self._history[url]  # pods that went away
+        return Signals(timestamp=now, queue_depth=sum(s.waiting for s in results),
+                       num_running=sum(s.running for s in results),
+                       ttft_p95_seconds=histogram_quantile(0.95, total.items()) if observed > 0 else None,
+                       request_rate=observed / window_s, num_pods_reporting=len(targets))

@@ -1,0 +1,193 @@
+"""The metrics sources against a real Prometheus (Debian's `prometheus` package) scraping real
+processes on 127.0.0.1 that serve kubeinfer's metric names through prometheus_client.
+
+`exporter_fleet` starts the processes; to point this test at the real runtime later, replace the
+exporter script with `kubeinfer serve` and drive load instead of sending it `set`/`observe` lines.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kubeinfer.operator.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
+from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+
+PROMETHEUS = shutil.which("prometheus")
+MODEL = "tiny-llama"
+WINDOW_S = 30
+
+# A process serving kubeinfer metrics; it reads JSON lines on stdin and exits at EOF.
+EXPORTER = textwrap.dedent(f"""
+    import json, sys
+    from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+    reg = CollectorRegistry()
+    waiting = Gauge("kubeinfer_num_requests_waiting", "w", ["model_name"], registry=reg)
+    running = Gauge("kubeinfer_num_requests_running", "r", ["model_name"], registry=reg)
+    ttft = Histogram("kubeinfer_time_to_first_token_seconds", "t", ["model_name"], registry=reg,
+                     buckets={list(TTFT_BUCKETS[:-1])!r})
+    model = sys.argv[1]
+    waiting.labels(model).set(0); running.labels(model).set(0); ttft.labels(model)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
+    print(server.server_port, flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        waiting.labels(model).set(cmd["waiting"]); running.labels(model).set(cmd["running"])
+        for v in cmd["observe"]:
+            ttft.labels(model).observe(v)
+        print("ok", flush=True)
+""")
+
+
+class Exporter:
+    def __init__(self, model: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", EXPORTER, model], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+
+    def send(self, waiting: int, running: int, observe: list[float]) -> None:
+        self.proc.stdin.write(json.dumps({"waiting": waiting, "running": running, "observe": observe}) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def metrics_exporter_fleet():
+    """3 pods of service svc-a and 1 pod of another service (svc-b) that must never be counted."""
+    pods = [Exporter(MODEL) for _ in range(3)]
+    decoy = Exporter(MODEL)
+    yield pods, decoy
+    for e in pods + [decoy]:
+        e.stop()
+
+
+@pytest.fixture
+def metrics_prometheus(tmp_path: Path, metrics_exporter_fleet):
+    if PROMETHEUS is None:
+        pytest.skip("prometheus binary not found (apt-get install -y prometheus)")
+    pods, decoy = metrics_exporter_fleet
+    statics = [{"targets": [f"127.0.0.1:{e.port}"],
+                "labels": {"namespace": "ns1", "service": "svc-a", "pod": f"svc-a-{i}"}} for i, e in enumerate(pods)]
+    statics.append({"targets": [f"127.0.0.1:{decoy.port}"],
+                    "labels": {"namespace": "ns1", "service": "svc-b", "pod": "svc-b-0"}})
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [{"job_name": "kubeinfer", "static_configs": statics}]}
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    port = _free_port()
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def targets_up():
+            try:
+                r = httpx.get(f"{url}/api/v1/query", params={"query": 'count(up{job="kubeinfer"} == 1)'})
+                res = r.json()["data"]["result"]
+                return res and int(float(res[0]["value"][1])) == 4
+            except (httpx.HTTPError, KeyError, ValueError):
+                return False
+        _wait_for(targets_up, 20, "prometheus to scrape all 4 targets")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+# Per pod: waiting, running, TTFT observations. Overall 255 at 0.12 s and 45 at 0.7 s: 85% / 15%,
+# so the 0.95 rank lies in the middle of the (0.6, 0.75] bucket, far from its edges.
+GIVEN = [(3, 10, [0.12] * 100), (5, 20, [0.12] * 70 + [0.7] * 30), (7, 30, [0.12] * 85 + [0.7] * 15)]
+
+
+async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given(metrics_prometheus,
+                                                                               metrics_exporter_fleet):
+    pods, decoy = metrics_exporter_fleet
+    selector = PodSelector({"namespace": "ns1", "service": "svc-a"}, model_name=MODEL)
+    prom = PrometheusSource(metrics_prometheus)
+    scrape = ScrapeSource()
+    try:
+        # Baseline: Prometheus and the scrape source have both seen the pods before any observation.
+        await scrape.fetch([p.url for p in pods], WINDOW_S, model_name=MODEL)
+        time.sleep(1.5)
+        for pod, (w, r, obs) in zip(pods, GIVEN):
+            pod.send(w, r, obs)
+        decoy.send(100, 32, [5.0] * 50)
+        all_obs = [v for _, _, obs in GIVEN for v in obs]
+        true_p95 = histogram_quantile(0.95, cumulative_counts(all_obs))
+        lo, hi = bucket_of(0.7)
+
+        async def prom_caught_up():
+            s = await prom.fetch(selector, WINDOW_S)
+            return s if s.queue_depth == 15 and s.ttft_p95_seconds is not None and s.num_running == 60 else None
+        deadline, sig = time.monotonic() + 15, None
+        while sig is None and time.monotonic() < deadline:
+            sig = await prom_caught_up()
+            if sig is None:
+                time.sleep(0.3)
+        assert sig is not None, "Prometheus never reported queue 15 / running 60 with a TTFT P95"
+
+        # Queue and running exact (the decoy service's 100 waiting are filtered out); P95 in its bucket.
+        assert (sig.queue_depth, sig.num_running, sig.num_pods_reporting) == (15, 60, 3)
+        assert lo < sig.ttft_p95_seconds <= hi, (sig.ttft_p95_seconds, (lo, hi))
+        assert abs(sig.ttft_p95_seconds - true_p95) <= hi - lo
+        assert sig.request_rate and sig.request_rate > 0
+        assert time.time() - sig.timestamp < 5, "sample timestamps are recent"
+
+        direct = await scrape.fetch([p.url for p in pods], WINDOW_S, model_name=MODEL)
+        assert (direct.queue_depth, direct.num_running, direct.num_pods_reporting) == (15, 60, 3)
+        assert direct.ttft_p95_seconds == pytest.approx(true_p95)
+        assert lo < direct.ttft_p95_seconds <= hi
+        assert abs(direct.ttft_p95_seconds - sig.ttft_p95_seconds) <= hi - lo
+        assert direct.request_rate == pytest.approx(300 / WINDOW_S)
+
+        # A selector that matches nothing, and a dead Prometheus, are missing signals, not zeros.
+        none = await prom.fetch(PodSelector({"namespace": "ns1", "service": "nope"}), WINDOW_S)
+        assert not none.available and "no kubeinfer_num_requests_waiting series" in none.error
+        dead = PrometheusSource(f"http://127.0.0.1:{_free_port()}")
+        try:
+            assert not (await dead.fetch(selector, WINDOW_S)).available
+        finally:
+            await dead.aclose()
+        # One unreachable pod makes the direct scrape missing (a partial sum would under-count).
+        partial = await scrape.fetch([p.url for p in pods] + [f"http://127.0.0.1:{_free_port()}/metrics"], WINDOW_S)
+        assert not partial.available and "scrape failed" in partial.error
+    finally:
+        await prom.aclose()
+        await scrape.aclose()
