@@ -4,7 +4,8 @@ Scope and assumptions:
 - `q` is `[num_seqs, num_heads, head_dim]`, unit stride on `head_dim`; the query of sequence `i` is its
   last token, at position `seq_lens[i] - 1`, and its own K/V are already in the cache.
 - `k_cache`/`v_cache` are `[num_blocks, block_size, num_kv_heads, head_dim]` (any block size; unit stride
-  on `head_dim`); `block_tables` is int32 `[num_seqs, max_blocks]`, `seq_lens` int32 `[num_seqs]`, >= 1.
+  on `head_dim`); `block_tables` is int32 `[num_seqs, max_blocks]`, `seq_lens` int32 `[num_seqs]`
+  (a padding row with seq_len 0, e.g. in a CUDA graph batch, yields zeros).
 - Grouped-query attention: query head `h` reads KV head `h // (num_heads // num_kv_heads)`. One program
   serves a block of up to BLOCK_H query heads that share one KV head, so each K/V tile is read once per
   group, and the scores are a `[BLOCK_H, BLOCK_N]` `tl.dot` (BLOCK_H >= 16, padded heads are masked).
@@ -124,10 +125,13 @@ def _decode_merge_kernel(
     mask_d = offs_d < head_dim
 
     lse = tl.load(Mid_Lse + seq * stride_mlb + head * stride_mlh + offs_s, mask=mask_s, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, axis=0))                              # split 0 always has keys
+    max_lse = tl.max(lse, axis=0)
+    # Every split is empty only for a padding row with seq_len 0: it gets zeros, not NaN.
+    weights = tl.exp2(lse - tl.where(max_lse == float("-inf"), 0.0, max_lse))
     partial = tl.load(Mid_Out + seq * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos
                       + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
+    total = tl.sum(weights, axis=0)
+    out = tl.sum(weights[:, None] * partial, axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(Out + seq * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
 
 

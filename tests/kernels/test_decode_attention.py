@@ -41,3 +41,14 @@ def test_decode_noncontiguous_query(device, dtype, tol, make_paged):
     got = decode_attention(q, k_cache, v_cache, meta, 0.125)
     want = references.decode_attention(q.contiguous(), k_cache, v_cache, meta, 0.125)
     torch.testing.assert_close(got, want, **tol(dtype, "attention"))
+
+
+def test_decode_padding_row_yields_zeros(device, dtype, tol, make_paged):
+    """A seq_len-0 row (CUDA-graph padding) gives zeros, not NaN, and leaves the other rows right."""
+    q, k_cache, v_cache, meta, _, _ = make_paged([30, 1], [1, 1], 4, 2, 64, 16, dtype, device, seed=9)
+    meta.seq_lens[1] = 0
+    got = decode_attention(q, k_cache, v_cache, meta, 0.125, num_kv_splits=2)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    meta.seq_lens, meta.block_tables = meta.seq_lens[:1], meta.block_tables[:1]
+    torch.testing.assert_close(got[:1], references.decode_attention(q[:1], k_cache, v_cache, meta, 0.125),
+                               **tol(dtype, "attention"))
