@@ -9,6 +9,7 @@ TTFT P95 over time per policy. Fixed seed; matplotlib (the `bench` extra) only f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import sys
@@ -36,6 +37,8 @@ def make_policies(peak_rate: float, model: ReplicaModel) -> list:
     return [
         FixedFleet(replicas_for_rate(peak_rate, TTFT_TARGET_S, model)),
         KubeInferPolicy(config),
+        KubeInferPolicy(dataclasses.replace(config, scale_down_stabilization_seconds=60),
+                        name="kubeinfer, 60 s down window"),
         MovingAverageConcurrency(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
         MovingAverageConcurrency(target_concurrency, MIN_REPLICAS, MAX_REPLICAS, window_s=60.0,
                                  name="KubeAI-style, 60 s window"),
