@@ -1,0 +1,78 @@
+"""Every kopf handler of the operator, registered here and nowhere else. Each is a few lines.
+
+- startup: all settings (one place), the API client, whether ServiceMonitors exist.
+- login: kopf connects with the same credentials as the applier.
+- InferenceService create/update/resume: a reconcile pass.
+- events of owned Deployments, Services, PDBs and pods: a reconcile pass of the owner, which repairs
+  hand edits and deletions and refreshes status (pods failing to pull, crash, or be scheduled).
+
+No timers and no deletion handlers: kopf then adds no finalizer, and deleting an InferenceService is
+left to the API server's garbage collector through owner references.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kubeinfer.operator import builders
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.kube import Kube, connection_info, load_configuration
+from kubeinfer.operator.reconcile import Context, reconcile_named
+from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+OWNED_LABELS = {builders.MANAGED_BY_LABEL: builders.MANAGED_BY}
+OWNED_SELECTOR = f"{builders.MANAGED_BY_LABEL}={builders.MANAGED_BY}"
+CHILD_RESOURCES = [("apps", "v1", "deployments"), ("", "v1", "services"), ("policy", "v1", "poddisruptionbudgets"),
+                   ("", "v1", "pods")]
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    # Progress and the last-handled spec live in annotations of our own group; status stays ours.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # Only warnings and errors become Kubernetes Events: a healthy pass writes nothing.
+    settings.posting.level = logging.WARNING
+    settings.scanning.disabled = not config.scanning
+    settings.watching.server_timeout = 300
+    for group, version, plural in CHILD_RESOURCES:
+        settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
+    kube = Kube(load_configuration())
+    with_sm = config.service_monitor == "always" or (
+        config.service_monitor == "auto" and kube.has_api("monitoring.coreos.com/v1", "servicemonitors"))
+    memo["ctx"] = Context(kube=kube, config=config, with_service_monitor=with_sm)
+    log.info("kubeinfer operator configured: image=%s serviceMonitor=%s namespaces=%s",
+             config.runtime_image, with_sm, list(config.namespaces) or "all")
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    return connection_info(load_configuration())
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile_service(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    reconcile_named(memo["ctx"], namespace, name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED_LABELS)
+@kopf.on.event("", "v1", "services", labels=OWNED_LABELS)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED_LABELS)
+@kopf.on.event("", "v1", "pods", labels=OWNED_LABELS)
+def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    owner = labels.get(builders.INSTANCE_LABEL)
+    if owner and namespace:
+        try:
+            reconcile_named(memo["ctx"], namespace, owner)
+        except kopf.PermanentError:
+            pass  # a bad spec is already reported in the owner's status

@@ -1,0 +1,120 @@
+"""One reconcile pass of one InferenceService: parse, build, apply, observe, write status once.
+
+Called by every handler (create/update/resume of the InferenceService, and events of its children),
+so a child edited or deleted by hand, or a pod that changes state, leads to the same pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+from typing import Any
+
+import kopf
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from kubeinfer.operator import builders, status
+from kubeinfer.operator.apply import ensure
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.kube import Kube, resource_path
+from kubeinfer.operator.spec import API_VERSION, KIND, parse_spec
+from kubeinfer.operator.validation import semantic_errors
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every pass needs, built once at startup and kept in kopf's memo."""
+
+    kube: Kube
+    config: OperatorConfig
+    with_service_monitor: bool
+    _locks: dict[tuple[str, str], threading.Lock] = dataclasses.field(default_factory=dict)
+    _guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def lock_for(self, namespace: str, name: str) -> threading.Lock:
+        """One pass at a time per InferenceService (handlers run in a thread pool)."""
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _validation_messages(error: ValidationError) -> list[str]:
+    messages = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        messages.append(f"spec.{where}: {item['msg']}" if where else f"spec: {item['msg']}")
+    return messages
+
+
+def _own_pods(kube: Kube, owner: builders.Owner) -> list[dict[str, Any]]:
+    selector = builders.selector_labels(owner)
+    pods = kube.list(resource_path("v1", "Pod", owner.namespace), builders.selector_string(owner))
+    # Also filter here: a server (or emulator) that ignores the selector must not mix services up.
+    return [p for p in pods if selector.items() <= ((p.get("metadata") or {}).get("labels") or {}).items()]
+
+
+def reconcile(ctx: Context, body: dict[str, Any]) -> None:
+    """Bring the children in line with the spec and write the status if it changed.
+
+    Raises kopf.PermanentError for a spec a person must fix, kopf.TemporaryError for API failures.
+    """
+    owner = builders.Owner.from_body(body)
+    generation = body["metadata"].get("generation")
+    spec = None
+    try:
+        spec = parse_spec(body.get("spec") or {})
+        errors = semantic_errors(spec)
+    except ValidationError as e:
+        errors = _validation_messages(e)
+
+    try:
+        if spec is not None and not errors:
+            for child in builders.children(spec, owner, ctx.config, with_service_monitor=ctx.with_service_monitor):
+                ensure(ctx.kube, child)
+        deployment = ctx.kube.get(resource_path("apps/v1", "Deployment", owner.namespace, owner.name))
+        pods = _own_pods(ctx.kube, owner) if deployment is not None else []
+        current = body.get("status") or {}
+        observed = status.compute_status(
+            desired=spec.desired_replicas if spec is not None else 0,
+            selector=builders.selector_string(owner), endpoint=builders.endpoint(owner),
+            generation=generation, deployment=deployment, pods=pods, spec_errors=errors,
+            current=current, now=_now())
+        patch = status.status_patch(current, observed)
+        if patch:
+            ctx.kube.patch_status(resource_path(API_VERSION, KIND, owner.namespace, owner.name), patch)
+            log.info("status of %s/%s: %s", owner.namespace, owner.name, sorted(patch))
+    except ApiException as e:
+        if e.status == 404 and not body["metadata"].get("deletionTimestamp"):
+            raise kopf.TemporaryError(f"not found while reconciling: {e.reason}", delay=5) from e
+        if e.status == 404:
+            return  # the InferenceService is going away; garbage collection takes the children
+        if e.status in (400, 403, 422):
+            raise kopf.TemporaryError(f"API server refused a write ({e.status} {e.reason}): {e.body}", delay=60) from e
+        raise kopf.TemporaryError(f"API error {e.status} {e.reason}", delay=10) from e
+
+    if errors:
+        raise kopf.PermanentError("invalid spec: " + "; ".join(errors))
+
+
+def reconcile_named(ctx: Context, namespace: str, name: str) -> None:
+    """A pass over the latest stored state of one InferenceService (nothing if it is gone or going).
+
+    Every handler comes here: under the per-object lock, the object is read fresh, so passes that
+    queue up behind each other see each other's writes and do not repeat them.
+    """
+    with ctx.lock_for(namespace, name):
+        try:
+            body = ctx.kube.get(resource_path(API_VERSION, KIND, namespace, name))
+        except ApiException as e:
+            raise kopf.TemporaryError(f"cannot read {namespace}/{name}: {e.status} {e.reason}", delay=10) from e
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return  # garbage collection takes the children
+        reconcile(ctx, body)

@@ -1,0 +1,134 @@
+"""Helpers of the operator tests: run the operator against an API server, talk to it, count writes.
+
+Loaded by conftest.py under the module name ``kubeinfer_operator_harness`` (tests run with
+--import-mode=importlib, where test modules cannot import their siblings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import kopf
+
+from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
+
+NAMESPACE = "default"
+ISVC_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+GROUP_PATH = f"/apis/{GROUP}/{VERSION}"
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def write_requests(server: Any, start: int = 0) -> list[Any]:
+    """Requests that could change state, in order, recorded since index ``start``."""
+    return [r for r in list(server)[start:] if r.method is not None and r.method.value in WRITE_METHODS]
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def _watching(server: Any, plural: str) -> bool:
+    return any(r.params.get("watch") == "true" and f"/{plural}" in str(r.url) for r in list(server))
+
+
+@contextlib.asynccontextmanager
+async def running_operator(server: Any, config: OperatorConfig | None = None) -> AsyncIterator[None]:
+    """Run the real operator (all handlers of kubeinfer.operator.handlers) until the block exits.
+
+    It runs in its own thread and event loop: on exit kopf cancels every task of its loop that it did
+    not find at start, which would include the test's own tasks if they shared a loop.
+    """
+    config = config or OperatorConfig(scanning=False, namespaces=(NAMESPACE,), standalone=True,
+                                      service_monitor="never")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def main() -> None:
+        settings = kopf.OperatorSettings()
+        settings.networking.error_backoffs = [0.1]
+        try:
+            asyncio.run(kopf.operator(
+                registry=kopf.get_default_registry(), settings=settings, memo=kopf.Memo(config=config),
+                standalone=True, namespaces=list(config.namespaces), stop_flag=stop))
+        except BaseException as e:  # reported to the test below
+            errors.append(e)
+
+    thread = threading.Thread(target=main, name="kopf-operator", daemon=True)
+    thread.start()
+    try:
+        # Objects created before kopf's watch arrives would be replayed as ADDED and handled twice.
+        for plural in (PLURAL, "deployments", "services", "poddisruptionbudgets", "pods"):
+            await wait_for(lambda: errors or not thread.is_alive() or _watching(server, plural),
+                           what=f"watch on {plural}")
+        if errors:
+            raise errors[0]
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 15)
+        assert not thread.is_alive(), "the operator did not stop"
+
+
+def isvc_path(namespace: str, name: str | None = None) -> str:
+    return f"{GROUP_PATH}/namespaces/{namespace}/inferenceservices" + (f"/{name}" if name else "")
+
+
+def child_path(kind: str, namespace: str, name: str) -> str:
+    base = {"Deployment": "/apis/apps/v1", "Service": "/api/v1", "PodDisruptionBudget": "/apis/policy/v1",
+            "ServiceMonitor": "/apis/monitoring.coreos.com/v1", "Pod": "/api/v1"}[kind]
+    plural = {"Deployment": "deployments", "Service": "services", "PodDisruptionBudget": "poddisruptionbudgets",
+              "ServiceMonitor": "servicemonitors", "Pod": "pods"}[kind]
+    return f"{base}/namespaces/{namespace}/{plural}/{name}"
+
+
+class KApi:
+    def __init__(self, base_url: str) -> None:
+        self.base = base_url.rstrip("/")
+
+    async def call(self, method: str, path: str, body: Any = None,
+                   content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
+        async with aiohttp.ClientSession() as session:
+            async with session.request(method, self.base + path, json=body, headers=headers) as resp:
+                data = await resp.json(content_type=None) if resp.content_length != 0 else None
+                return resp.status, data
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        status, data = await self.call("GET", path)
+        return data if status == 200 else None
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, data = await self.call("POST", path, body)
+        assert status in (200, 201), (status, data)
+        return data
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, data = await self.call("PATCH", path, body)
+        assert status == 200, (status, data)
+        return data
+
+    async def delete(self, path: str) -> None:
+        status, data = await self.call("DELETE", path)
+        assert status == 200, (status, data)
+
+    async def eventually(self, path: str, check: Any, timeout: float = 5.0) -> dict[str, Any]:
+        """Poll ``path`` until ``check(obj)`` is true; returns the object."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        last = None
+        while asyncio.get_running_loop().time() < deadline:
+            last = await self.get(path)
+            if last is not None and check(last):
+                return last
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{path} never satisfied the check; last seen: {last}")
