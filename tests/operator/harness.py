@@ -22,12 +22,18 @@ from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
 NAMESPACE = "default"
 ISVC_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 GROUP_PATH = f"/apis/{GROUP}/{VERSION}"
+TEST_USER_AGENT = "kubeinfer-tests"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 def write_requests(server: Any, start: int = 0) -> list[Any]:
     """Requests that could change state, in order, recorded since index ``start``."""
     return [r for r in list(server)[start:] if r.method is not None and r.method.value in WRITE_METHODS]
+
+
+def operator_requests(server: Any) -> list[Any]:
+    """Requests made by the operator (kopf or the applier), not by the test's own client."""
+    return [r for r in list(server) if r.headers.get("User-Agent") != TEST_USER_AGENT]
 
 
 async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
@@ -98,7 +104,8 @@ class KApi:
 
     async def call(self, method: str, path: str, body: Any = None,
                    content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
-        headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
+        headers = {"Content-Type": content_type if method == "PATCH" else "application/json",
+                   "User-Agent": TEST_USER_AGENT}
         async with aiohttp.ClientSession() as session:
             async with session.request(method, self.base + path, json=body, headers=headers) as resp:
                 data = await resp.json(content_type=None) if resp.content_length != 0 else None

@@ -15,8 +15,10 @@ import pytest
 
 from kubeinfer.operator.builders import HASH_ANNOTATION
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.rbac import RULES
 
-from kubeinfer_operator_harness import NAMESPACE, child_path, isvc_path, running_operator, write_requests
+from kubeinfer_operator_harness import (NAMESPACE, child_path, isvc_path, operator_requests, running_operator,
+                                        write_requests)
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -210,3 +212,32 @@ async def test_service_monitor_applied_when_its_crd_exists(cluster: Any, kapi: A
         sm = await kapi.eventually(child_path("ServiceMonitor", NAMESPACE, NAME), lambda s: True)
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
     assert sm["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
+
+
+def _verb(r: Any) -> str:
+    if r.params.get("watch") == "true":
+        return "watch"
+    return {"GET": "get" if r.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
+            "DELETE": "delete"}[r.method.value]
+
+
+def _allowed(group: str, resource: str, verb: str) -> bool:
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in RULES)
+
+
+async def test_every_request_the_operator_makes_is_allowed_by_its_rbac(operator: Any, kapi: Any) -> None:
+    await created(operator, kapi, replicas=2)
+    await kapi.patch(ISVC, {"spec": {"replicas": 3}})
+    await kapi.delete(DEPLOYMENT)
+    await kapi.eventually(DEPLOYMENT, lambda d: d["spec"]["replicas"] == 3)
+    await settle(operator)
+    checked = set()
+    for r in operator_requests(operator):
+        if r.resource is None or r.resource.plural is None:
+            continue  # discovery (/api, /apis/...) is open to every authenticated client
+        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+        key = (r.resource.group, resource, _verb(r))
+        assert _allowed(*key), f"RBAC does not allow {key}"
+        checked.add(key)
+    assert ("apps", "deployments", "create") in checked or ("apps", "deployments", "patch") in checked
+    assert ("kubeinfer.dev", "inferenceservices/status", "patch") in checked

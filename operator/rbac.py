@@ -1,0 +1,47 @@
+"""The operator's least-privilege RBAC rules, kept in this one place.
+
+Print them as a ClusterRole with ``python -m kubeinfer.operator.rbac`` (the Helm chart renders the same).
+Every verb below is used by the code; nothing deletes, because children go away by garbage collection.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from kubeinfer.operator.spec import GROUP, PLURAL
+
+RULES: list[dict[str, Any]] = [
+    # The custom resource: watched by kopf, annotated by kopf (last-handled spec), status written by us.
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+    # Children: read to compare, server-side apply (patch), create where a server does not create on apply.
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
+     "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": ["get", "create", "patch"]},
+    # Pods: read only, to explain failures (image pulls, crash loops, unschedulable) in status.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    # kopf: warning/error Events, peering (two copies never act at once), discovery of namespaces and CRDs.
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+]
+
+
+def cluster_role(name: str = "kubeinfer-operator") -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name}, "rules": RULES}
+
+
+def main() -> None:
+    sys.stdout.write(yaml.safe_dump(cluster_role(), sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Command line and environment settings reach the operator's configuration and kopf."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+
+from kubeinfer.operator import __main__ as entry
+from kubeinfer.operator.config import OperatorConfig
+
+
+def test_env_settings_are_read() -> None:
+    config = OperatorConfig.from_env({"KUBEINFER_RUNTIME_IMAGE": "r/i:2", "KUBEINFER_NAMESPACES": "a, b",
+                                      "KUBEINFER_STANDALONE": "true", "KUBEINFER_PRIORITY": "5",
+                                      "KUBEINFER_SERVICE_MONITOR": "never", "KUBEINFER_SCANNING": "false"})
+    assert config.runtime_image == "r/i:2" and config.namespaces == ("a", "b")
+    assert config.standalone is True and config.priority == 5
+    assert config.service_monitor == "never" and config.scanning is False
+    with pytest.raises(ValueError, match="SERVICE_MONITOR"):
+        OperatorConfig.from_env({"KUBEINFER_SERVICE_MONITOR": "sometimes"})
+
+
+def test_main_passes_flags_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
+    monkeypatch.delenv("KUBEINFER_STANDALONE", raising=False)
+    entry.main(["-n", "ml", "-n", "ml-*", "--peering", "team-a", "--priority", "10", "--runtime-image", "x/y:1"])
+    assert seen["namespaces"] == ["ml", "ml-*"] and seen["clusterwide"] is False
+    assert seen["peering_name"] == "team-a" and seen["priority"] == 10 and seen["standalone"] is False
+    assert seen["memo"]["config"].runtime_image == "x/y:1"
+    entry.main(["--standalone"])
+    assert seen["standalone"] is True and seen["peering_name"] is None and seen["clusterwide"] is True
