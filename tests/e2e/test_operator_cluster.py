@@ -1,0 +1,196 @@
+"""The operator scenarios against a real API server (skipped unless KUBEINFER_E2E_KUBECONFIG is set).
+
+Applies crds/ first, runs the operator in-process against a fresh namespace, and checks what kmock
+cannot: CEL refusals, server-side apply, pruning of undeclared status fields, the scale subresource,
+resourceVersions that do not move on a no-op resync. Pods need not run: a cluster without GPUs
+shows them Unschedulable, which the status must explain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+KUBECONFIG = os.environ.get("KUBEINFER_E2E_KUBECONFIG")
+pytestmark = pytest.mark.skipif(not KUBECONFIG, reason="KUBEINFER_E2E_KUBECONFIG is not set")
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "qwen"
+ACTIONABLE = {"InsufficientGPU", "Unschedulable", "ImagePullFailed", "CrashLoop", "ContainerConfigError",
+              "LoadingModel", "Available", "Complete", "AsExpected", "NoReplicasReady", "RollingOut", "Creating"}
+
+
+def eventually(fn: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001  (a 404 while an object is being created)
+            last = e
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[Any]:
+    os.environ["KUBECONFIG"] = KUBECONFIG or ""
+    from kubeinfer.operator.kube import Kube, load_configuration
+    yield Kube(load_configuration())
+
+
+@pytest.fixture(scope="module")
+def crds(kube: Any) -> None:
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                kube.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}",
+                             body=doc, content_type="application/apply-patch+yaml",
+                             query={"fieldManager": "kubeinfer-e2e", "force": "true"})
+    def established() -> bool:
+        crd = kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.kubeinfer.dev")
+        return any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"].get("conditions", []))
+    eventually(established, what="CRD established")
+
+
+@pytest.fixture()
+def namespace(kube: Any, crds: None) -> Iterator[str]:
+    ns = f"kubeinfer-e2e-{uuid.uuid4().hex[:6]}"
+    kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    yield ns
+    kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+def run_operator(namespace: str) -> tuple[threading.Thread, threading.Event]:
+    import kopf
+    from kubeinfer.operator import handlers  # noqa: F401
+    from kubeinfer.operator.config import OperatorConfig
+    config = OperatorConfig(namespaces=(namespace,), standalone=True, service_monitor="auto")
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(
+        registry=kopf.get_default_registry(), memo=kopf.Memo(config=config), standalone=True,
+        namespaces=[namespace], stop_flag=stop, ready_flag=ready)), daemon=True)
+    thread.start()
+    assert ready.wait(30), "operator did not become ready"
+    time.sleep(2)  # let the watch streams open
+    return thread, stop
+
+
+@pytest.fixture()
+def operator(namespace: str) -> Iterator[str]:
+    thread, stop = run_operator(namespace)
+    yield namespace
+    stop.set()
+    thread.join(30)
+
+
+def isvc_path(ns: str, name: str = NAME) -> str:
+    return f"/apis/kubeinfer.dev/v1alpha1/namespaces/{ns}/inferenceservices/{name}"
+
+
+def manifest(ns: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": NAME, "namespace": ns},
+            "spec": {"model": {"uri": "pvc://models/qwen"}, **spec}}
+
+
+def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
+    return kube.request("POST", f"/apis/kubeinfer.dev/v1alpha1/namespaces/{ns}/inferenceservices",
+                        body=manifest(ns, **spec))
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas must not exceed"),
+    ({"parallelism": {"tensor": 3}}, "power of two"),
+    ({"model": {"uri": "ftp://host/m"}}, "hf://, pvc://, s3:// or file://"),
+    ({"replicas": 9, "autoscaling": {"maxReplicas": 4}}, "spec.replicas must lie within"),
+])
+def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
+    from kubernetes.client import ApiException
+    with pytest.raises(ApiException) as info:
+        create(kube, namespace, **spec)
+    assert info.value.status == 422
+    assert message in (info.value.body or "")
+
+
+def test_lifecycle(kube: Any, operator: str) -> None:
+    ns = operator
+    owner = create(kube, ns, parallelism={"tensor": 2}, replicas=1)
+    dep_path = f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}"
+    dep = eventually(lambda: kube.get(dep_path), what="Deployment")
+    for path in (dep_path, f"/api/v1/namespaces/{ns}/services/{NAME}",
+                 f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{NAME}"):
+        child = eventually(lambda: kube.get(path), what=path)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    managers = {m["manager"] for m in dep["metadata"]["managedFields"] if m["operation"] == "Apply"}
+    assert "kubeinfer-operator" in managers
+
+    # Status fields survive the API server's pruning, and pods that cannot start are explained.
+    obj = eventually(lambda: (o := kube.get(isvc_path(ns))) and o.get("status", {}).get("selector") and o,
+                     what="status")
+    assert obj["status"]["endpoint"] == f"http://{NAME}.{ns}.svc/v1"
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert condition(obj, "Degraded")["reason"] in ACTIONABLE | {"InsufficientGPU"}
+
+    # Spec update -> the Deployment is patched.
+    kube.request("PATCH", isvc_path(ns), body={"spec": {"parallelism": {"tensor": 4}}},
+                 content_type="application/merge-patch+json")
+    eventually(lambda: kube.get(dep_path)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+               ["nvidia.com/gpu"] == "4", what="patched Deployment")
+
+    # Scale subresource -> spec.replicas -> Deployment replicas.
+    kube.request("PATCH", isvc_path(ns) + "/scale", body={"spec": {"replicas": 2}},
+                 content_type="application/merge-patch+json")
+    eventually(lambda: kube.get(dep_path)["spec"]["replicas"] == 2, what="scaled Deployment")
+
+    # A hand edit is reverted; a deleted Deployment comes back.
+    time.sleep(2)
+    kube.request("PATCH", dep_path, body={"spec": {"revisionHistoryLimit": 9}}, content_type="application/merge-patch+json")
+    eventually(lambda: kube.get(dep_path)["spec"]["revisionHistoryLimit"] == 3, what="reverted edit")
+    old_uid = kube.get(dep_path)["metadata"]["uid"]
+    kube.request("DELETE", dep_path)
+    eventually(lambda: (d := kube.get(dep_path)) and d["metadata"]["uid"] != old_uid, what="recreated Deployment")
+
+
+def test_noop_resync_changes_nothing(kube: Any, operator: str) -> None:
+    ns = operator
+    create(kube, ns)
+    dep_path = f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}"
+    eventually(lambda: kube.get(dep_path), what="Deployment")
+    time.sleep(5)  # let the pods' first status changes pass
+    paths = [dep_path, f"/api/v1/namespaces/{ns}/services/{NAME}",
+             f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{NAME}"]
+    before = {p: kube.get(p)["metadata"]["resourceVersion"] for p in paths}
+    spec_version = kube.get(isvc_path(ns))["metadata"]["resourceVersion"]
+    thread, stop = run_operator(ns)  # a second copy resumes the same object
+    time.sleep(5)
+    stop.set()
+    thread.join(30)
+    assert {p: kube.get(p)["metadata"]["resourceVersion"] for p in paths} == before
+    # The InferenceService may only change if pod status changed meanwhile; its spec never.
+    assert kube.get(isvc_path(ns))["metadata"]["generation"] == 1, spec_version
+
+
+def test_bad_spec_the_schema_cannot_catch_becomes_a_condition(kube: Any, operator: str) -> None:
+    ns = operator
+    create(kube, ns, runtime={"extraArgs": ["--port", "9000"]})
+    obj = eventually(lambda: (o := kube.get(isvc_path(ns))) and condition(o, "Degraded").get("reason") == "InvalidSpec"
+                     and o, what="InvalidSpec condition")
+    assert "--port" in condition(obj, "Degraded")["message"]
+    assert kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}") is None
