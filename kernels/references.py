@@ -34,16 +34,14 @@ def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, sliding_window: int
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q `[..., n, H, D]`, k/v `[..., L, KVH, D]`, mask `[..., n, L]` -> `[..., n, H, D]`, grouped-query aware."""
-    *batch, n, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[-2]
-    group = num_heads // num_kv_heads
-    qg = q.float().view(*batch, n, num_kv_heads, group, head_dim)
-    scores = torch.einsum("...nkgd,...lkd->...kgnl", qg, k.float()) * scale
-    scores.masked_fill_(~mask.unsqueeze(-3).unsqueeze(-3), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("...kgnl,...lkd->...nkgd", probs, v.float())
-    return out.reshape(*batch, n, num_heads, head_dim).to(q.dtype)
+    """q `[..., n, H, D]`, k/v `[..., L, KVH, D]`, mask `[..., n, L]` (True = visible) -> `[..., n, H, D]`.
+
+    Softmax(q k^T * scale, masked) v, each query head reading KV head `h // (H // KVH)`; computed by
+    PyTorch's scaled_dot_product_attention (fused on CPU, fp32 accumulation).
+    """
+    out = F.scaled_dot_product_attention(q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3),
+                                         attn_mask=mask.unsqueeze(-3), scale=scale, enable_gqa=True)
+    return out.transpose(-2, -3)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

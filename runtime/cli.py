@@ -1,4 +1,4 @@
-"""`kubeinfer` command line: `generate` (offline, streams to the terminal) and `operator`."""
+"""`kubeinfer` command line: `generate` (offline, streamed), `serve` (HTTP API) and `operator`."""
 import argparse
 import dataclasses
 import logging
@@ -82,6 +82,16 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from kubeinfer.runtime.config import EngineConfig
+    from kubeinfer.runtime.server.main import serve
+
+    config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
+                          max_waiting_requests=args.max_waiting_requests, **engine_settings(args))
+    return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
+                 args.drain_timeout_seconds, args.log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubeinfer", description="LLM inference runtime and Kubernetes operator")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), help="logging level [env KUBEINFER_LOG_LEVEL]")
@@ -97,6 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", help="a stop string (repeat for several)")
     generate.add_argument("--ignore-eos", action="store_true")
     generate.set_defaults(run=_generate)
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(serve)
+    for flag, kind, default, help_text in [
+        ("served-model-name", str, None, "model name clients send (default: the model folder's name)"),
+        ("host", str, "0.0.0.0", "address to listen on"),
+        ("port", int, 8000, "port to listen on"),
+        ("max-waiting-requests", int, 1024, "requests queued beyond the running batch before 429"),
+        ("api-keys-file", str, None, "file of API keys, one per line: KEY [TOKENS_PER_MINUTE]"),
+        ("default-tokens-per-minute", int, None, "token quota of keys that name none (default: none)"),
+        ("drain-timeout-seconds", float, 30.0, "on SIGTERM, how long requests in flight may finish"),
+    ]:
+        name = flag.replace("-", "_")
+        value = _env(name, default)
+        serve.add_argument("--" + flag, dest=name, type=kind, default=kind(value) if value is not None else None,
+                           help=f"{help_text} [env KUBEINFER_{name.upper()}]")
+    serve.set_defaults(run=_serve)
     commands.add_parser("operator", help="run the InferenceService operator (flags: kubeinfer operator --help)",
                         add_help=False)
     return parser

@@ -1,0 +1,119 @@
+"""The FastAPI application: OpenAI routes, health and readiness, metrics, OpenAI-shaped errors."""
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.server import openai_api
+from kubeinfer.runtime.server.async_engine import EngineDeadError
+from kubeinfer.runtime.server.errors import APIError, error_response
+from kubeinfer.runtime.server.openai_api import ServerState
+from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+
+logger = logging.getLogger(__name__)
+
+
+class CountErrors:
+    """ASGI middleware: counts every response with status >= 400 by code, whoever produced it."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self.state.metrics.count_error(message["status"])
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)
+
+
+def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
+    first = error.errors()[0] if error.errors() else {}
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.engine.start()
+        yield
+        state.engine.stop()
+
+    app = FastAPI(title="kubeinfer", version="0.1.0", lifespan=lifespan)
+    app.state.server = state
+    app.add_middleware(CountErrors, state=state)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid_request(request: Request, error: InvalidRequestError):
+        return error_response(400, str(error), error.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError):
+        message, param = _validation_message(error)
+        return error_response(400, message, param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        return error_response(error.status_code, str(error.detail))
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(request: Request, error: EngineDeadError):
+        return error_response(503, str(error))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception):
+        logger.exception("unexpected error serving %s", request.url.path)
+        return error_response(500, "internal error; see the server log")
+
+    @app.get("/health")
+    async def health():
+        if not state.engine.is_alive:
+            return error_response(503, "the engine is not running")
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        if state.draining:
+            return error_response(503, "draining")
+        if not state.engine.is_alive:
+            return error_response(503, "the engine is not running")
+        return {"status": "ready"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        openai_api.authenticate(state, request)
+        return {"object": "list", "data": [{
+            "id": state.config.served_model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "kubeinfer", "max_model_len": state.config.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await openai_api.completions(state, body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await openai_api.chat_completions(state, body, request)
+
+    return app

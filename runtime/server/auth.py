@@ -1,0 +1,108 @@
+"""API keys and per-key token quotas.
+
+Keys come from a file (one per line: `KEY` or `KEY TOKENS_PER_MINUTE`; `#` starts a comment; e.g. a
+mounted Kubernetes Secret) and/or the environment (`KUBEINFER_API_KEYS="k1,k2:5000"`). With no keys
+configured the API is open. A quota counts prompt and completion tokens over a sliding minute; a request
+is refused (429) before admission when its prompt would exceed what the minute has left.
+"""
+import hmac
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubeinfer.runtime.errors import ConfigError
+
+WINDOW_SECONDS = 60.0
+
+
+def parse_api_keys(text: str, separator: str | None = None) -> dict[str, int | None]:
+    """`{key: tokens_per_minute or None}` from a keys file (lines) or an env value (comma-separated, `key:tpm`)."""
+    keys: dict[str, int | None] = {}
+    entries = text.split(",") if separator == "," else text.splitlines()
+    for number, entry in enumerate(entries, 1):
+        entry = entry.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        parts = entry.replace(":", " ").split() if separator == "," else entry.split()
+        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ConfigError(f"API key entry {number}: expected 'KEY' or 'KEY TOKENS_PER_MINUTE'")
+        keys[parts[0]] = int(parts[1]) if len(parts) == 2 else None
+    return keys
+
+
+def load_api_keys(path: str | None, env: dict[str, str] | None = None) -> dict[str, int | None]:
+    env = os.environ if env is None else env
+    keys = parse_api_keys(env.get("KUBEINFER_API_KEYS", ""), separator=",")
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"API keys file {path!r} does not exist")
+        keys |= parse_api_keys(file.read_text())
+    return keys
+
+
+@dataclass
+class _Usage:
+    events: deque = field(default_factory=deque)   # (time, tokens)
+    total: int = 0
+
+
+class KeyRing:
+    def __init__(self, keys: dict[str, int | None], default_tokens_per_minute: int | None = None):
+        self.keys = keys
+        self.default_tokens_per_minute = default_tokens_per_minute
+        self._usage: dict[str, _Usage] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+    def authenticate(self, authorization: str | None) -> str | None:
+        """The key the header carries, if it is one of ours; None otherwise (or when keys are off)."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        given = authorization[len("Bearer "):].strip().encode()
+        for key in self.keys:   # compare every key in constant time
+            if hmac.compare_digest(given, key.encode()):
+                return key
+        return None
+
+    def limit(self, key: str | None) -> int | None:
+        if key is None:
+            return None
+        limit = self.keys.get(key)
+        return limit if limit is not None else self.default_tokens_per_minute
+
+    def _used(self, key: str, now: float) -> _Usage:
+        usage = self._usage.setdefault(key, _Usage())
+        while usage.events and usage.events[0][0] <= now - WINDOW_SECONDS:
+            usage.total -= usage.events.popleft()[1]
+        return usage
+
+    def retry_after(self, key: str | None, tokens: int, now: float | None = None) -> float | None:
+        """Seconds until `tokens` more fit in the key's minute; None when they fit now (or no quota)."""
+        limit = self.limit(key)
+        if limit is None:
+            return None
+        now = time.monotonic() if now is None else now
+        usage = self._used(key, now)
+        excess = usage.total + tokens - limit
+        if excess <= 0:
+            return None
+        if tokens > limit:
+            return WINDOW_SECONDS
+        for when, amount in usage.events:
+            excess -= amount
+            if excess <= 0:
+                return max(0.0, when + WINDOW_SECONDS - now)
+        return WINDOW_SECONDS
+
+    def charge(self, key: str | None, tokens: int, now: float | None = None) -> None:
+        if key is None or tokens <= 0 or self.limit(key) is None:
+            return
+        now = time.monotonic() if now is None else now
+        usage = self._used(key, now)
+        usage.events.append((now, tokens))
+        usage.total += tokens

@@ -1,0 +1,76 @@
+"""`kubeinfer serve`: loads the model, starts the engine thread and the HTTP server; drains on SIGTERM.
+
+Drain: the first SIGTERM (or SIGINT) turns `/ready` to 503 and refuses new requests with 503, lets the
+requests in flight finish for up to `--drain-timeout-seconds`, then stops the server; the process exits 0.
+A second signal stops at once.
+"""
+import asyncio
+import logging
+import time
+
+import uvicorn
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine.llm_engine import LLMEngine
+from kubeinfer.runtime.server.app import create_app
+from kubeinfer.runtime.server.async_engine import AsyncEngine
+from kubeinfer.runtime.server.auth import KeyRing, load_api_keys
+from kubeinfer.runtime.server.metrics import EngineMetrics
+from kubeinfer.runtime.server.openai_api import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float):
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.state.draining or self._loop is None:
+            return super().handle_exit(sig, frame)
+        self.state.draining = True
+        logger.info("draining: %d requests in flight, up to %.0f s", self.state.engine.num_in_flight,
+                    self.drain_timeout)
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.state.engine.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.state.engine.num_in_flight:
+            logger.warning("drain timeout: %d requests still in flight are cut off", self.state.engine.num_in_flight)
+        else:
+            logger.info("drained")
+        self.should_exit = True
+
+
+def build_state(config: EngineConfig, api_keys_file: str | None = None,
+                default_tokens_per_minute: int | None = None) -> ServerState:
+    engine = LLMEngine(config)
+    metrics = EngineMetrics(config.served_model_name)
+    keys = KeyRing(load_api_keys(api_keys_file), default_tokens_per_minute)
+    if keys.enabled:
+        logger.info("API keys: %d configured; requests need 'Authorization: Bearer <key>'", len(keys.keys))
+    return ServerState(AsyncEngine(engine, metrics), engine.tokenizer, config, keys, metrics)
+
+
+def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None = None,
+          default_tokens_per_minute: int | None = None, drain_timeout: float = 30.0,
+          log_level: str = "info") -> int:
+    state = build_state(config, api_keys_file, default_tokens_per_minute)
+    uvicorn_config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level.lower(),
+                                    timeout_graceful_shutdown=5, access_log=False)
+    server = DrainingServer(uvicorn_config, state, drain_timeout)
+    logger.info("serving %s on http://%s:%d/v1", config.served_model_name, host, port)
+    server.run()
+    if state.engine.error is not None:
+        logger.error("the engine failed: %r", state.engine.error)
+        return 1
+    return 0 if server.started else 1

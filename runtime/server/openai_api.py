@@ -1,0 +1,188 @@
+"""`/v1/completions` and `/v1/chat/completions`: validation, admission, streaming.
+
+Admission, in order, before anything reaches the engine: API key (401), draining (503), model name (404),
+request shape and sampling values (400), room in the waiting queue (429), the key's token quota (429).
+Each (prompt, choice) pair is one engine request; a client that goes away aborts all of them.
+"""
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.async_engine import AsyncEngine
+from kubeinfer.runtime.server.auth import KeyRing
+from kubeinfer.runtime.server.chat import render_chat
+from kubeinfer.runtime.server.errors import APIError
+from kubeinfer.runtime.server.metrics import EngineMetrics
+from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from kubeinfer.runtime.server.responses import Formatter, sse
+from kubeinfer.runtime.tokenizer import Tokenizer
+
+RETRY_AFTER_FULL_SECONDS = 1.0
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    config: EngineConfig
+    keys: KeyRing
+    metrics: EngineMetrics
+    draining: bool = False
+
+    @property
+    def capacity(self) -> int:
+        """Requests the engine may hold: the running batch plus the bounded waiting queue."""
+        return self.config.max_num_seqs + self.config.max_waiting_requests
+
+
+@dataclass
+class Job:
+    request_id: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]   # one per (prompt, choice), in choice-index order
+    n: int
+    key: str | None
+
+    def sub_requests(self):
+        for index, params in enumerate(self.params):
+            yield index, f"{self.request_id}-{index}", self.prompts[index // self.n], params
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+
+def authenticate(state: ServerState, request: Request) -> str | None:
+    if not state.keys.enabled:
+        return None
+    key = state.keys.authenticate(request.headers.get("authorization"))
+    if key is None:
+        raise APIError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    return key
+
+
+def _admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
+           logprobs: int | None, prefix: str) -> Job:
+    if state.draining:
+        raise APIError(503, "the server is shutting down", code="draining")
+    if body.model != state.config.served_model_name:
+        raise APIError(404, f"model {body.model!r} is not served here; this server serves "
+                            f"{state.config.served_model_name!r}", "model", "model_not_found")
+    max_len = state.config.max_model_len
+    params = []
+    for prompt in prompts:
+        state.engine.engine.validate_prompt(prompt)
+        wanted = max_len - len(prompt) if max_tokens is None else max_tokens
+        if len(prompt) + wanted > max_len:
+            raise InvalidRequestError(f"max_tokens {wanted} plus the prompt's {len(prompt)} tokens exceeds this "
+                                      f"model's {max_len}-token limit", "max_tokens")
+        params.extend(body.sampling_params(wanted, logprobs, choice) for choice in range(body.n))
+    if state.engine.num_in_flight + len(params) > state.capacity:
+        raise APIError(429, "the server is at capacity; retry later", code="queue_full",
+                       retry_after=RETRY_AFTER_FULL_SECONDS)
+    job = Job(f"{prefix}-{uuid.uuid4().hex}", prompts, params, body.n, key)
+    wait = state.keys.retry_after(key, job.num_prompt_tokens)
+    if wait is not None:
+        raise APIError(429, f"token quota of {state.keys.limit(key)} tokens per minute exceeded",
+                       code="quota_exceeded", retry_after=wait)
+    state.keys.charge(key, job.num_prompt_tokens)
+    return job
+
+
+async def completions(state: ServerState, body: CompletionRequest, request: Request):
+    key = authenticate(state, request)
+    if body.echo or body.suffix:
+        raise InvalidRequestError("echo and suffix are not supported", "echo" if body.echo else "suffix")
+    prompts = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+    if not prompts:
+        raise InvalidRequestError("the prompt is empty", "prompt")
+    job = _admit(state, body, key, prompts, body.max_tokens, body.logprobs, "cmpl")
+    formatter = Formatter(False, job.request_id, int(time.time()), body.model, state.tokenizer,
+                          body.logprobs is not None)
+    return await _respond(state, job, formatter, body)
+
+
+async def chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request):
+    key = authenticate(state, request)
+    if body.tools:
+        raise InvalidRequestError("tools are not supported", "tools")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    tokenizer = state.tokenizer
+    text = render_chat(tokenizer.chat_template, [{"role": m.role, "content": m.text()} for m in body.messages],
+                       body.add_generation_prompt, tokenizer.bos_token, tokenizer.eos_token)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    job = _admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl")
+    formatter = Formatter(True, job.request_id, int(time.time()), body.model, tokenizer, body.logprobs)
+    return await _respond(state, job, formatter, body)
+
+
+async def _respond(state: ServerState, job: Job, formatter: Formatter, body):
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_stream(state, job, formatter, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def collect(sub_id, prompt, params):
+        last = None
+        async for output in state.engine.generate(sub_id, prompt, params):
+            last = output
+        return last
+
+    tasks = [asyncio.ensure_future(collect(sub_id, prompt, params)) for _, sub_id, prompt, params in job.sub_requests()]
+    try:
+        outputs = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    state.keys.charge(job.key, sum(len(o.token_ids) for o in outputs))
+    return JSONResponse(formatter.response(outputs, job.num_prompt_tokens))
+
+
+async def _stream(state: ServerState, job: Job, formatter: Formatter, include_usage: bool):
+    queue: asyncio.Queue = asyncio.Queue()
+    emitted = [0] * len(job.params)
+
+    async def pump(index, sub_id, prompt, params):
+        try:
+            async for output in state.engine.generate(sub_id, prompt, params):
+                queue.put_nowait((index, output))
+        except Exception as error:   # noqa: BLE001 - reported to the client as an error event
+            queue.put_nowait((index, error))
+        finally:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(*sub)) for sub in job.sub_requests()]
+    try:
+        if formatter.chat:
+            for index in range(len(tasks)):
+                yield formatter.role_chunk(index)
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                state.metrics.count_error(500)
+                yield sse({"error": {"message": str(item), "type": "server_error", "param": None, "code": None}})
+                return
+            else:
+                emitted[index] = len(item.token_ids)
+                chunk = formatter.chunk(index, item)
+                if chunk:
+                    yield chunk
+        if include_usage:
+            yield formatter.usage_chunk(job.num_prompt_tokens, sum(emitted))
+        yield sse("[DONE]")
+    finally:
+        for task in tasks:
+            task.cancel()
+        state.keys.charge(job.key, sum(emitted))

@@ -1,0 +1,101 @@
+"""OpenAI response bodies and stream chunks, built from engine outputs."""
+import json
+
+from kubeinfer.runtime.engine.llm_engine import RequestOutput
+from kubeinfer.runtime.layers.sampler import TokenLogprobs
+from kubeinfer.runtime.tokenizer import Tokenizer
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs], text_offset: int) -> dict:
+    """The legacy completions format: parallel lists of tokens, logprobs, top alternatives, offsets."""
+    tokens, offsets, offset = [], [], text_offset
+    for entry in entries:
+        text = tokenizer.decode([entry.token_id], skip_special_tokens=False)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in e.top} or None
+                             for e in entries],
+            "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs]) -> dict:
+    def item(token_id: int, logprob: float) -> dict:
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [item(e.token_id, e.logprob) | {"top_logprobs": [item(t, lp) for t, lp in e.top]}
+                        for e in entries]}
+
+
+class Formatter:
+    """Shapes outputs for one endpoint: `chat` (chat.completion) or text completions."""
+
+    def __init__(self, chat: bool, request_id: str, created: int, model: str, tokenizer: Tokenizer,
+                 want_logprobs: bool):
+        self.chat, self.request_id, self.created, self.model = chat, request_id, created, model
+        self.tokenizer, self.want_logprobs = tokenizer, want_logprobs
+        self._text_offsets: dict[int, int] = {}
+
+    def _envelope(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def _logprobs(self, index: int, entries: list[TokenLogprobs]):
+        if not self.want_logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer, entries)
+        offset = self._text_offsets.get(index, 0)
+        result = completion_logprobs(self.tokenizer, entries, offset)
+        if entries:
+            self._text_offsets[index] = result["text_offset"][-1] + len(result["tokens"][-1])
+        return result
+
+    def response(self, outputs: list[RequestOutput], prompt_tokens: int) -> dict:
+        choices = []
+        for index, output in enumerate(outputs):
+            choice = {"index": index, "logprobs": self._logprobs(index, output.logprobs),
+                      "finish_reason": output.finish_reason}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": output.text}
+            else:
+                choice["text"] = output.text
+            choices.append(choice)
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        cached = sum(o.num_cached_tokens for o in outputs)
+        body["usage"] = usage(prompt_tokens, sum(len(o.token_ids) for o in outputs), cached)
+        return body
+
+    def role_chunk(self, index: int) -> str:
+        return sse(self._envelope("chat.completion.chunk",
+                                  [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]))
+
+    def chunk(self, index: int, output: RequestOutput) -> str | None:
+        """The chunk for this output's new text; None when there is nothing to send yet."""
+        if not output.new_text and not output.finished and not (self.want_logprobs and output.new_logprobs):
+            return None
+        choice = {"index": index, "logprobs": self._logprobs(index, output.new_logprobs),
+                  "finish_reason": output.finish_reason if output.finished else None}
+        if self.chat:
+            choice["delta"] = {"content": output.new_text} if output.new_text else {}
+            return sse(self._envelope("chat.completion.chunk", [choice]))
+        choice["text"] = output.new_text
+        return sse(self._envelope("text_completion", [choice]))
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = usage(prompt_tokens, completion_tokens)
+        return sse(body)
