@@ -1,4 +1,8 @@
-"""Token embedding and LM head, each rank holding a contiguous slice of the vocabulary."""
+"""Token embedding and LM head, each rank holding a contiguous slice of the vocabulary.
+
+A vocabulary that does not split evenly is padded up to `num_shards * shard_size`: the last ranks hold
+zero rows past the real vocabulary, which no token id reaches and which the LM head cuts off its logits.
+"""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,17 +13,20 @@ from kubeinfer.runtime.parallel import all_gather_last_dim, all_reduce, tp_rank,
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
-        assert vocab_size % tp_size() == 0, f"vocabulary of {vocab_size} does not split over {tp_size()} ranks"
-        self.shard_size = vocab_size // tp_size()
+        self.vocab_size = vocab_size
+        self.shard_size = -(-vocab_size // tp_size())
         self.start = tp_rank() * self.shard_size
+        self.num_real_rows = max(0, min(self.shard_size, vocab_size - self.start))   # the rest is padding
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
-        loaded = source[self.start:self.start + self.shard_size]
-        if param.shape != loaded.shape:
-            raise ValueError(f"embedding shard has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}")
-        param.data.copy_(loaded)
+        shape = tuple(source.get_shape()) if hasattr(source, "get_shape") else tuple(source.shape)
+        if shape != (self.vocab_size, param.shape[1]):
+            raise ValueError(f"embedding has shape {shape}, expected {(self.vocab_size, param.shape[1])}")
+        param.data[self.num_real_rows:].zero_()
+        if self.num_real_rows:
+            param.data[:self.num_real_rows].copy_(source[self.start:self.start + self.num_real_rows])
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if tp_size() == 1:
@@ -31,7 +38,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Projects hidden states onto the vocabulary; every rank gets the full logits."""
+    """Projects hidden states onto the vocabulary; every rank gets the full logits (padding cut off)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return all_gather_last_dim(F.linear(hidden, self.weight))
+        logits = all_gather_last_dim(F.linear(hidden, self.weight))
+        return logits[..., :self.vocab_size] if logits.shape[-1] != self.vocab_size else logits
