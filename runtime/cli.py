@@ -19,6 +19,7 @@ ENGINE_FLAGS = [
     ("gpu_memory_utilization", float, "share of GPU memory the runtime may use"),
     ("device", str, "auto | cpu | cuda[:N]"),
     ("kernel_backend", str, "auto | torch | triton"),
+    ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
 ]
 
 

@@ -57,6 +57,24 @@ class EngineConfig:
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._validate_tensor_parallel()
+
+    def _validate_tensor_parallel(self) -> None:
+        n, model = self.tensor_parallel_size, self.model_config
+        if n == 1:
+            return
+        _require(model.num_heads % n == 0, f"tensor_parallel_size {n} does not divide the model's "
+                 f"{model.num_heads} attention heads; use a divisor of {model.num_heads}")
+        _require(model.num_kv_heads % n == 0 or n % model.num_kv_heads == 0,
+                 f"tensor_parallel_size {n} neither divides the model's {model.num_kv_heads} KV heads nor is "
+                 f"a multiple of them")
+        _require(model.intermediate_size % n == 0, f"tensor_parallel_size {n} does not divide the model's "
+                 f"intermediate size {model.intermediate_size}")
+        if self.device.startswith("cuda"):
+            _require(self.device == "cuda", f"with tensor_parallel_size {n}, set device to cuda (rank r uses "
+                     f"cuda:r), not {self.device!r}")
+            count = torch.cuda.device_count()
+            _require(n <= count, f"tensor_parallel_size {n} needs {n} GPUs; this machine has {count}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -96,6 +96,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def shutdown(self) -> None:
+        """Stops the other tensor-parallel ranks, if any (also run at interpreter exit). Idempotent."""
+        self.model_runner.shutdown()
+
     # -- the step ------------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()

@@ -1,6 +1,7 @@
 """Owns the device: builds the model and its KV pool, turns a scheduled batch into tensors, runs, samples."""
 import logging
 import time
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -14,16 +15,48 @@ from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.layers.sampler import Sampler, TokenLogprobs
 from kubeinfer.runtime.models import MODEL_CLASSES
 from kubeinfer.runtime.models.loader import load_weights
-from kubeinfer.runtime.parallel import tp_size
+from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
+from kubeinfer.runtime.parallel import min_over_ranks, tp_size
 
 logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_GIB = 0.5
 
 
+@dataclass
+class StepInputs:
+    """Host tensors of one step: what rank 0 builds, and sends to the other tensor-parallel ranks."""
+    input_ids: torch.Tensor        # int64 [num_tokens]
+    positions: torch.Tensor        # int64 [num_tokens]
+    cu_seqlens_q: torch.Tensor     # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor         # int32 [num_seqs]
+    block_tables: torch.Tensor     # int32 [num_seqs, blocks of the longest]
+    slot_mapping: torch.Tensor     # int64 [num_tokens]
+    max_seqlen_q: int
+    max_seqlen_k: int
+    sample_rows: list[int]         # token rows whose logits are sampled
+
+    def astuple(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig):
+    """Rank 0's runner builds each step's inputs, runs the forward and samples; with tensor parallelism it
+    first starts ranks 1..N-1 (see `tp_worker`), each with a runner of its own that only runs `execute`."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0):
         self.config = config
-        self.device = torch.device(config.device)
+        self.rank = rank
+        self.workers: WorkerGroup | None = None
+        if config.tensor_parallel_size > 1 and rank == 0:
+            self.workers = WorkerGroup(config)
+        try:
+            self._build(config)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
+        self.device = rank_device(config, self.rank)
         self.dtype = config.torch_dtype
         set_backend(config.kernel_backend)
         torch.manual_seed(config.seed)   # draws of requests without a seed
@@ -38,10 +71,12 @@ class ModelRunner:
             torch.set_default_dtype(default_dtype)
         load_weights(self.model, config.model)
         self.model.eval()
-        logger.info("loaded %s (%s, %s) in %.1f s", config.model, model_config.architecture, self.dtype,
-                    time.monotonic() - started)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        logger.info("loaded %s (%s, %s) in %.1f s; weights %.1f MiB on rank %d of %d", config.model,
+                    model_config.architecture, self.dtype, time.monotonic() - started, self.weight_bytes / 2**20,
+                    self.rank, tp_size())
         self.num_kv_heads = max(1, model_config.num_kv_heads // tp_size())
-        self.num_blocks = self._num_kv_blocks()
+        self.num_blocks = min_over_ranks(self._num_kv_blocks(), self.device)   # one block table fits every rank
         self.kv_cache = torch.zeros(2, model_config.num_layers, self.num_blocks, config.block_size,
                                     self.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device)
         attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
@@ -74,8 +109,17 @@ class ModelRunner:
             raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB)")
         return num_blocks
 
+    def shutdown(self) -> None:
+        """Stops the other tensor-parallel ranks, if any. Idempotent."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
     def prepare(self, batch: ScheduledBatch, block_manager: BlockManager):
-        """Flattened inputs of one step, its attention metadata, and the rows to sample."""
+        """Flattened inputs of one step on the device, its attention metadata, and the rows to sample."""
+        return self._to_device(self.prepare_host(batch, block_manager))
+
+    def prepare_host(self, batch: ScheduledBatch, block_manager: BlockManager) -> StepInputs:
+        """The step's inputs as host tensors."""
         input_ids: list[int] = []
         positions: list[int] = []
         cu_seqlens_q, seq_lens, rows, sample_rows = [0], [], [], []
@@ -101,35 +145,48 @@ class ModelRunner:
         else:
             owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(batch.num_new_tokens))
         slots = tables[owner, positions_t // block_size].long() * block_size + positions_t % block_size
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64), positions=positions_t,
+            cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables, slot_mapping=slots,
+            max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max_seqlen_k, sample_rows=sample_rows)
+
+    def _to_device(self, step: StepInputs):
         to_device = {"device": self.device, "non_blocking": True}
         meta = AttentionMetadata(
-            cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32).to(**to_device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(**to_device),
-            block_tables=tables.to(**to_device),
-            max_seqlen_q=max(batch.num_new_tokens),
-            max_seqlen_k=max_seqlen_k,
-            slot_mapping=slots.to(**to_device),
-        )
-        inputs = torch.tensor(input_ids, dtype=torch.int64).to(**to_device)
-        return inputs, positions_t.to(**to_device), meta, sample_rows
+            cu_seqlens_q=step.cu_seqlens_q.to(**to_device), seq_lens=step.seq_lens.to(**to_device),
+            block_tables=step.block_tables.to(**to_device), max_seqlen_q=step.max_seqlen_q,
+            max_seqlen_k=step.max_seqlen_k, slot_mapping=step.slot_mapping.to(**to_device))
+        return step.input_ids.to(**to_device), step.positions.to(**to_device), meta, step.sample_rows
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, block_manager: BlockManager
-            ) -> tuple[list[int | None], list[TokenLogprobs | None]]:
-        """Runs one step; returns, per scheduled sequence, its sampled token (None mid-prefill) and logprobs."""
-        input_ids, positions, meta, sample_rows = self.prepare(batch, block_manager)
+    def execute(self, step: StepInputs) -> torch.Tensor | None:
+        """The forward of one step, run by every rank; the logits of the rows to sample (None if none)."""
+        input_ids, positions, meta, sample_rows = self._to_device(step)
         set_context(ForwardContext(meta))
         try:
             hidden = self.model(input_ids, positions)
         finally:
             set_context(None)
+        return self.model.compute_logits(hidden[sample_rows]) if sample_rows else None
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch, block_manager: BlockManager
+            ) -> tuple[list[int | None], list[TokenLogprobs | None]]:
+        """Runs one step; returns, per scheduled sequence, its sampled token (None mid-prefill) and logprobs."""
+        step = self.prepare_host(batch, block_manager)
+        if self.workers is None:
+            logits = self.execute(step)
+        else:
+            self.workers.send(step)
+            with self.workers.guard():
+                logits = self.execute(step)
         sampled: list[int | None] = [None] * len(batch)
         logprobs: list[TokenLogprobs | None] = [None] * len(batch)
-        if not sample_rows:
+        if logits is None:
             return sampled, logprobs
         sampling = [i for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens))
                     if seq.num_computed_tokens + n == seq.num_tokens]
-        logits = self.model.compute_logits(hidden[sample_rows])
         tokens, token_logprobs = self.sampler(logits, [batch.seqs[i] for i in sampling])
         for i, token, lp in zip(sampling, tokens, token_logprobs):
             sampled[i], logprobs[i] = token, lp
