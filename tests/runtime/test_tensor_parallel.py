@@ -1,0 +1,165 @@
+"""Tensor parallelism on CPU with gloo: TP=2/4 give TP=1's greedy tokens and logprobs, and transformers'.
+
+The helpers at the top (`PROMPTS`, `PARAMS`, `tp_outputs`, `assert_same_outputs`) are meant to be reused by
+tests that drive a TP engine through another front end (the HTTP server): produce the TP=1 outputs with
+`tp_outputs(model_dir, 1)` and compare whatever the front end returns with `assert_same_outputs`.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.errors import ConfigError
+from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.sampling_params import SamplingParams
+
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
+PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the attention state of every token",
+           "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000"]
+MAX_TOKENS = 10
+TOP_N = 5
+PARAMS = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
+LOGPROB_ATOL = 1e-4   # fp32; TP only changes the order of the sums
+ODD_VOCAB = 387       # the tokenizer has 384 tokens; 387 splits over neither 2 nor 4 ranks
+
+
+def tp_outputs(model_dir, tp: int, prompts=PROMPTS, params=PARAMS, **settings):
+    """Greedy outputs of `prompts` (token ids or text) from an engine with `tp` ranks, which is then stopped."""
+    with LLM(str(model_dir), tensor_parallel_size=tp, max_num_batched_tokens=64, num_kvcache_blocks=64,
+             **settings) as llm:
+        prompt_ids = [llm.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+        outputs = llm.generate(prompt_ids, params)   # one batch, mixed lengths, chunked prefill
+        if tp > 1:
+            workers = llm.engine.model_runner.workers.processes
+    if tp > 1:   # a clean stop: every worker left its loop and exited 0
+        assert [p.exitcode for p in workers] == [0] * (tp - 1)
+        assert not torch.distributed.is_initialized()
+    return outputs
+
+
+def assert_same_outputs(ours, reference) -> None:
+    """Same tokens; same top-N ids; logprobs within LOGPROB_ATOL. `reference`: RequestOutputs or
+    (tokens, [full logprob vector per step]) pairs from transformers."""
+    for output, ref in zip(ours, reference, strict=True):
+        ref_tokens = ref[0] if isinstance(ref, tuple) else ref.token_ids
+        assert output.token_ids == ref_tokens
+        for step, lp in enumerate(output.logprobs):
+            if isinstance(ref, tuple):
+                top = ref[1][step].topk(TOP_N)
+                ref_top, ref_lp = list(zip(top.indices.tolist(), top.values.tolist())), ref[1][step][lp.token_id]
+            else:
+                ref_top, ref_lp = ref.logprobs[step].top, ref.logprobs[step].logprob
+            assert [t for t, _ in lp.top] == [t for t, _ in ref_top]
+            torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), torch.tensor([v for _, v in ref_top]),
+                                       atol=LOGPROB_ATOL, rtol=0)
+            assert abs(lp.logprob - float(ref_lp)) < LOGPROB_ATOL
+
+
+def hf_greedy(model_dir, prompt_ids: list[list[int]]):
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    results = []
+    for ids in prompt_ids:
+        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        results.append((out.sequences[0, len(ids):].tolist(),
+                        [torch.log_softmax(step[0].float(), dim=-1) for step in out.logits]))
+    return results
+
+
+def with_vocab(model_dir: Path, dest: Path, vocab_size: int) -> Path:
+    """A copy of the model with its vocabulary grown to `vocab_size` (new rows random, as padded vocabularies
+    of real checkpoints are)."""
+    torch.manual_seed(1)
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.resize_token_embeddings(vocab_size, mean_resizing=False)
+    model.save_pretrained(dest)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, dest / name)
+    assert json.loads((dest / "config.json").read_text())["vocab_size"] == vocab_size
+    return dest
+
+
+@pytest.fixture(scope="module")
+def odd_vocab_dir(model_dirs, tmp_path_factory) -> Path:
+    """llama3 (one KV head for four query heads, tied embeddings) with a vocabulary of ODD_VOCAB tokens."""
+    return with_vocab(model_dirs["llama3"], tmp_path_factory.mktemp("odd-vocab"), ODD_VOCAB)
+
+
+def prompt_ids_of(model_dir) -> list[list[int]]:
+    from kubeinfer.runtime.tokenizer import Tokenizer
+    tokenizer = Tokenizer(str(model_dir))
+    return [tokenizer.encode(p) for p in PROMPTS]
+
+
+def check_tp(model_dir, tp: int) -> None:
+    ids = prompt_ids_of(model_dir)
+    single = tp_outputs(model_dir, 1, ids)
+    assert_same_outputs(single, hf_greedy(model_dir, ids))
+    assert_same_outputs(tp_outputs(model_dir, tp, ids), single)
+
+
+# -- default run: TP=2 on an odd vocabulary with one KV head (replicated), and on Qwen2 (biases, split KV) --
+
+def test_tp2_odd_vocab_one_kv_head_matches_tp1_and_transformers(odd_vocab_dir):
+    check_tp(odd_vocab_dir, 2)
+
+
+def test_tp2_qwen2_matches_tp1_and_transformers(model_dirs):
+    check_tp(model_dirs["qwen2"], 2)
+
+
+def test_tp2_sampling_with_a_seed_matches_tp1(model_dirs):
+    """Only rank 0 samples, from the full logits: a seeded draw is the same as with one rank."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+    single = tp_outputs(model_dirs["llama"], 1, params=params)
+    assert [o.token_ids for o in tp_outputs(model_dirs["llama"], 2, params=params)] == \
+        [o.token_ids for o in single]
+
+
+# -- slow: every architecture at TP=2 and TP=4, and the odd vocabulary at TP=4 --
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_arch_matches_tp1_and_transformers(model_dirs, arch, tp):
+    check_tp(model_dirs[arch], tp)
+
+
+@pytest.mark.slow
+def test_tp4_odd_vocab_one_kv_head(odd_vocab_dir):
+    check_tp(odd_vocab_dir, 4)
+
+
+# -- validation --
+
+def _model_with(model_dir: Path, dest: Path, **changes) -> Path:
+    """A folder holding only a config.json changed by `changes` (EngineConfig reads nothing else)."""
+    dest.mkdir()
+    config = json.loads((model_dir / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, **changes}))
+    return dest
+
+
+def test_tp_size_must_divide_the_attention_heads(llama_dir):
+    with pytest.raises(ConfigError, match="tensor_parallel_size 3 does not divide the model's 4 attention heads"):
+        EngineConfig(model=str(llama_dir), tensor_parallel_size=3)
+
+
+def test_tp_size_must_divide_or_be_a_multiple_of_the_kv_heads(llama_dir, tmp_path):
+    model = _model_with(llama_dir, tmp_path / "m", num_attention_heads=12, num_key_value_heads=3, head_dim=16,
+                         intermediate_size=192)
+    with pytest.raises(ConfigError, match="neither divides the model's 3 KV heads nor is a multiple of them"):
+        EngineConfig(model=str(model), tensor_parallel_size=2)
+    EngineConfig(model=str(model), tensor_parallel_size=3)     # 3 ranks, one KV head each
+    EngineConfig(model=str(model), tensor_parallel_size=6)     # 6 ranks, each KV head on two
+
+
+def test_tp_size_must_not_exceed_the_gpus(llama_dir):
+    if torch.cuda.device_count() >= 4:
+        pytest.skip("this machine has 4 GPUs")
+    with pytest.raises(ConfigError, match=f"needs 4 GPUs; this machine has {torch.cuda.device_count()}"):
+        EngineConfig(model=str(llama_dir), tensor_parallel_size=4, device="cuda")
