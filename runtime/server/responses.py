@@ -16,16 +16,23 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token's text; a token that is only part of a character is named `token_id:<id>` instead, so that
+    tokens stay distinct (as keys of the legacy top_logprobs dicts)."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    return f"token_id:{token_id}" if "\ufffd" in text else text
+
+
 def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs], text_offset: int) -> dict:
     """The legacy completions format: parallel lists of tokens, logprobs, top alternatives, offsets."""
     tokens, offsets, offset = [], [], text_offset
     for entry in entries:
-        text = tokenizer.decode([entry.token_id], skip_special_tokens=False)
+        text = token_text(tokenizer, entry.token_id)
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in e.top} or None
+            "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in e.top} or None
                              for e in entries],
             "text_offset": offsets}
 

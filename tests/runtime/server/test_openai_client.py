@@ -1,0 +1,123 @@
+"""The official openai client, sync and async, streaming and not, against a real server."""
+import asyncio
+
+import openai
+import pytest
+
+from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.sampling_params import SamplingParams
+
+MODEL = "tiny"
+PROMPT = "Kubernetes runs containers"
+EXTRA = {"ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    url, _ = server
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def offline(llama_dir):
+    return LLM(str(llama_dir), max_model_len=256)
+
+
+def test_completion_matches_offline_engine_and_reports_usage(client, offline):
+    [expected] = offline.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    result = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EXTRA)
+    assert result.choices[0].text == expected.text
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage.prompt_tokens == len(offline.tokenizer.encode(PROMPT))
+    assert result.usage.completion_tokens == 12 and result.usage.total_tokens == result.usage.prompt_tokens + 12
+
+
+def test_streamed_completion_equals_the_whole_one(client):
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, extra_body=EXTRA)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=EXTRA))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_chat_streamed_equals_whole_and_uses_the_template(client, offline):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is a pod?"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                           extra_body=EXTRA)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                            stream=True, extra_body=EXTRA)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    prompt = ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nWhat is a pod?<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    assert whole.usage.prompt_tokens == len(offline.tokenizer.encode(prompt, add_special_tokens=False))
+    [expected] = offline.generate([offline.tokenizer.encode(prompt, add_special_tokens=False)],
+                                  SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    assert whole.choices[0].message.content == expected.text
+
+
+def test_async_client_streams_concurrently(server):
+    url, _ = server
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        whole = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0,
+                                                extra_body=EXTRA)
+
+        async def streamed():
+            stream = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0,
+                                                     stream=True, extra_body=EXTRA)
+            return "".join([c.choices[0].text async for c in stream])
+
+        texts = await asyncio.gather(*[streamed() for _ in range(8)])
+        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=5, temperature=0)
+        await client.close()
+        return whole.choices[0].text, texts, chat
+
+    whole, texts, chat = asyncio.run(main())
+    assert texts == [whole] * 8
+    assert 1 <= chat.usage.completion_tokens <= 5 and chat.choices[0].message.role == "assistant"
+
+
+def test_n_seed_stop_and_logprobs(client):
+    result = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, n=3, seed=11, temperature=1.0,
+                                       logprobs=3, extra_body=EXTRA)
+    assert sorted(c.index for c in result.choices) == [0, 1, 2]
+    again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, n=3, seed=11, temperature=1.0,
+                                      extra_body=EXTRA)
+    assert [c.text for c in again.choices] == [c.text for c in result.choices]
+    assert result.usage.completion_tokens == 24
+    logprobs = result.choices[0].logprobs
+    assert len(logprobs.tokens) == 8 and all(len(top) == 3 for top in logprobs.top_logprobs)
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
+                                       extra_body=EXTRA).choices[0].logprobs
+    for token, logprob, top in zip(greedy.tokens, greedy.token_logprobs, greedy.top_logprobs):
+        best = max(top, key=top.get)   # greedy: the sampled token is the most likely one
+        assert (token, logprob) == (best, top[best])
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          logprobs=True, top_logprobs=2, temperature=0, extra_body=EXTRA)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(item.top_logprobs) == 2 for item in content)
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, extra_body=EXTRA)
+    stop = whole.choices[0].text[4:7]
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stop=[stop],
+                                        extra_body=EXTRA)
+    assert stopped.choices[0].text == whole.choices[0].text[:whole.choices[0].text.find(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_models_and_probes(client, server):
+    import httpx
+    url, _ = server
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/ready").json() == {"status": "ready"}
+    metrics = httpx.get(url + "/metrics").text
+    assert 'kubeinfer_generation_tokens_total{model_name="tiny"}' in metrics
