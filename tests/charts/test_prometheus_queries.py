@@ -1,0 +1,284 @@
+"""Every alert expression and every dashboard query, run on a real Prometheus (Debian's 2.42) scraping real
+runtimes (`kubeinfer serve --model demo`, two pods of one service) on 127.0.0.1.
+
+The scrape config attaches the target labels the operator's ServiceMonitor (or the chart's PodMonitor) gives:
+`namespace`, `service` (the InferenceService) and `pod`. Operator state (desired/ready/max replicas) comes from
+a STAND-IN process that serves kube-state-metrics-shaped series (`kubeinfer_inferenceservice_*` as our
+custom-resource-state config names them, and KSM's `kube_deployment_*`), scraped with honor_labels as KSM is.
+
+Checks: Prometheus loads the rule file and evaluates every rule without error; each alert's signal returns
+data; each alert fires when its threshold is set to trip; each dashboard target and variable returns data.
+A renamed metric therefore fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from kubeinfer.operator import monitoring
+
+PROMETHEUS = shutil.which("prometheus")
+NAMESPACE, SERVICE = "ns1", "svc-a"
+MODEL = "demo-model-v1"
+# Thresholds that make every alert fire with the load below (errors: the 404s it sends).
+TRIPPING = {"ttftP95Seconds": 0, "generationTokensPerSecondPerReplicaFloor": 1e9, "errorRatio": 0,
+            "errorStatusCodes": "4..", "kvCacheUsageRatio": 0, "queueDepthPerReplica": -1}
+
+KSM_STAND_IN = textwrap.dedent("""
+    import sys
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+    reg = CollectorRegistry()
+    crs = dict(customresource_group="kubeinfer.dev", customresource_kind="InferenceService",
+               customresource_version="v1alpha1", namespace="ns1", inferenceservice="svc-a")
+    for name, value in [("spec_replicas", 2), ("status_replicas", 2), ("status_ready_replicas", 1),
+                        ("spec_autoscaling_max_replicas", 2), ("spec_autoscaling_min_replicas", 1)]:
+        Gauge("kubeinfer_inferenceservice_" + name, name, list(crs), registry=reg).labels(**crs).set(value)
+    for name, value in [("kube_deployment_spec_replicas", 2), ("kube_deployment_status_replicas_ready", 1)]:
+        Gauge(name, name, ["namespace", "deployment"], registry=reg).labels("ns1", "svc-a").set(value)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
+    print(server.server_port, flush=True)
+    sys.stdin.read()
+""")
+
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not found (apt-get install -y prometheus)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Runtime:
+    """`kubeinfer serve --model demo` on a free loopback port."""
+
+    def __init__(self, cache: Path, log: Path, *extra: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+        env = {k: v for k, v in env.items() if not (k.startswith("KUBEINFER_") and k != "KUBEINFER_LOG_LEVEL")}
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from kubeinfer.runtime.cli import main; main()", "serve", "--model", "demo",
+             "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu", *extra],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self) -> None:
+        _wait(lambda: self.proc.poll() is not None or _ready(self.url), 120, f"runtime on {self.port}")
+        assert self.proc.poll() is None, "the runtime exited; see its log in the test's tmp dir"
+
+    def complete(self, prompt: str, max_tokens: int, model: str = MODEL) -> int:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return httpx.post(f"{self.url}/v1/completions", json=body, timeout=60).status_code
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Two runtime pods of svc-a (the second with a tiny KV cache, so it preempts), the KSM stand-in and
+    Prometheus scraping them every second with the alert rules loaded."""
+    tmp = tmp_path_factory.mktemp("prometheus-fleet")
+    procs: list[Any] = []
+    try:
+        first = Runtime(tmp / "cache", tmp / "runtime-0.log")
+        procs.append(first)
+        first.wait_ready()  # builds the demo model once; the second reuses it
+        second = Runtime(tmp / "cache", tmp / "runtime-1.log", "--num-kvcache-blocks", "12")
+        procs.append(second)
+        ksm = subprocess.Popen([sys.executable, "-c", KSM_STAND_IN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+        procs.append(ksm)
+        ksm_port = int(ksm.stdout.readline())
+        second.wait_ready()
+
+        rules = tmp / "rules.yaml"
+        rules.write_text(yaml.safe_dump({"groups": monitoring.rule_groups({}, "https://example/guide.md")}))
+        pods = [{"targets": [f"127.0.0.1:{r.port}"],
+                 "labels": {"namespace": NAMESPACE, "service": SERVICE, "pod": f"{SERVICE}-{i}"}}
+                for i, r in enumerate((first, second))]
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "rule_files": [str(rules)],
+                  "scrape_configs": [
+                      {"job_name": "kubeinfer-runtime", "static_configs": pods},
+                      {"job_name": "kube-state-metrics", "honor_labels": True,
+                       "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}]}]}
+        (tmp / "prometheus.yml").write_text(json.dumps(config))
+        port = _free_port()
+        prometheus = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(prometheus)
+        url = f"http://127.0.0.1:{port}"
+
+        def all_up() -> bool:
+            try:
+                result = httpx.get(f"{url}/api/v1/query", params={"query": "sum(up)"}).json()["data"]["result"]
+                return bool(result) and float(result[0]["value"][1]) == 3
+            except (httpx.HTTPError, KeyError, ValueError):
+                return False
+        _wait(all_up, 30, "Prometheus to scrape the 3 targets")
+        yield {"url": url, "runtimes": (first, second)}
+    finally:
+        for proc in reversed(procs):
+            if isinstance(proc, Runtime):
+                proc.stop()
+            else:
+                if proc.stdin:
+                    proc.stdin.close()
+                _stop(proc)
+
+
+def _load_phase(first: Runtime, second: Runtime) -> None:
+    shared = "The key and value cache keeps the attention state of every token already seen. " * 2
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda i: first.complete(shared + str(i), 12), range(4)))
+        # Six concurrent long requests on 12 KV blocks of 16 tokens: the scheduler must preempt.
+        statuses += list(pool.map(lambda i: second.complete(f"request {i}: " + shared, 80), range(6)))
+    assert set(statuses) == {200}, statuses
+    assert first.complete("x", 1, model="no-such-model") == 404
+    assert second.complete("x", 1, model="no-such-model") == 404
+
+
+@pytest.fixture(scope="module")
+def loaded(fleet: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Two load phases a few scrapes apart (so every counter has an increase inside the windows), then a
+    steady trickle while the queries run (so gauges like running/KV usage are non-zero in some samples)."""
+    first, second = fleet["runtimes"]
+    _load_phase(first, second)
+    time.sleep(2.5)
+    _load_phase(first, second)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for i in range(400):
+            if stop.is_set():
+                return
+            first.complete(f"trickle {i}", 24)
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    time.sleep(3)
+    try:
+        yield fleet
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+def query(url: str, promql: str) -> list[dict[str, Any]]:
+    body = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10).json()
+    assert body["status"] == "success", f"{promql}\n-> {body}"
+    return body["data"]["result"]
+
+
+ALERTS = [a.name for a in monitoring.ALERTS]
+
+
+def _rule(values: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for r in monitoring.rule_groups(values, "https://x")[0]["rules"] if r["alert"] == name)
+
+
+@pytest.mark.parametrize("name", ALERTS)
+def test_alert_signal_has_data_and_expression_runs(loaded: dict[str, Any], name: str) -> None:
+    alert = next(a for a in monitoring.ALERTS if a.name == name)
+    values = dict(monitoring.ALERT_DEFAULTS)
+    signal = query(loaded["url"], alert.signal.format(**{**values, "errorStatusCodes": "4.."}))
+    assert signal, f"{name}: its signal returned no series"
+    labels = signal[0]["metric"]
+    # Grouped by what the runbook names: the service (or, from kube-state-metrics, the InferenceService).
+    assert labels.get("namespace") == NAMESPACE
+    assert SERVICE in (labels.get("service"), labels.get("inferenceservice"), labels.get("deployment"))
+    query(loaded["url"], _rule(values, name)["expr"])  # with the defaults: runs (fires or not)
+
+
+@pytest.mark.parametrize("name", ALERTS)
+def test_alert_fires_when_its_threshold_trips(loaded: dict[str, Any], name: str) -> None:
+    def fired() -> list[dict[str, Any]]:
+        return query(loaded["url"], _rule(TRIPPING, name)["expr"])
+    assert _wait(fired, 10, f"{name} to fire"), name
+
+
+def test_prometheus_evaluates_every_rule_without_error(loaded: dict[str, Any]) -> None:
+    def evaluated() -> list[dict[str, Any]] | None:
+        groups = httpx.get(f"{loaded['url']}/api/v1/rules").json()["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else None
+    rules = _wait(evaluated, 10, "the rules to be evaluated")
+    assert sorted(r["name"] for r in rules) == sorted(ALERTS)
+    for rule in rules:
+        assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+    # With the stand-in's desired 2 = max 2 and ready 1 < 2, these two are pending or firing already.
+    states = {r["name"]: r["state"] for r in rules}
+    assert states["KubeinferReplicasAtMax"] in ("pending", "firing")
+    assert states["KubeinferPodsNotReady"] in ("pending", "firing")
+
+
+def _dashboard_promql(expr: str) -> str:
+    return (expr.replace("$__rate_interval", "1m").replace("$namespace", ".*").replace("$service", ".*")
+            .replace("$model", ".*"))
+
+
+PANEL_TARGETS = [(p["title"], t["refId"], t["expr"]) for p in monitoring.dashboard()["panels"] for t in p["targets"]]
+
+
+@pytest.mark.parametrize("title,ref,expr", PANEL_TARGETS, ids=[f"{t}/{r}" for t, r, _ in PANEL_TARGETS])
+def test_dashboard_query_returns_data(loaded: dict[str, Any], title: str, ref: str, expr: str) -> None:
+    result = query(loaded["url"], _dashboard_promql(expr))
+    assert result, f"panel {title!r} target {ref} returned no data: {expr}"
+
+
+def test_dashboard_variables_list_the_fleet(loaded: dict[str, Any]) -> None:
+    expected = {"namespace": NAMESPACE, "service": SERVICE, "model": MODEL}
+    for var in monitoring.dashboard()["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        inner = var["definition"][len("label_values("):-1]
+        series, label = (part.strip() for part in inner.rsplit(",", 1))
+        response = httpx.get(f"{loaded['url']}/api/v1/label/{label}/values",
+                             params={"match[]": _dashboard_promql(series)}).json()
+        assert response["status"] == "success" and expected[var["name"]] in response["data"], (var["name"], response)
