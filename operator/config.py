@@ -30,6 +30,10 @@ class OperatorConfig:
     # Namespace/CRD scanning; off where the API server refuses listing namespaces.
     scanning: bool = True
     liveness_endpoint: str | None = None
+    # Autoscaler: Prometheus HTTP API base URL (e.g. http://prometheus-operated.monitoring:9090); empty:
+    # scrape the ready pods' /metrics directly. One decision per autoscaled InferenceService per interval.
+    prometheus_url: str = ""
+    autoscale_interval_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
@@ -44,6 +48,8 @@ class OperatorConfig:
         config = cls(**values)  # type: ignore[arg-type]
         if config.service_monitor not in ("auto", "always", "never"):
             raise ValueError(f"KUBEINFER_SERVICE_MONITOR must be auto, always or never, not {config.service_monitor!r}")
+        if config.autoscale_interval_seconds <= 0:
+            raise ValueError("KUBEINFER_AUTOSCALE_INTERVAL_SECONDS must be > 0")
         return config
 
 

@@ -6,8 +6,13 @@
 - events of owned Deployments, Services, PDBs and pods: a reconcile pass of the owner, which repairs
   hand edits and deletions and refreshes status (pods failing to pull, crash, or be scheduled).
 
-No timers and no deletion handlers: kopf then adds no finalizer, and deleting an InferenceService is
-left to the API server's garbage collector through owner references.
+- autoscaler: one kopf daemon per InferenceService with `spec.autoscaling` (a timer whose interval is
+  the operator setting `autoscale_interval_seconds`), running `autoscaler.run`.
+
+No deletion handlers. kopf puts its finalizer (`kubeinfer.dev/finalizer`) only on autoscaled objects,
+so that it stops their daemon before they go; it removes it when autoscaling is removed. Deleting an
+autoscaled InferenceService therefore needs the operator running (or the finalizer removed by hand).
+Children are left to the API server's garbage collector through owner references.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from kubeinfer.operator import builders
+from kubeinfer.operator import autoscaler, builders
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.reconcile import Context, reconcile_named
@@ -76,3 +81,13 @@ def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any
             reconcile_named(memo["ctx"], namespace, owner)
         except kopf.PermanentError:
             pass  # a bad spec is already reported in the owner's status
+
+
+def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("autoscaling"))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=_autoscaled,
+             cancellation_backoff=1, cancellation_timeout=10)
+async def autoscale(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    await autoscaler.run(memo["ctx"], namespace, name, stopped)

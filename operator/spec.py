@@ -278,6 +278,13 @@ class InferenceServiceStatus(_Model):
     tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")
     desired_replicas: int | None = Field(default=None, description="Last autoscaler recommendation.")
     last_scale_time: str | None = Field(default=None, description="When the autoscaler last changed replicas.")
+    last_signals: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=PRESERVE,
+        description="Written by the autoscaler: the signals of its last decision (queue, running, TTFT P95, rate).")
+    scaling_history: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=PRESERVE,
+        description="Written by the autoscaler: its windows, last scale events and learned capacity; "
+        "a restarted operator resumes from it.")
 
 
 def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:

@@ -16,6 +16,8 @@ from typing import Any
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 OWN_CONDITIONS = (READY, PROGRESSING, DEGRADED)
+# Written by the autoscaler (kubeinfer.operator.autoscaler); merge_conditions keeps them.
+SCALING_ACTIVE, METRICS_AVAILABLE = "ScalingActive", "MetricsAvailable"
 OWN_FIELDS = ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas", "selector", "endpoint",
               "conditions")
 

@@ -1,0 +1,270 @@
+"""The autoscaler's pass over one InferenceService: measure, decide, write spec.replicas, status, Events.
+
+`plan_pass()` is pure: from the stored object, its pods and the signals it computes everything the pass
+writes (a `Plan`). `Autoscaler` does the I/O around it and `run()` is the loop of the per-object kopf
+daemon registered in `handlers.py`.
+
+Policy of the pass (the scaling rules themselves are in `autoscale_policy.decide`):
+- The autoscaler owns `spec.replicas` while `spec.autoscaling` is set, and writes it with a merge patch on
+  the object (so `kubectl get` shows the decision and reconcile applies it to the Deployment; the
+  autoscaler never touches the Deployment itself, so the two never fight).
+- `status.desiredReplicas` is its last decision. A `spec.replicas` that differs from it was set by
+  someone else (`kubectl scale`): the pass decides from its own last value, writes its decision back and
+  says so in an Event (`ManualScaleOverridden`). Without a recorded decision (first pass), the user's
+  `spec.replicas` is the starting size.
+- Status is written before spec.replicas: an operator that dies between the two writes resumes from the
+  recorded decision and completes it.
+- `status.scalingHistory` is the policy's `ScaleHistory` (windows, last scale time, learned capacity):
+  a restarted operator decides exactly as an uninterrupted one would (no scale-down for one window when
+  the history is lost).
+- Every change of replicas is an Event whose reason is the decision's; metrics turning unavailable is a
+  Warning Event. Conditions: `MetricsAvailable` (signals read or why not) and `ScalingActive` (False only
+  while the autoscaler holds for lack of metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from kubeinfer.operator import builders, pod as pod_builder, status as status_mod
+from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
+from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
+from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
+from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+from kubeinfer.operator.reconcile import _own_pods
+from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
+
+log = logging.getLogger(__name__)
+
+SCALING_ACTIVE, METRICS_AVAILABLE = status_mod.SCALING_ACTIVE, status_mod.METRICS_AVAILABLE
+MANUAL_SCALE_OVERRIDDEN = "ManualScaleOverridden"
+EVENT_SOURCE = "kubeinfer-operator"
+# Labels that the Prometheus Operator attaches to series scraped through our ServiceMonitor.
+PROMETHEUS_LABELS = ("namespace", "service")
+
+
+@dataclasses.dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything one pass writes. `replicas` is None when spec.replicas already holds the decision."""
+
+    decision: ScaleDecision
+    current: int  # the count the policy decided from
+    replicas: int | None
+    status: dict[str, Any]
+    events: tuple[EventSpec, ...]
+
+
+def iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).replace(microsecond=0) \
+        .isoformat().replace("+00:00", "Z")
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in ((pod.get("status") or {}).get("conditions") or []))
+
+
+def live_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods that are not being deleted."""
+    return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+
+def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: float, now: float) -> ReplicaCounts:
+    """Ready = Ready condition and created at least initialDelaySeconds ago (a real API server always sets
+    creationTimestamp; without one a pod counts as old). Pending = the rest of the larger of the desired
+    count and the live pods: replicas the Deployment has not created yet are pending too."""
+    live = live_pods(pods)
+    ready = 0
+    for p in live:
+        created = _parse_time((p.get("metadata") or {}).get("creationTimestamp"))
+        if _is_ready(p) and (created is None or now - created >= initial_delay_s):
+            ready += 1
+    return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)
+
+
+def scrape_targets(pods: list[dict[str, Any]]) -> list[str]:
+    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests)."""
+    return [f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics" for p in live_pods(pods)
+            if _is_ready(p) and (p.get("status") or {}).get("podIP")]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _conditions(signals: Signals, decision: ScaleDecision) -> list[dict[str, Any]]:
+    def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
+
+    holding = decision.reason in (METRICS_UNAVAILABLE, METRICS_STALE)
+    if holding:
+        metrics = cond(METRICS_AVAILABLE, False, decision.reason, decision.message)
+    else:
+        metrics = cond(METRICS_AVAILABLE, True, "SignalsRead",
+                       f"queue {signals.queue_depth:g}, running {signals.num_running or 0:g}, "
+                       f"TTFT P95 {'n/a' if signals.ttft_p95_seconds is None else f'{signals.ttft_p95_seconds:.3f}s'}")
+    scaling = cond(SCALING_ACTIVE, not holding, decision.reason, decision.message)
+    return [scaling, metrics]
+
+
+def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals, pods: list[dict[str, Any]],
+              now: float) -> Plan:
+    """The decision for one pass and every write it implies; pure."""
+    assert spec.autoscaling is not None
+    config = PolicyConfig.from_spec(spec.autoscaling)
+    st = body.get("status") or {}
+    last = st.get("desiredReplicas")
+    manual = spec.replicas is not None and last is not None and spec.replicas != last
+    current = last if manual else spec.desired_replicas
+    counts = replica_counts(current, pods, config.initial_delay_seconds, now)
+    decision = decide(signals, counts, ScaleHistory.from_dict(st.get("scalingHistory")), config, now)
+    desired = decision.desired_replicas
+
+    events: list[EventSpec] = []
+    if manual:
+        events.append(EventSpec("Normal", MANUAL_SCALE_OVERRIDDEN,
+                                f"spec.replicas was set to {spec.replicas} while autoscaling is on; the autoscaler "
+                                f"owns it and set it to {desired} ({decision.reason}: {decision.message})"))
+    if desired != current:
+        events.append(EventSpec("Normal", decision.reason, f"{current} -> {desired} replicas: {decision.message}"))
+    was_available = next((c.get("status") for c in st.get("conditions") or [] if c.get("type") == METRICS_AVAILABLE),
+                         None)
+    if decision.reason in (METRICS_UNAVAILABLE, METRICS_STALE) and was_available != "False":
+        events.append(EventSpec("Warning", decision.reason, decision.message))
+
+    available = decision.reason not in (METRICS_UNAVAILABLE, METRICS_STALE)
+    status: dict[str, Any] = {
+        "desiredReplicas": desired,
+        "queueDepth": _round(signals.queue_depth) if available else None,
+        "ttftP95Seconds": _round(signals.ttft_p95_seconds) if available else None,
+        "lastSignals": {**{k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items()},
+                        "recommendation": decision.recommendation, "reason": decision.reason},
+        "scalingHistory": decision.history.to_dict(),
+        "conditions": status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision),
+                                                  iso(now), (body.get("metadata") or {}).get("generation")),
+    }
+    if decision.history.last_scale_time is not None:
+        status["lastScaleTime"] = iso(decision.history.last_scale_time)
+    return Plan(decision=decision, current=current, replicas=desired if spec.replicas != desired else None,
+                status=status, events=tuple(events))
+
+
+def event_body(obj: dict[str, Any], event: EventSpec, now: float) -> dict[str, Any]:
+    """A core/v1 Event about `obj` (named like kubectl's: object name + hex nanoseconds)."""
+    meta = obj["metadata"]
+    stamp = iso(now)
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{int(now * 1e9):x}", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": obj.get("apiVersion", API_VERSION), "kind": obj.get("kind", KIND),
+                           "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+        "type": event.type, "reason": event.reason, "message": event.message[:1024],
+        "source": {"component": EVENT_SOURCE}, "reportingComponent": EVENT_SOURCE,
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+class Autoscaler:
+    """The I/O of one InferenceService's passes. Its metrics source keeps state between passes (the
+    direct-scrape snapshots), so one instance lives as long as the object's daemon."""
+
+    def __init__(self, ctx: Any, namespace: str, name: str) -> None:
+        self.ctx, self.namespace, self.name = ctx, namespace, name
+        url = ctx.config.prometheus_url
+        self.source: PrometheusSource | ScrapeSource = PrometheusSource(url) if url else ScrapeSource()
+        self.path = resource_path(API_VERSION, KIND, namespace, name)
+
+    async def aclose(self) -> None:
+        await self.source.aclose()
+
+    def _read(self) -> tuple[dict[str, Any] | None, InferenceServiceSpec | None, list[dict[str, Any]]]:
+        body = self.ctx.kube.get(self.path)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None, None, []
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except ValidationError:
+            return body, None, []  # reconcile reports it; nothing to scale
+        if spec.autoscaling is None:
+            return body, None, []
+        return body, spec, _own_pods(self.ctx.kube, builders.Owner.from_body(body))
+
+    async def _signals(self, spec: InferenceServiceSpec, body: dict[str, Any], pods: list[dict[str, Any]]) -> Signals:
+        assert spec.autoscaling is not None
+        window = spec.autoscaling.metric_window_seconds
+        served = builders.served_name(spec, builders.Owner.from_body(body))
+        if isinstance(self.source, PrometheusSource):
+            labels = dict(zip(PROMETHEUS_LABELS, (self.namespace, self.name)))
+            return await self.source.fetch(PodSelector(labels, model_name=served), window)
+        return await self.source.fetch(scrape_targets(pods), window, model_name=served)
+
+    async def step(self) -> Plan | None:
+        """One pass; None when the object is gone, invalid, or no longer autoscaled."""
+        body, spec, pods = await asyncio.to_thread(self._read)
+        if body is None or spec is None:
+            return None
+        signals = await self._signals(spec, body, pods)
+        return await asyncio.to_thread(self._decide_and_write, signals)
+
+    def _decide_and_write(self, signals: Signals) -> Plan | None:
+        # Under the object's lock: reconcile merges the same conditions list from a fresh read.
+        with self.ctx.lock_for(self.namespace, self.name):
+            body, spec, pods = self._read()
+            if body is None or spec is None:
+                return None
+            now = time.time()
+            plan = plan_pass(body, spec, signals, pods, now)
+            current = body.get("status") or {}
+            patch = status_mod.status_patch(current, plan.status)
+            if patch:
+                self.ctx.kube.patch_status(self.path, patch)
+            if plan.replicas is not None:
+                self.ctx.kube.request("PATCH", self.path, body={"spec": {"replicas": plan.replicas}},
+                                      content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})
+            for event in plan.events:
+                self.ctx.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/events",
+                                      body=event_body(body, event, now), query={"fieldManager": FIELD_MANAGER})
+            d = plan.decision
+            log.info("autoscale %s/%s: %s %d -> %d (recommended %s) %s", self.namespace, self.name, d.reason,
+                     plan.current, d.desired_replicas, d.recommendation, d.message)
+            return plan
+
+
+async def run(ctx: Any, namespace: str, name: str, stopped: kopf.DaemonStopped) -> None:
+    """The daemon's loop: one pass per `autoscale_interval_seconds` until kopf stops it (object deleted,
+    autoscaling removed, operator stopping). A failed pass is logged and the next one tries again."""
+    scaler = Autoscaler(ctx, namespace, name)
+    interval = ctx.config.autoscale_interval_seconds
+    try:
+        while not stopped:
+            try:
+                await scaler.step()
+            except ApiException as e:
+                log.warning("autoscale %s/%s: API error %s %s", namespace, name, e.status, e.reason)
+            except Exception:  # noqa: BLE001  (one bad pass must not end the object's autoscaling)
+                log.exception("autoscale %s/%s: pass failed", namespace, name)
+            await stopped.wait(interval)
+    finally:
+        await scaler.aclose()

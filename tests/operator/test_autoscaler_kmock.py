@@ -1,0 +1,273 @@
+"""The running operator's autoscaler against kmock and a stand-in Prometheus HTTP API on loopback.
+
+The stand-in answers the PromQL queries of `metrics_source.promql_queries` with values the test sets, so
+these tests drive the whole pass (daemon, PrometheusSource, policy, writes) with known signals; the same
+pass against a real Prometheus scraping real runtime processes is tests/operator/test_autoscaler_prometheus.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.rbac import RULES
+
+from kubeinfer_operator_harness import NAMESPACE, child_path, isvc_path, operator_requests, running_operator
+
+NAME = "qwen"
+ISVC = isvc_path(NAMESPACE, NAME)
+DEPLOYMENT = child_path("Deployment", NAMESPACE, NAME)
+EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
+INTERVAL = 0.2
+
+
+@dataclasses.dataclass
+class FakePrometheus:
+    """Values the PromQL queries answer; None answers an empty vector (no series)."""
+
+    queue: float | None = 0.0
+    running: float | None = 0.0
+    ttft_p95: float | None = None
+    rate: float | None = 0.0
+    pods: float | None = 1.0
+    queries: list[str] = dataclasses.field(default_factory=list)
+    url: str = ""
+
+    def answer(self, query: str) -> float | None:
+        self.queries.append(query)
+        if query.startswith("sum(kubeinfer_num_requests_waiting"):
+            return self.queue
+        if query.startswith("sum(kubeinfer_num_requests_running"):
+            return self.running
+        if query.startswith("histogram_quantile(0.95"):
+            return self.ttft_p95
+        if query.startswith("sum(rate("):
+            return self.rate
+        if query.startswith("count("):
+            return self.pods if self.queue is not None else None
+        if query.startswith("min(timestamp("):
+            return time.time() if self.queue is not None else None
+        raise AssertionError(f"unexpected query {query}")
+
+    async def handle(self, request: web.Request) -> web.Response:
+        value = self.answer(request.query["query"])
+        result = [] if value is None else [{"metric": {}, "value": [time.time(), repr(float(value))]}]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+
+@pytest.fixture()
+async def prom() -> AsyncIterator[FakePrometheus]:
+    fake = FakePrometheus()
+    app = web.Application()
+    app.router.add_get("/api/v1/query", fake.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    fake.url = f"http://127.0.0.1:{port}"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+async def quiesce(kapi: Any) -> None:
+    """Delete the InferenceService and wait until it is gone: kopf stops its daemon and removes the
+    finalizer. (Stopping the operator with the daemon running costs 5 s: kopf cancels it at exit,
+    respawns it for a late event, then waits for it.)"""
+    status, _ = await kapi.call("DELETE", ISVC)
+    assert status == 200
+    deadline = asyncio.get_running_loop().time() + 5
+    while await kapi.get(ISVC) is not None:
+        assert asyncio.get_running_loop().time() < deadline, "the finalizer was never removed"
+        await asyncio.sleep(0.05)
+
+
+def config_for(prom: FakePrometheus) -> OperatorConfig:
+    return OperatorConfig(scanning=False, namespaces=(NAMESPACE,), standalone=True, service_monitor="never",
+                          prometheus_url=prom.url, autoscale_interval_seconds=INTERVAL)
+
+
+def manifest(replicas: int = 1, **autoscaling: Any) -> dict[str, Any]:
+    scaling = {"minReplicas": 1, "maxReplicas": 6, "targetQueueDepthPerReplica": 2, "initialDelaySeconds": 0,
+               "scaleDownStabilizationSeconds": 2, **autoscaling}
+    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen", "generation": 1,
+                         # kmock keeps no resourceVersion; kopf's finalizer patch tests it
+                         "resourceVersion": "1"},
+            "spec": {"model": {"uri": "pvc://models/qwen"}, "replicas": replicas, "autoscaling": scaling}}
+
+
+async def ready_pods(kapi: Any, n: int, first: int = 0) -> None:
+    """n Ready pods of the service, created an hour ago (what the Deployment would have made)."""
+    old = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    for i in range(first, first + n):
+        await kapi.create(f"/api/v1/namespaces/{NAMESPACE}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{NAME}-{i}", "namespace": NAMESPACE, "creationTimestamp": old, "labels": {
+                "kubeinfer.dev/inferenceservice": NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
+            "status": {"phase": "Running", "podIP": "127.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+async def events(kapi: Any, reason: str | None = None) -> list[dict[str, Any]]:
+    items = (await kapi.get(EVENTS) or {}).get("items") or []
+    return [e for e in items if e.get("source", {}).get("component") == "kubeinfer-operator"
+            and (reason is None or e["reason"] == reason)]
+
+
+async def test_queue_above_target_scales_up_through_spec_replicas(cluster: Any, kapi: Any,
+                                                                  prom: FakePrometheus) -> None:
+    prom.queue, prom.running, prom.ttft_p95 = 12.0, 4.0, 0.2
+    async with running_operator(cluster, config_for(prom)):
+        await ready_pods(kapi, 1)
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=1))
+        obj = await kapi.eventually(ISVC, lambda o: (o["spec"].get("replicas") or 0) > 1)
+        # queue 12 on 1 ready replica running 4, target 2 waiting/replica: (4 + 12) / (4 + 2) -> 3
+        assert obj["spec"]["replicas"] == 3
+        dep = await kapi.eventually(DEPLOYMENT, lambda d: d["spec"]["replicas"] == 3)
+        assert dep["spec"]["replicas"] == 3
+        obj = await kapi.eventually(ISVC, lambda o: o["status"].get("desiredReplicas") == 3)
+        (up,) = await events(kapi, "ScaleUp")
+        await quiesce(kapi)
+    st = obj["status"]
+    assert up["type"] == "Normal" and up["message"].startswith("1 -> 3 replicas: queue 12 on 1 ready")
+    assert up["involvedObject"] == {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+                                    "name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen"}
+    assert (st["queueDepth"], st["ttftP95Seconds"]) == (12.0, 0.2)
+    assert st["lastSignals"]["numRunning"] == 4.0 and st["lastSignals"]["reason"] in ("ScaleUp", "PendingReplicas")
+    assert st["scalingHistory"]["events"][0] == {**st["scalingHistory"]["events"][0], "from": 1, "to": 3,
+                                                 "reason": "ScaleUp"}
+    assert st["lastScaleTime"].endswith("Z")
+    assert condition(obj, "MetricsAvailable")["status"] == "True"
+    assert condition(obj, "ScalingActive")["status"] == "True"
+    # reconcile's conditions survive the autoscaler's writes, and the reverse
+    assert condition(obj, "Ready") and condition(obj, "Progressing") and condition(obj, "Degraded")
+    # kopf guards the daemon with its finalizer
+    assert "kubeinfer.dev/finalizer" in obj["metadata"]["finalizers"]
+    # the query selects the service's series by the ServiceMonitor's labels and the served model
+    assert 'sum(kubeinfer_num_requests_waiting{model_name="qwen",namespace="default",service="qwen"})' in prom.queries
+
+
+async def test_manual_scale_is_overridden_with_an_event(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
+    # 2 ready replicas with 2 waiting each: exactly the target, nothing to change.
+    prom.queue, prom.running = 4.0, 8.0
+    async with running_operator(cluster, config_for(prom)):
+        await ready_pods(kapi, 2)
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=2))
+        await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("desiredReplicas") == 2)
+        assert await events(kapi) == []
+        await kapi.patch(ISVC, {"spec": {"replicas": 5}})  # kubectl scale --replicas 5
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2 and o["status"]["desiredReplicas"] == 2,
+                                    timeout=5)
+        (override,) = await kapi_wait_events(kapi, "ManualScaleOverridden")
+        await quiesce(kapi)
+    assert "set to 5" in override["message"] and "set it to 2" in override["message"]
+    assert condition(obj, "ScalingActive")["reason"] == "WithinTolerance"
+
+
+async def kapi_wait_events(kapi: Any, reason: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        found = await events(kapi, reason)
+        if found:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no {reason} Event")
+
+
+async def test_missing_metrics_hold_and_say_so(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
+    prom.queue = None  # no series: the pods are not scraped
+    async with running_operator(cluster, config_for(prom)):
+        await ready_pods(kapi, 3)
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=3))
+        obj = await kapi.eventually(ISVC, lambda o: condition(o, "MetricsAvailable").get("status") == "False")
+        (warning,) = await kapi_wait_events(kapi, "MetricsUnavailable")
+        await asyncio.sleep(5 * INTERVAL)  # several more passes: still one Warning, still 3 replicas
+        assert len(await events(kapi, "MetricsUnavailable")) == 1
+        obj = await kapi.get(ISVC)
+    assert warning["type"] == "Warning" and "no kubeinfer_num_requests_waiting series" in warning["message"]
+    assert obj["spec"]["replicas"] == 3 and obj["status"]["desiredReplicas"] == 3
+    assert condition(obj, "ScalingActive") == {**condition(obj, "ScalingActive"), "status": "False",
+                                               "reason": "MetricsUnavailable"}
+    assert obj["status"]["queueDepth"] is None if "queueDepth" in obj["status"] else True
+
+
+async def test_load_gone_scales_down_after_the_window_one_step_at_a_time(cluster: Any, kapi: Any,
+                                                                        prom: FakePrometheus) -> None:
+    prom.queue, prom.running = 0.0, 1.0
+    async with running_operator(cluster, config_for(prom)):
+        await ready_pods(kapi, 3)
+        start = time.time()
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=3, scaleDownStabilizationSeconds=1))
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2, timeout=6)
+        # a fresh history never scales down before one full window
+        assert time.time() - start >= 1.0
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 1, timeout=6)
+        await quiesce(kapi)
+    downs = [e for e in obj["status"]["scalingHistory"]["events"] if e["reason"] == "ScaleDown"]
+    assert [(e["from"], e["to"]) for e in downs] == [(3, 2), (2, 1)]
+
+
+async def test_restarted_operator_resumes_from_status(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
+    prom.queue, prom.running = 12.0, 4.0
+    async with running_operator(cluster, config_for(prom)):
+        await ready_pods(kapi, 3)
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=1, scaleDownStabilizationSeconds=30))
+        before = await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("desiredReplicas", 1) > 1)
+    await ready_pods(kapi, before["status"]["desiredReplicas"] - 3, first=3)  # the new replicas came up
+    # the load goes away while the operator is down: a fresh history would wait a whole window too, but a
+    # resumed one must also keep its start, its events and its last scale time, and see no manual change.
+    prom.queue, prom.running = 0.0, 0.0
+    n_events = len(await events(kapi))
+    async with running_operator(cluster, config_for(prom)):
+        after = await kapi.eventually(ISVC, lambda o: o["status"]["lastSignals"]["queueDepth"] == 0.0)
+        await asyncio.sleep(5 * INTERVAL)
+        after = await kapi.get(ISVC)
+        await quiesce(kapi)
+    h0, h1 = before["status"]["scalingHistory"], after["status"]["scalingHistory"]
+    assert h1["startedAt"] == h0["startedAt"]
+    assert h1["events"][: len(h0["events"])] == h0["events"]
+    assert h1["lastScaleTime"] == h0["lastScaleTime"]
+    assert after["spec"]["replicas"] == after["status"]["desiredReplicas"] == before["status"]["desiredReplicas"]
+    assert condition(after, "ScalingActive")["reason"] == "StabilizingDown"
+    assert len(await events(kapi)) == n_events, "the restart caused Events (a manual override or a scale)"
+
+
+def _verb(r: Any) -> str:
+    if r.params.get("watch") == "true":
+        return "watch"
+    return {"GET": "get" if r.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
+            "DELETE": "delete"}[r.method.value]
+
+
+async def test_autoscaler_requests_are_allowed_by_rbac(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
+    prom.queue, prom.running = 12.0, 4.0
+    async with running_operator(cluster, config_for(prom)):
+        await ready_pods(kapi, 1)
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=1))
+        await kapi_wait_events(kapi, "ScaleUp")
+        await quiesce(kapi)
+    seen = set()
+    for r in operator_requests(cluster):
+        if r.resource is None or r.resource.plural is None:
+            continue
+        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+        key = (r.resource.group, resource, _verb(r))
+        assert any(key[0] in rule["apiGroups"] and key[1] in rule["resources"] and key[2] in rule["verbs"]
+                   for rule in RULES), f"RBAC does not allow {key}"
+        seen.add(key)
+    assert {("", "events", "create"), ("kubeinfer.dev", "inferenceservices", "patch"),
+            ("kubeinfer.dev", "inferenceservices/status", "patch")} <= seen

@@ -1,0 +1,122 @@
+"""The autoscaler's pure pass (`autoscaler.plan_pass`): what it writes for a stored object, pods and signals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.operator import autoscaler
+from kubeinfer.operator.autoscale_types import ScaleHistory, Signals
+from kubeinfer.operator.spec import parse_spec
+
+NOW = 1_800_000_000.0
+
+
+def body(replicas: int | None = 2, status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"uri": "pvc://m/x"},
+                            "autoscaling": {"maxReplicas": 8, "targetQueueDepthPerReplica": 2,
+                                            "initialDelaySeconds": 60, **autoscaling}}
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "x", "namespace": "ns", "uid": "u1", "generation": 3},
+            "spec": spec, "status": status or {}}
+
+
+def pod(name: str, ready: bool = True, age: float = 3600, ip: str | None = "10.0.0.1",
+        deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "creationTimestamp": autoscaler.iso(NOW - age)}
+    if deleting:
+        meta["deletionTimestamp"] = autoscaler.iso(NOW)
+    return {"metadata": meta, "status": {"podIP": ip, "conditions": [
+        {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def plan(b: dict[str, Any], signals: Signals, pods: list[dict[str, Any]]) -> autoscaler.Plan:
+    return autoscaler.plan_pass(b, parse_spec(b["spec"]), signals, pods, NOW)
+
+
+def settled_status(desired: int) -> dict[str, Any]:
+    hist = ScaleHistory(started_at=NOW - 3600, last_ready=desired, ready_changed_at=NOW - 3600,
+                        last_traffic_time=NOW)
+    return {"desiredReplicas": desired, "scalingHistory": hist.to_dict(),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Available", "message": "",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+
+
+def test_replica_counts_treat_young_unready_missing_and_deleting_pods_as_pending():
+    pods = [pod("a"), pod("b", age=10), pod("c", ready=False), pod("d", deleting=True)]
+    counts = autoscaler.replica_counts(4, pods, initial_delay_s=60, now=NOW)
+    assert (counts.current, counts.ready, counts.pending) == (4, 1, 3)
+    # the Deployment has not created the 5th and 6th pods yet: they are pending too
+    assert autoscaler.replica_counts(6, pods, 60, NOW).pending == 5
+
+
+def test_scrape_targets_are_the_ready_live_pods():
+    pods = [pod("a", ip="10.0.0.1"), pod("b", ready=False, ip="10.0.0.2"), pod("c", ip=None),
+            pod("d", deleting=True, ip="10.0.0.4")]
+    assert autoscaler.scrape_targets(pods) == ["http://10.0.0.1:8000/metrics"]
+
+
+def test_scale_up_writes_status_then_replicas_and_one_event():
+    b = body(replicas=2, status=settled_status(2))
+    p = plan(b, Signals(NOW, queue_depth=20, num_running=8, ttft_p95_seconds=0.3), [pod("a"), pod("b")])
+    # (8 + 20) / (4 + 2) -> 5
+    assert (p.current, p.decision.desired_replicas, p.replicas) == (2, 5, 5)
+    assert [(e.type, e.reason) for e in p.events] == [("Normal", "ScaleUp")]
+    assert p.events[0].message.startswith("2 -> 5 replicas: queue 20 on 2 ready")
+    st = p.status
+    assert (st["desiredReplicas"], st["queueDepth"], st["ttftP95Seconds"]) == (5, 20, 0.3)
+    assert st["lastScaleTime"] == autoscaler.iso(NOW)
+    assert st["scalingHistory"]["events"][-1] == {"time": NOW, "from": 2, "to": 5, "reason": "ScaleUp"}
+    assert st["lastSignals"]["recommendation"] == 5
+    types = {c["type"]: c for c in st["conditions"]}
+    assert types["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # reconcile's condition kept
+    assert types["ScalingActive"]["status"] == "True" and types["ScalingActive"]["reason"] == "ScaleUp"
+    assert types["MetricsAvailable"]["status"] == "True" and types["MetricsAvailable"]["observedGeneration"] == 3
+
+
+def test_steady_state_writes_no_replicas_and_no_event():
+    b = body(replicas=2, status=settled_status(2))
+    p = plan(b, Signals(NOW, queue_depth=4, num_running=8), [pod("a"), pod("b")])
+    assert p.decision.reason == "WithinTolerance" and p.replicas is None and p.events == ()
+    assert "lastScaleTime" not in p.status
+
+
+def test_manual_change_is_overridden_from_the_recorded_decision():
+    b = body(replicas=6, status=settled_status(2))  # kubectl scale --replicas 6
+    p = plan(b, Signals(NOW, queue_depth=4, num_running=8), [pod("a"), pod("b")])
+    assert (p.current, p.decision.desired_replicas, p.replicas) == (2, 2, 2)
+    assert [e.reason for e in p.events] == ["ManualScaleOverridden"]
+    assert "set to 6" in p.events[0].message and "set it to 2" in p.events[0].message
+
+
+def test_first_pass_starts_from_the_users_replicas_and_writes_them_when_unset():
+    p = plan(body(replicas=3), Signals(NOW, queue_depth=6, num_running=9), [pod("a"), pod("b"), pod("c")])
+    assert p.current == 3 and p.events == () and p.replicas is None
+    # no spec.replicas: the start size (minReplicas, at least 1) is written so `kubectl get` shows it
+    p = plan(body(replicas=None), Signals(NOW, queue_depth=0, num_running=0), [pod("a")])
+    assert p.current == 1 and p.replicas == 1 and p.events == ()
+
+
+def test_missing_metrics_hold_warn_once_and_clear_the_numbers():
+    b = body(replicas=3, status=settled_status(3))
+    p = plan(b, Signals.missing("prometheus query failed: boom", NOW), [pod("a"), pod("b"), pod("c")])
+    assert p.decision.desired_replicas == 3 and p.replicas is None
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "MetricsUnavailable")]
+    assert p.status["queueDepth"] is None and p.status["ttftP95Seconds"] is None
+    types = {c["type"]: c for c in p.status["conditions"]}
+    assert types["ScalingActive"]["status"] == "False" and types["MetricsAvailable"]["status"] == "False"
+    assert "boom" in types["MetricsAvailable"]["message"]
+    # the next pass, still without metrics: no second Warning
+    again = plan(body(replicas=3, status={**b["status"], **p.status}), Signals.missing("boom", NOW), [pod("a")])
+    assert again.events == ()
+
+
+def test_event_body_is_a_core_v1_event_about_the_object():
+    b = body()
+    e = autoscaler.event_body(b, autoscaler.EventSpec("Normal", "ScaleUp", "x" * 2000), NOW)
+    assert e["metadata"] == {"name": f"x.{int(NOW * 1e9):x}", "namespace": "ns"}
+    assert e["involvedObject"] == {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+                                   "name": "x", "namespace": "ns", "uid": "u1"}
+    assert (e["type"], e["reason"], len(e["message"]), e["count"]) == ("Normal", "ScaleUp", 1024, 1)
+    assert e["firstTimestamp"] == e["lastTimestamp"] == autoscaler.iso(NOW)
