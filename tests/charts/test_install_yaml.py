@@ -146,8 +146,7 @@ def test_operator_settings_reach_its_environment() -> None:
     deployment = manifests.operator_deployment(resolve({"peering": {"enabled": False}}), "r", "ns")
     names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     names |= {e["name"] for e in manifests.operator_env(resolve({}))}
-    # KUBEINFER_PROMETHEUS_URL is read by the autoscaler's metrics source setting (in progress elsewhere).
-    missing = names - known - {"POD_ID", "KUBEINFER_PROMETHEUS_URL"}
+    missing = names - known - {"POD_ID"}
     assert not missing, f"the operator reads no {missing}"
 
 
