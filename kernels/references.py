@@ -12,10 +12,13 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write each token's K/V into its slot; tokens with slot -1 are skipped."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[keep]
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep]
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    row = k_cache.shape[2] * k_cache.shape[3]   # one slot's K (or V) of every KV head, as one row
+    k_cache.view(-1, row).index_copy_(0, slots, key.reshape(-1, row))
+    v_cache.view(-1, row).index_copy_(0, slots, value.reshape(-1, row))
 
 
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
