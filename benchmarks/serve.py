@@ -1,0 +1,148 @@
+"""Online serving benchmark, in the manner of `vllm bench serve`.
+
+Starts `kubeinfer serve` on 127.0.0.1 (or uses --url), sends streaming completions with random prompts at
+Poisson (or burst) arrivals, and reports TTFT / inter-token latency / end-to-end latency percentiles,
+request and token throughput. It also reports what the HTTP layer adds: the client-side inter-token
+latency beside the engine's own step time over the same run (from the server's
+`kubeinfer_engine_step_seconds` histogram).
+
+    python benchmarks/serve.py [--model demo] [--num-requests 200] [--request-rate 20] [--burst]
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]   # noqa: E731
+    return f"{pick(0.5) * 1e3:8.1f} {pick(0.95) * 1e3:8.1f} {pick(0.99) * 1e3:8.1f}"
+
+
+SERVER_HISTOGRAMS = ("kubeinfer_engine_step_seconds", "kubeinfer_inter_token_latency_seconds",
+                     "kubeinfer_time_to_first_token_seconds")
+
+
+def histogram_sums(metrics_text: str) -> dict[str, list[float]]:
+    """`{histogram: [sum, count]}` of the server's own measurements."""
+    sums = {name: [0.0, 0.0] for name in SERVER_HISTOGRAMS}
+    for line in metrics_text.splitlines():
+        for name in SERVER_HISTOGRAMS:
+            if line.startswith(name + "_sum"):
+                sums[name][0] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(name + "_count"):
+                sums[name][1] = float(line.rsplit(" ", 1)[1])
+    return sums
+
+
+def mean_between(before: dict, after: dict, name: str) -> float:
+    count = after[name][1] - before[name][1]
+    return (after[name][0] - before[name][0]) / count if count else float("nan")
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    start = time.perf_counter()
+    times = []
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                if json.loads(line[6:])["choices"][0]["text"] or not times:
+                    times.append(time.perf_counter())
+    return {"ttft": times[0] - start, "itl": [b - a for a, b in zip(times, times[1:])],
+            "e2e": times[-1] - start, "tokens": max_tokens}
+
+
+async def run(args, url: str, model: str) -> None:
+    rng = random.Random(args.seed)
+    words = ["pod", "node", "GPU", "cache", "token", "replica", "scheduler", "batch", "queue", "model"]
+    prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(args.min_prompt, args.max_prompt)))
+               for _ in range(args.num_requests)]
+    outputs = [rng.randint(args.min_output, args.max_output) for _ in range(args.num_requests)]
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=1000)) as client:
+        server_before = histogram_sums((await client.get(url + "/metrics")).text)
+        started = time.perf_counter()
+        tasks = []
+        for prompt, max_tokens in zip(prompts, outputs):
+            tasks.append(asyncio.create_task(one_request(client, url, model, prompt, max_tokens)))
+            if not args.burst:
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - started
+        server_after = histogram_sums((await client.get(url + "/metrics")).text)
+    itl = [value for r in results for value in r["itl"]]
+    tokens = sum(r["tokens"] for r in results)
+    arrivals = "burst" if args.burst else f"Poisson {args.request_rate}/s"
+    print(f"{len(results)} requests, {arrivals}, prompts {args.min_prompt}-{args.max_prompt} words, "
+          f"outputs {args.min_output}-{args.max_output} tokens, model {model}")
+    print(f"{'latency (ms)':<22}{'P50':>8} {'P95':>8} {'P99':>8}")
+    print(f"{'TTFT':<22}{percentiles([r['ttft'] for r in results])}")
+    print(f"{'inter-token latency':<22}{percentiles(itl)}")
+    print(f"{'end-to-end':<22}{percentiles([r['e2e'] for r in results])}")
+    print(f"throughput: {len(results) / elapsed:.2f} requests/s, {tokens / elapsed:.1f} output tokens/s "
+          f"({elapsed:.1f} s)")
+    mean = lambda values: statistics.mean(values) * 1e3 if values else float("nan")   # noqa: E731
+    server = {name: mean_between(server_before, server_after, name) * 1e3 for name in SERVER_HISTOGRAMS}
+    print(f"{'mean (ms)':<22}{'client':>8} {'engine':>8} {'added':>8}")
+    client_ttft = mean([r["ttft"] for r in results])
+    engine_ttft = server["kubeinfer_time_to_first_token_seconds"]
+    print(f"{'TTFT':<22}{client_ttft:8.2f} {engine_ttft:8.2f} {client_ttft - engine_ttft:8.2f}")
+    client_itl, engine_itl = mean(itl), server["kubeinfer_inter_token_latency_seconds"]
+    print(f"{'inter-token latency':<22}{client_itl:8.2f} {engine_itl:8.2f} {client_itl - engine_itl:8.2f}")
+    print(f"{'engine step':<22}{'':8} {server['kubeinfer_engine_step_seconds']:8.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="an already running server; default: start one")
+    parser.add_argument("--model", default="demo", help="model folder (or demo) for the server started here")
+    parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument("--request-rate", type=float, default=20.0, help="Poisson arrivals per second")
+    parser.add_argument("--burst", action="store_true", help="send every request at once")
+    parser.add_argument("--min-prompt", type=int, default=8)
+    parser.add_argument("--max-prompt", type=int, default=128)
+    parser.add_argument("--min-output", type=int, default=16)
+    parser.add_argument("--max-output", type=int, default=128)
+    parser.add_argument("--port", type=int, default=18123)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    server = None
+    url = args.url
+    if url is None:
+        url = f"http://127.0.0.1:{args.port}"
+        server = subprocess.Popen([sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve",
+                                   "--model", args.model, "--host", "127.0.0.1", "--port", str(args.port)],
+                                  env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or (server and server.poll() is not None):
+                sys.exit("the server did not become ready")
+            time.sleep(0.2)
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        asyncio.run(run(args, url, model))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+
+
+if __name__ == "__main__":
+    main()
