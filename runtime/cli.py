@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
     commands.add_parser("operator", help="run the InferenceService operator (flags: kubeinfer operator --help)",
                         add_help=False)
+    commands.add_parser("manifests", help="print the install as plain YAML (flags: kubeinfer manifests --help)",
+                        add_help=False)
     return parser
 
 
@@ -134,6 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["operator"]:
         from kubeinfer.operator.__main__ import main as operator_main
         operator_main(argv[1:])
+        return
+    if argv[:1] == ["manifests"]:
+        from kubeinfer.operator.manifests import main as manifests_main
+        manifests_main(argv[1:])
         return
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

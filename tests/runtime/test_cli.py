@@ -23,3 +23,13 @@ def test_generate_reports_bad_input_without_a_traceback(tmp_path, llama_dir):
     result = run_cli("generate", "--model", str(llama_dir), "--prompt", "x", "--top-p", "2", cache=tmp_path)
     assert result.returncode == 2
     assert "top_p must be in (0, 1]" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_manifests_and_operator_subcommands_dispatch(tmp_path):
+    import yaml
+    result = run_cli("manifests", cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert {"CustomResourceDefinition", "ClusterRole", "Deployment"} <= kinds
+    helped = run_cli("operator", "--help", cache=tmp_path)
+    assert helped.returncode == 0 and "--standalone" in helped.stdout
