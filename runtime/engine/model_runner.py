@@ -56,6 +56,9 @@ class ModelRunner:
             raise
 
     def _build(self, config: EngineConfig) -> None:
+        if tp_size() != config.tensor_parallel_size:
+            raise RuntimeError(f"tensor_parallel_size is {config.tensor_parallel_size} but this process is in a "
+                               f"group of {tp_size()}: one tensor-parallel engine per process, alone")
         self.device = rank_device(config, self.rank)
         self.dtype = config.torch_dtype
         set_backend(config.kernel_backend)

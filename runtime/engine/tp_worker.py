@@ -63,17 +63,23 @@ def _init_process_group(config: EngineConfig, rank: int, store: dist.Store) -> N
 class StepChannel:
     """A shared-memory buffer that rank 0 writes each step's inputs into, and one event per worker.
 
-    Rank 0 may overwrite the buffer only after every worker has read it: that holds because every step's
-    forward has collectives, which a worker joins only after reading its message.
+    Rank 0 overwrites the buffer only after every worker has read it (cleared its event).
     """
 
     def __init__(self, size: int, num_workers: int, context):
         self.shm = SharedMemory(create=True, size=size + _HEADER)
         self.events = [context.Event() for _ in range(num_workers)]
 
-    def send(self, message: tuple | None) -> None:
+    def send(self, message: tuple | None, timeout_s: float = TIMEOUT.total_seconds()) -> None:
         """Sends `message` (a tuple of numbers and numpy arrays; None = exit) to every worker."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        # A worker clears its event once it has read the previous message. On CPU the step's collectives
+        # already guarantee that; on CUDA a step that samples nothing returns before the workers caught up.
+        deadline = time.monotonic() + timeout_s
+        while any(event.is_set() for event in self.events):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a tensor-parallel worker did not read its step message in {timeout_s:.0f} s")
+            time.sleep(0)
         if len(data) + _HEADER > self.shm.size:
             raise RuntimeError(f"step message of {len(data)} bytes exceeds the {self.shm.size}-byte channel")
         self.shm.buf[:_HEADER] = len(data).to_bytes(_HEADER, "little")
@@ -139,7 +145,11 @@ class WorkerGroup:
         atexit.register(self.shutdown)
         logger.info("tensor parallel: started ranks 1..%d (pids %s), joining the group on 127.0.0.1:%d",
                     size - 1, ", ".join(str(p.pid) for p in self.processes), store.port)
-        _init_process_group(config, 0, store)
+        try:
+            _init_process_group(config, 0, store)
+        except BaseException:
+            self.shutdown()
+            raise
         self._store = store
 
     @property
@@ -181,7 +191,10 @@ class WorkerGroup:
             for process in self.processes:
                 process.kill()
         else:
-            self.channel.send(None)
+            try:
+                self.channel.send(None, timeout_s=JOIN_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("a tensor-parallel worker is not reading its messages; it will be killed")
         for rank, process in enumerate(self.processes, 1):
             process.join(JOIN_TIMEOUT_S)
             if process.exitcode is None:

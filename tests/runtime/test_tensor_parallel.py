@@ -120,6 +120,15 @@ def test_tp2_sampling_with_a_seed_matches_tp1(model_dirs):
         [o.token_ids for o in single]
 
 
+def test_one_tensor_parallel_engine_per_process(llama_dir):
+    with LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16):
+        with pytest.raises(RuntimeError, match="one tensor-parallel engine per process"):
+            LLM(str(llama_dir), num_kvcache_blocks=16)
+        with pytest.raises(RuntimeError, match="one tensor-parallel engine per process"):
+            LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16)
+    assert tp_outputs(llama_dir, 1, PROMPTS[:1])[0].token_ids   # usable again once it is stopped
+
+
 # -- slow: every architecture at TP=2 and TP=4, and the odd vocabulary at TP=4 --
 
 @pytest.mark.slow

@@ -80,7 +80,6 @@ def test_killing_rank1_exits_the_engine_nonzero_with_a_clear_error(llama_dir, tm
     assert returncode == 1, stderr
     assert f"tensor-parallel rank 1 (pid {rank1}) was killed by SIGKILL" in stderr
     assert elapsed < 3.0, elapsed
-    print(stderr)
 
 
 def test_killing_rank0_stops_the_worker(llama_dir, tmp_path):
