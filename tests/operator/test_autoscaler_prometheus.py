@@ -1,0 +1,201 @@
+"""The autoscaler end to end on real parts: two `kubeinfer serve --model demo` processes (the runtime, on
+CPU, with 2 sequences per batch so that a queue forms), a real Prometheus (Debian's `prometheus`)
+scraping them on loopback, `PrometheusSource` reading the PromQL signals, and the policy deciding.
+
+Driving load raises the queue and the TTFT P95 and the policy asks for more replicas; removing it brings
+the decision back down, but only after the (short) scale-down stabilization window. The fleet stays
+the two processes (nothing starts pods here), so every decision is taken against 2 ready replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kubeinfer.operator import autoscale_policy as ap
+from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource
+
+PROMETHEUS = shutil.which("prometheus")
+KUBEINFER = [sys.executable, "-m", "kubeinfer.runtime.cli"]  # the `kubeinfer` console script
+MODEL = "tiny"
+NUM_PODS = 2
+CONFIG = PolicyConfig(min_replicas=1, max_replicas=8, target_queue_depth_per_replica=1.0,
+                      target_ttft_p95_seconds=0.5, metric_window_seconds=5, scale_down_stabilization_seconds=6,
+                      initial_delay_seconds=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+@pytest.fixture
+def runtime_pods(tmp_path: Path) -> Iterator[list[int]]:
+    """Two runtime servers with the demo model, at most 2 running sequences each."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus binary not found (apt-get install -y prometheus)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ports = [_free_port() for _ in range(NUM_PODS)]
+    procs = []
+    try:
+        for i, port in enumerate(ports):
+            log = open(tmp_path / f"serve-{i}.log", "w")
+            procs.append(subprocess.Popen(
+                [*KUBEINFER, "serve", "--model", "demo", "--served-model-name", MODEL, "--host", "127.0.0.1",
+                 "--port", str(port), "--max-num-seqs", "2", "--max-waiting-requests", "64"],
+                stdout=log, stderr=subprocess.STDOUT, env=env))
+
+        def all_ready() -> bool:
+            for proc, port in zip(procs, ports):
+                assert proc.poll() is None, f"a runtime exited: {(tmp_path / 'serve-0.log').read_text()[-2000:]}"
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code != 200:
+                        return False
+                except httpx.HTTPError:
+                    return False
+            return True
+        _wait_for(all_ready, 60, "the runtimes to be ready")
+        # The runtime exports its model_name-labelled series from its first request on.
+        for port in ports:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                           json={"model": MODEL, "prompt": "warm up", "max_tokens": 4})
+            assert r.status_code == 200, r.text
+        yield ports
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, runtime_pods: list[int]) -> Iterator[str]:
+    statics = [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ns", "service": "svc", "pod": f"svc-{i}"}}
+               for i, port in enumerate(runtime_pods)]
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [{"job_name": "kubeinfer", "static_configs": statics}]}
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    port = _free_port()
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def targets_up() -> bool:
+            try:
+                r = httpx.get(f"{url}/api/v1/query", params={"query": 'count(up{job="kubeinfer"} == 1)'})
+                res = r.json()["data"]["result"]
+                if not (res and int(float(res[0]["value"][1])) == NUM_PODS):
+                    return False
+                r = httpx.get(f"{url}/api/v1/query", params={"query": "count(kubeinfer_num_requests_waiting)"})
+                res = r.json()["data"]["result"]
+                return bool(res) and int(float(res[0]["value"][1])) == NUM_PODS
+            except (httpx.HTTPError, KeyError, ValueError):
+                return False
+        _wait_for(targets_up, 20, "prometheus to scrape the runtimes")
+        yield url
+    finally:
+        _stop(proc)
+
+
+async def _client_loop(client: httpx.AsyncClient, port: int, stop: asyncio.Event, done: list[int]) -> None:
+    body = {"model": MODEL, "prompt": "the autoscaler under load", "max_tokens": 160, "ignore_eos": True}
+    while not stop.is_set():
+        r = await client.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        done.append(1)
+
+
+async def test_load_raises_the_decision_and_its_removal_brings_it_down_after_the_window(
+        prometheus: str, runtime_pods: list[int]) -> None:
+    source = PrometheusSource(prometheus)
+    selector = PodSelector({"namespace": "ns", "service": "svc"}, model_name=MODEL)
+    hist = ScaleHistory()  # a fresh operator: no scale-down before one window of its own
+    fleet = ReplicaCounts(current=NUM_PODS, ready=NUM_PODS)
+    log: list[tuple[float, float | None, float | None, int, str]] = []
+
+    async def tick() -> ap.ScaleDecision:
+        nonlocal hist
+        signals = await source.fetch(selector, CONFIG.metric_window_seconds)
+        assert signals.available, signals.error
+        assert signals.num_pods_reporting == NUM_PODS
+        d = ap.decide(signals, fleet, hist, CONFIG, time.time())
+        hist = d.history
+        log.append((time.time(), signals.queue_depth, signals.ttft_p95_seconds, d.desired_replicas, d.reason))
+        return d
+
+    stop, done = asyncio.Event(), []
+    try:
+        first = await tick()  # idle: it would go down, but not before one window of observations
+        assert (first.desired_replicas, first.reason) == (NUM_PODS, ap.STABILIZING_DOWN), log
+        async with httpx.AsyncClient(timeout=60) as client:
+            # 6 clients per pod on 2 sequence slots: ~4 waiting per pod, TTFT ~2 generations long.
+            workers = [asyncio.create_task(_client_loop(client, port, stop, done))
+                       for port in runtime_pods for _ in range(6)]
+            try:
+                up = None
+                for _ in range(30):  # bounded: ~30 s at most
+                    await asyncio.sleep(1)
+                    d = await tick()
+                    if d.reason == ap.SCALE_UP and log[-1][2] is not None and log[-1][2] > CONFIG.target_ttft_p95_seconds:
+                        up = d
+                        break
+                assert up is not None, f"the policy never asked for more replicas under load: {log}"
+                loaded_at = time.time()
+            finally:
+                stop.set()
+                await asyncio.gather(*workers)
+        t, queue, ttft, desired, _ = log[-1]
+        assert queue is not None and queue >= NUM_PODS * CONFIG.target_queue_depth_per_replica * 1.1, log[-1]
+        assert desired > NUM_PODS, log[-1]
+        assert done, "no request completed"
+
+        # Load removed: the queue empties at once; the decision must not drop inside the window.
+        down = None
+        for _ in range(40):  # bounded: ~20 s at most
+            await asyncio.sleep(0.5)
+            d = await tick()
+            if d.desired_replicas < NUM_PODS:
+                down = d
+                break
+            assert d.desired_replicas == NUM_PODS or d.reason == ap.SCALE_UP, log[-1]
+        assert down is not None, f"the decision never came back down: {log}"
+        assert down.reason == ap.SCALE_DOWN and down.desired_replicas == NUM_PODS - 1
+        # The windowed TTFT P95 still holds the loaded period for a metric window (it keeps asking for
+        # more); the decision comes down one stabilization window after the last high recommendation.
+        last_high = max(t for t, _, _, n, _ in log if n > NUM_PODS)
+        assert log[-1][0] - last_high >= CONFIG.scale_down_stabilization_seconds - 0.1, log
+        assert last_high >= loaded_at
+        assert any(r == ap.STABILIZING_DOWN for *_, r in log), "it never waited for the window"
+    finally:
+        await source.aclose()
