@@ -242,7 +242,10 @@ def worker_main(config: EngineConfig, rank: int, store_port: int, channel: StepC
     parent = mp.parent_process()
     threading.Thread(target=_exit_with_parent, args=(parent,), name="kubeinfer-tp-parent", daemon=True).start()
     torch.set_num_threads(num_threads)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group; rank 0 handles it
+    # Ctrl-C, and SIGTERM from launchers that signal the whole process group, are rank 0's to handle: it drains,
+    # then stops the workers; a worker outlives rank 0 by at most a moment (see _exit_with_parent).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     try:
         store = dist.TCPStore("127.0.0.1", store_port, config.tensor_parallel_size, is_master=False,
                               timeout=TIMEOUT)
