@@ -44,6 +44,13 @@ class EngineMetrics:
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])
         self.errors = metric(Counter, "kubeinfer_request_errors", "Refused or failed requests", ["status_code"])
         self.model_name = model_name
+        # Every series exists from start-up (at 0), so a fresh server is not read as "no data".
+        for unlabelled in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.step,
+                           self.prompt_tokens, self.generation_tokens, self.prefix_hits, self.prefix_queries,
+                           self.preemptions):
+            unlabelled.labels(model_name)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(model_name, reason)
         self._last_token_time: dict[str, float] = {}
         self._seen = (0, 0, 0)   # scheduler stats already counted: preemptions, hits, queries
 
