@@ -47,10 +47,12 @@ class AsyncEngine:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops the engine thread, then the engine (and its tensor-parallel workers)."""
         self._stopping.set()
         self._commands.put(("wake",))
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.engine.shutdown()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
@@ -116,6 +118,7 @@ class AsyncEngine:
             output = self.engine.abort_request(command[1])
             if output is not None:
                 self.metrics.record_output(output, time.monotonic())
+                self.metrics.observe_step(self.engine, [], None)   # the gauges, even if no step follows
 
     def _deliver(self, request_id: str, item) -> None:
         stream = self._streams.get(request_id)

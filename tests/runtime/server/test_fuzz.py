@@ -23,7 +23,7 @@ def test_no_server_errors(server, path, method):
     strategy = schema[path][method].as_strategy()
     seen = []
 
-    @settings(max_examples=20 if method == "POST" else 5, deadline=None, database=None,
+    @settings(max_examples=20 if method == "POST" else 5, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def check(data):
