@@ -32,19 +32,10 @@ NUM_PROMPTS, PROMPT_LEN, DECODE_STEPS = 4, 256, 48
 
 
 def build_model(path: Path) -> Path:
-    from safetensors.torch import save_file
-
-    from kubeinfer.runtime.demo import random_llama_weights, save_tokenizer, train_tokenizer
-    tokenizer = train_tokenizer(vocab_size=1024)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16384,
-              "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
-              "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "tie_word_embeddings": False,
-              "dtype": "float32", "eos_token_id": 0, "bos_token_id": None}
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    save_file(random_llama_weights(config), str(path / "model.safetensors"))
-    save_tokenizer(tokenizer, path)
+    from kubeinfer.runtime.demo import train_tokenizer, write_llama_model
+    write_llama_model(path, train_tokenizer(vocab_size=1024), vocab_size=16384, hidden_size=1024,
+                      intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                      head_dim=64, max_position_embeddings=4096)
     return path
 
 

@@ -16,24 +16,15 @@ from pathlib import Path
 
 import torch
 
-from kubeinfer.runtime.demo import random_llama_weights, save_tokenizer, train_tokenizer
+from kubeinfer.runtime.demo import train_tokenizer, write_llama_model
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 
 
 def build_model(path: Path, hidden: int, layers: int) -> Path:
-    from safetensors.torch import save_file
-    tokenizer = train_tokenizer(vocab_size=1024)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "vocab_size": tokenizer.get_vocab_size(), "hidden_size": hidden, "intermediate_size": hidden * 8 // 3,
-              "num_hidden_layers": layers, "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 128,
-              "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "tie_word_embeddings": False,
-              "dtype": "float32", "eos_token_id": 0, "bos_token_id": None}
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    save_file(random_llama_weights(config), str(path / "model.safetensors"))
-    save_tokenizer(tokenizer, path)
+    write_llama_model(path, train_tokenizer(vocab_size=1024), hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                      num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                      num_key_value_heads=hidden // 128, head_dim=64, max_position_embeddings=4096)
     return path
 
 

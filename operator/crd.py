@@ -19,9 +19,8 @@ from typing import Any
 
 import yaml
 
-from kubeinfer.operator import spec
+from kubeinfer.operator import generated, spec
 
-log = logging.getLogger(__name__)
 
 CRD_FILE = f"{spec.PLURAL}.{spec.GROUP}.yaml"
 PEERING_FILE = "kopf-peering.yaml"
@@ -175,8 +174,7 @@ def render() -> dict[str, str]:
 
 def stale_files(directory: Path) -> list[str]:
     """Names of the generated files that are missing or differ on disk."""
-    return [name for name, text in render().items()
-            if not (directory / name).exists() or (directory / name).read_text() != text]
+    return generated.stale_files(render(), directory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,16 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the files are stale instead of writing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.check:
-        stale = stale_files(args.out)
-        for name in stale:
-            log.error("stale: %s (run python -m kubeinfer.operator.crd)", args.out / name)
-        return 1 if stale else 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
-        (args.out / name).write_text(text)
-        log.info("wrote %s", args.out / name)
-    return 0
+    return generated.write_or_check(render(), args.out, args.check, "python -m kubeinfer.operator.crd")
 
 
 if __name__ == "__main__":

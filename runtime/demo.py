@@ -94,14 +94,20 @@ def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02) -> dict
     return weights
 
 
-def build_demo_model(model_dir: Path) -> None:
-    tokenizer = train_tokenizer()
+def write_llama_model(model_dir: Path, tokenizer: Tokenizer, **overrides) -> dict:
+    """A random-weight Llama folder (config.json, model.safetensors, tokenizer files): the demo model's
+    settings with `overrides` (e.g. bigger shapes for a benchmark). Returns the config."""
     eos_ids = [tokenizer.token_to_id("<|endoftext|>"), tokenizer.token_to_id("<|im_end|>")]
-    config = demo_config(tokenizer.get_vocab_size(), eos_ids)
+    config = demo_config(tokenizer.get_vocab_size(), eos_ids) | overrides
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     save_file(random_llama_weights(config), str(model_dir / "model.safetensors"))
     save_tokenizer(tokenizer, model_dir)
+    return config
+
+
+def build_demo_model(model_dir: Path) -> None:
+    write_llama_model(model_dir, train_tokenizer())
 
 
 def resolve_model_dir(model: str) -> Path:

@@ -13,10 +13,6 @@ A renamed metric therefore fails here.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -32,8 +28,8 @@ import pytest
 import yaml
 
 from kubeinfer.operator import monitoring
+from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets, stop_process, wait_for
 
-PROMETHEUS = shutil.which("prometheus")
 NAMESPACE, SERVICE = "ns1", "svc-a"
 MODEL = "demo-model-v1"
 # Thresholds that make every alert fire with the load below (errors: the 404s it sends).
@@ -56,67 +52,11 @@ KSM_STAND_IN = textwrap.dedent("""
     sys.stdin.read()
 """)
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not found (apt-get install -y prometheus)")
+pytestmark = pytest.mark.skipif(PROMETHEUS_BIN is None, reason="prometheus not found (apt-get install -y prometheus)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(predicate, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-class Runtime:
-    """`kubeinfer serve --model demo` on a free loopback port."""
-
-    def __init__(self, cache: Path, log: Path, *extra: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
-        env = {k: v for k, v in env.items() if not (k.startswith("KUBEINFER_") and k != "KUBEINFER_LOG_LEVEL")}
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from kubeinfer.runtime.cli import main; main()", "serve", "--model", "demo",
-             "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu", *extra],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self) -> None:
-        _wait(lambda: self.proc.poll() is not None or _ready(self.url), 120, f"runtime on {self.port}")
-        assert self.proc.poll() is None, "the runtime exited; see its log in the test's tmp dir"
-
-    def complete(self, prompt: str, max_tokens: int, model: str = MODEL) -> int:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        return httpx.post(f"{self.url}/v1/completions", json=body, timeout=60).status_code
-
-    def stop(self) -> None:
-        _stop(self.proc)
-        self.log.close()
+def _complete(runtime: RuntimeServer, prompt: str, max_tokens: int, model: str = MODEL) -> int:
+    return runtime.complete(prompt, max_tokens, model=model).status_code
 
 
 @pytest.fixture(scope="module")
@@ -124,65 +64,49 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two runtime pods of svc-a (the second with a tiny KV cache, so it preempts), the KSM stand-in and
     Prometheus scraping them every second with the alert rules loaded."""
     tmp = tmp_path_factory.mktemp("prometheus-fleet")
-    procs: list[Any] = []
+    runtimes: list[RuntimeServer] = []
+    ksm = prometheus = None
     try:
-        first = Runtime(tmp / "cache", tmp / "runtime-0.log")
-        procs.append(first)
+        first = RuntimeServer("demo", tmp / "runtime-0.log", "--device", "cpu", cache=tmp / "cache",
+                              served_model_name=MODEL)
+        runtimes.append(first)
         first.wait_ready()  # builds the demo model once; the second reuses it
-        second = Runtime(tmp / "cache", tmp / "runtime-1.log", "--num-kvcache-blocks", "12")
-        procs.append(second)
+        second = RuntimeServer("demo", tmp / "runtime-1.log", "--device", "cpu", "--num-kvcache-blocks", "12",
+                               cache=tmp / "cache", served_model_name=MODEL)
+        runtimes.append(second)
         ksm = subprocess.Popen([sys.executable, "-c", KSM_STAND_IN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True)
-        procs.append(ksm)
         ksm_port = int(ksm.stdout.readline())
         second.wait_ready()
 
         rules = tmp / "rules.yaml"
         rules.write_text(yaml.safe_dump({"groups": monitoring.rule_groups({}, "https://example/guide.md")}))
-        pods = [{"targets": [f"127.0.0.1:{r.port}"],
-                 "labels": {"namespace": NAMESPACE, "service": SERVICE, "pod": f"{SERVICE}-{i}"}}
-                for i, r in enumerate((first, second))]
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [str(rules)],
-                  "scrape_configs": [
-                      {"job_name": "kubeinfer-runtime", "static_configs": pods},
-                      {"job_name": "kube-state-metrics", "honor_labels": True,
-                       "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}]}]}
-        (tmp / "prometheus.yml").write_text(json.dumps(config))
-        port = _free_port()
-        prometheus = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(prometheus)
-        url = f"http://127.0.0.1:{port}"
-
-        def all_up() -> bool:
-            try:
-                result = httpx.get(f"{url}/api/v1/query", params={"query": "sum(up)"}).json()["data"]["result"]
-                return bool(result) and float(result[0]["value"][1]) == 3
-            except (httpx.HTTPError, KeyError, ValueError):
-                return False
-        _wait(all_up, 30, "Prometheus to scrape the 3 targets")
-        yield {"url": url, "runtimes": (first, second)}
+        prometheus = Prometheus(tmp / "prometheus", [
+            {"job_name": "kubeinfer-runtime",
+             "static_configs": static_targets([first.port, second.port], NAMESPACE, SERVICE)},
+            {"job_name": "kube-state-metrics", "honor_labels": True,
+             "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}]}], rule_files=[rules])
+        prometheus.wait_until("sum(up)", 3, timeout_s=30)
+        yield {"url": prometheus.url, "runtimes": (first, second)}
     finally:
-        for proc in reversed(procs):
-            if isinstance(proc, Runtime):
-                proc.stop()
-            else:
-                if proc.stdin:
-                    proc.stdin.close()
-                _stop(proc)
+        if prometheus is not None:
+            prometheus.stop()
+        if ksm is not None:
+            ksm.stdin.close()
+            stop_process(ksm)
+        for runtime in runtimes:
+            runtime.stop()
 
 
-def _load_phase(first: Runtime, second: Runtime) -> None:
+def _load_phase(first: RuntimeServer, second: RuntimeServer) -> None:
     shared = "The key and value cache keeps the attention state of every token already seen. " * 2
     with ThreadPoolExecutor(8) as pool:
-        statuses = list(pool.map(lambda i: first.complete(shared + str(i), 12), range(4)))
+        statuses = list(pool.map(lambda i: _complete(first, shared + str(i), 12), range(4)))
         # Six concurrent long requests on 12 KV blocks of 16 tokens: the scheduler must preempt.
-        statuses += list(pool.map(lambda i: second.complete(f"request {i}: " + shared, 80), range(6)))
+        statuses += list(pool.map(lambda i: _complete(second, f"request {i}: " + shared, 80), range(6)))
     assert set(statuses) == {200}, statuses
-    assert first.complete("x", 1, model="no-such-model") == 404
-    assert second.complete("x", 1, model="no-such-model") == 404
+    assert _complete(first, "x", 1, model="no-such-model") == 404
+    assert _complete(second, "x", 1, model="no-such-model") == 404
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +123,7 @@ def loaded(fleet: dict[str, Any]) -> Iterator[dict[str, Any]]:
         for i in range(400):
             if stop.is_set():
                 return
-            first.complete(f"trickle {i}", 24)
+            _complete(first, f"trickle {i}", 24)
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
     time.sleep(3)
@@ -240,7 +164,7 @@ def test_alert_signal_has_data_and_expression_runs(loaded: dict[str, Any], name:
 def test_alert_fires_when_its_threshold_trips(loaded: dict[str, Any], name: str) -> None:
     def fired() -> list[dict[str, Any]]:
         return query(loaded["url"], _rule(TRIPPING, name)["expr"])
-    assert _wait(fired, 10, f"{name} to fire"), name
+    assert wait_for(fired, 10, f"{name} to fire"), name
 
 
 def test_prometheus_evaluates_every_rule_without_error(loaded: dict[str, Any]) -> None:
@@ -248,7 +172,7 @@ def test_prometheus_evaluates_every_rule_without_error(loaded: dict[str, Any]) -
         groups = httpx.get(f"{loaded['url']}/api/v1/rules").json()["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
         return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else None
-    rules = _wait(evaluated, 10, "the rules to be evaluated")
+    rules = wait_for(evaluated, 10, "the rules to be evaluated")
     assert sorted(r["name"] for r in rules) == sorted(ALERTS)
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))

@@ -10,12 +10,6 @@ the two processes (nothing starts pods here), so every decision is taken against
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +20,8 @@ import pytest
 from kubeinfer.operator import autoscale_policy as ap
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
 from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource
+from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets
 
-PROMETHEUS = shutil.which("prometheus")
-KUBEINFER = [sys.executable, "-m", "kubeinfer.runtime.cli"]  # the `kubeinfer` console script
 MODEL = "tiny"
 NUM_PODS = 2
 CONFIG = PolicyConfig(min_replicas=1, max_replicas=8, target_queue_depth_per_replica=1.0,
@@ -36,96 +29,35 @@ CONFIG = PolicyConfig(min_replicas=1, max_replicas=8, target_queue_depth_per_rep
                       initial_delay_seconds=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-
-
 @pytest.fixture
 def runtime_pods(tmp_path: Path) -> Iterator[list[int]]:
     """Two runtime servers with the demo model, at most 2 running sequences each."""
-    if PROMETHEUS is None:
+    if PROMETHEUS_BIN is None:
         pytest.skip("prometheus binary not found (apt-get install -y prometheus)")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ports = [_free_port() for _ in range(NUM_PODS)]
-    procs = []
+    servers = []
     try:
-        for i, port in enumerate(ports):
-            log = open(tmp_path / f"serve-{i}.log", "w")
-            procs.append(subprocess.Popen(
-                [*KUBEINFER, "serve", "--model", "demo", "--served-model-name", MODEL, "--host", "127.0.0.1",
-                 "--port", str(port), "--max-num-seqs", "2", "--max-waiting-requests", "64"],
-                stdout=log, stderr=subprocess.STDOUT, env=env))
-
-        def all_ready() -> bool:
-            for proc, port in zip(procs, ports):
-                assert proc.poll() is None, f"a runtime exited: {(tmp_path / 'serve-0.log').read_text()[-2000:]}"
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code != 200:
-                        return False
-                except httpx.HTTPError:
-                    return False
-            return True
-        _wait_for(all_ready, 60, "the runtimes to be ready")
-        # The runtime exports its model_name-labelled series from its first request on.
-        for port in ports:
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
-                           json={"model": MODEL, "prompt": "warm up", "max_tokens": 4})
-            assert r.status_code == 200, r.text
-        yield ports
+        for i in range(NUM_PODS):
+            servers.append(RuntimeServer("demo", tmp_path / f"serve-{i}.log", "--max-num-seqs", "2",
+                                         "--max-waiting-requests", "64", served_model_name=MODEL,
+                                         env={"OMP_NUM_THREADS": "1"}))
+        for server in servers:
+            server.wait_ready(60)
+        yield [server.port for server in servers]
     finally:
-        for proc in procs:
-            _stop(proc)
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path, runtime_pods: list[int]) -> Iterator[str]:
-    statics = [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ns", "service": "svc", "pod": f"svc-{i}"}}
-               for i, port in enumerate(runtime_pods)]
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{"job_name": "kubeinfer", "static_configs": statics}]}
-    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    targets = static_targets(runtime_pods, "ns", "svc")
+    prometheus = Prometheus(tmp_path / "prometheus", [{"job_name": "kubeinfer", "static_configs": targets}])
     try:
-        def targets_up() -> bool:
-            try:
-                r = httpx.get(f"{url}/api/v1/query", params={"query": 'count(up{job="kubeinfer"} == 1)'})
-                res = r.json()["data"]["result"]
-                if not (res and int(float(res[0]["value"][1])) == NUM_PODS):
-                    return False
-                r = httpx.get(f"{url}/api/v1/query", params={"query": "count(kubeinfer_num_requests_waiting)"})
-                res = r.json()["data"]["result"]
-                return bool(res) and int(float(res[0]["value"][1])) == NUM_PODS
-            except (httpx.HTTPError, KeyError, ValueError):
-                return False
-        _wait_for(targets_up, 20, "prometheus to scrape the runtimes")
-        yield url
+        prometheus.wait_until('count(up{job="kubeinfer"} == 1)', NUM_PODS, timeout_s=20)
+        prometheus.wait_until("count(kubeinfer_num_requests_waiting)", NUM_PODS, timeout_s=20)
+        yield prometheus.url
     finally:
-        _stop(proc)
+        prometheus.stop()
 
 
 async def _client_loop(client: httpx.AsyncClient, port: int, stop: asyncio.Event, done: list[int]) -> None:

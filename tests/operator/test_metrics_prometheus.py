@@ -8,21 +8,18 @@ exporter script with `kubeinfer serve` and drive load instead of sending it `set
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kubeinfer.operator.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
 from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+from support import Prometheus, free_port, static_targets
 
-PROMETHEUS = shutil.which("prometheus")
 MODEL = "tiny-llama"
 WINDOW_S = 30
 
@@ -69,22 +66,6 @@ class Exporter:
             self.proc.wait(timeout=5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 @pytest.fixture
 def metrics_exporter_fleet():
     """3 pods of service svc-a and 1 pod of another service (svc-b) that must never be counted."""
@@ -97,38 +78,15 @@ def metrics_exporter_fleet():
 
 @pytest.fixture
 def metrics_prometheus(tmp_path: Path, metrics_exporter_fleet):
-    if PROMETHEUS is None:
-        pytest.skip("prometheus binary not found (apt-get install -y prometheus)")
     pods, decoy = metrics_exporter_fleet
-    statics = [{"targets": [f"127.0.0.1:{e.port}"],
-                "labels": {"namespace": "ns1", "service": "svc-a", "pod": f"svc-a-{i}"}} for i, e in enumerate(pods)]
-    statics.append({"targets": [f"127.0.0.1:{decoy.port}"],
-                    "labels": {"namespace": "ns1", "service": "svc-b", "pod": "svc-b-0"}})
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{"job_name": "kubeinfer", "static_configs": statics}]}
-    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    targets = (static_targets([e.port for e in pods], "ns1", "svc-a")
+               + static_targets([decoy.port], "ns1", "svc-b"))
+    prometheus = Prometheus(tmp_path, [{"job_name": "kubeinfer", "static_configs": targets}])
     try:
-        def targets_up():
-            try:
-                r = httpx.get(f"{url}/api/v1/query", params={"query": 'count(up{job="kubeinfer"} == 1)'})
-                res = r.json()["data"]["result"]
-                return res and int(float(res[0]["value"][1])) == 4
-            except (httpx.HTTPError, KeyError, ValueError):
-                return False
-        _wait_for(targets_up, 20, "prometheus to scrape all 4 targets")
-        yield url
+        prometheus.wait_until('count(up{job="kubeinfer"} == 1)', 4, timeout_s=20)
+        yield prometheus.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        prometheus.stop()
 
 
 # Per pod: waiting, running, TTFT observations. Overall 255 at 0.12 s and 45 at 0.7 s: 85% / 15%,
@@ -180,13 +138,13 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         # A selector that matches nothing, and a dead Prometheus, are missing signals, not zeros.
         none = await prom.fetch(PodSelector({"namespace": "ns1", "service": "nope"}), WINDOW_S)
         assert not none.available and "no kubeinfer_num_requests_waiting series" in none.error
-        dead = PrometheusSource(f"http://127.0.0.1:{_free_port()}")
+        dead = PrometheusSource(f"http://127.0.0.1:{free_port()}")
         try:
             assert not (await dead.fetch(selector, WINDOW_S)).available
         finally:
             await dead.aclose()
         # One unreachable pod makes the direct scrape missing (a partial sum would under-count).
-        partial = await scrape.fetch([p.url for p in pods] + [f"http://127.0.0.1:{_free_port()}/metrics"], WINDOW_S)
+        partial = await scrape.fetch([p.url for p in pods] + [f"http://127.0.0.1:{free_port()}/metrics"], WINDOW_S)
         assert not partial.available and "scrape failed" in partial.error
     finally:
         await prom.aclose()

@@ -1,8 +1,6 @@
 """A real server on 127.0.0.1: uvicorn on a thread, our app, the engine on its own thread."""
 import contextlib
-import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -11,14 +9,9 @@ import uvicorn
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.server.app import create_app
 from kubeinfer.runtime.server.main import build_state
+from support import free_port, wait_for
 
 MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -30,10 +23,8 @@ def running_server(model_dir: Path, api_keys_file: str | None = None, default_to
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
+    wait_for(lambda: server.started or not thread.is_alive(), 30, "the server to start", 0.02)
+    assert server.started, "the server thread ended before it started serving"
     try:
         yield f"http://127.0.0.1:{port}", state
     finally:

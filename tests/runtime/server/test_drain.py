@@ -1,40 +1,34 @@
 """SIGTERM during streams: /ready turns 503, new requests are refused, the streams finish, exit 0."""
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 
+from support import RuntimeServer, wait_for
+
+
+def admitted(server: RuntimeServer) -> float:
+    """Requests the server holds (running + waiting), from its own gauges."""
+    total = 0.0
+    for line in httpx.get(server.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(("kubeinfer_num_requests_running{", "kubeinfer_num_requests_waiting{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
 
 def test_sigterm_drains_streams_then_exits_zero(llama_dir, tmp_path):
-    from socket import socket
-    with socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kubeinfer.runtime.cli", "serve", "--model", str(llama_dir), "--host", "127.0.0.1",
-         "--port", str(port), "--served-model-name", "tiny", "--max-num-seqs", "1", "--drain-timeout-seconds", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    server = RuntimeServer(llama_dir, tmp_path / "serve.log", "--max-num-seqs", "1", "--drain-timeout-seconds", "60",
+                           cache=tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, "the server did not become ready"
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        server.wait_ready(60)
         results, first_chunk = [None] * 3, threading.Event()
 
         def stream(i):
             body = {"model": "tiny", "prompt": f"request {i}", "max_tokens": 300, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
             lines = []
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
                 for line in response.iter_lines():
                     if line:
                         lines.append(line)
@@ -45,20 +39,21 @@ def test_sigterm_drains_streams_then_exits_zero(llama_dir, tmp_path):
         for thread in threads:
             thread.start()
         assert first_chunk.wait(30)
-        process.send_signal(signal.SIGTERM)
+        wait_for(lambda: admitted(server) == 3, 30, "all three requests to be admitted")   # 1 running, 2 waiting
+        server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
-        ready = httpx.get(url + "/ready", timeout=5)
-        refused = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "late", "max_tokens": 2}, timeout=5)
+        ready = httpx.get(server.url + "/ready", timeout=5)
+        refused = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "late", "max_tokens": 2},
+                             timeout=5)
         for thread in threads:
             thread.join(60)
-        code = process.wait(60)
+        code = server.proc.wait(60)
     finally:
-        if process.poll() is None:
-            process.kill()
-    output = process.stdout.read()
+        server.stop()
+    output = server.output()
     assert ready.status_code == 503 and refused.status_code == 503, output
     assert refused.json()["error"]["code"] == "draining"
-    for lines in results:
+    for lines in results:   # each of the three streams ran to its end
         assert lines[-1] == "data: [DONE]"
         assert '"completion_tokens": 300' in lines[-2]
     assert code == 0, output

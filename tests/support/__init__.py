@@ -1,0 +1,139 @@
+"""Real processes for tests, on 127.0.0.1: `kubeinfer serve` and Debian's Prometheus.
+
+Importable from any test as `support` (pytest's `pythonpath` includes tests/).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+PROMETHEUS_BIN = shutil.which("prometheus")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Polls until `predicate()` is truthy; returns its value, or fails the test saying what never came."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 15) -> None:
+    """SIGTERM, then SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class RuntimeServer:
+    """`kubeinfer serve` on a free loopback port, its output in `log`.
+
+    The environment is the test's, less any `KUBEINFER_*` setting (except the log level), so a developer's
+    environment cannot change what the server does; `cache` becomes its XDG_CACHE_HOME (the demo model).
+    """
+
+    def __init__(self, model: str | Path, log: Path, *args: str, cache: Path | None = None,
+                 served_model_name: str = "tiny", env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        environment = {k: v for k, v in os.environ.items()
+                       if not k.startswith("KUBEINFER_") or k == "KUBEINFER_LOG_LEVEL"}
+        if cache is not None:
+            environment["XDG_CACHE_HOME"] = str(cache)
+        environment |= env or {}
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kubeinfer.runtime.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
+             "--port", str(self.port), "--served-model-name", served_model_name, *args],
+            env=environment, stdout=self._log_file, stderr=subprocess.STDOUT)
+
+    def is_ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 120) -> "RuntimeServer":
+        wait_for(lambda: self.proc.poll() is not None or self.is_ready(), timeout_s, f"the runtime on {self.port}")
+        assert self.proc.poll() is None, f"the runtime exited:\n{self.output()[-3000:]}"
+        return self
+
+    def complete(self, prompt: str, max_tokens: int, **fields) -> httpx.Response:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return httpx.post(self.url + "/v1/completions", json=body | fields, timeout=60)
+
+    def output(self) -> str:
+        if not self._log_file.closed:
+            self._log_file.flush()
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self._log_file.close()
+
+
+def static_targets(ports: list[int], namespace: str, service: str) -> list[dict]:
+    """Scrape targets labelled as the operator's ServiceMonitor labels runtime pods."""
+    return [{"targets": [f"127.0.0.1:{port}"],
+             "labels": {"namespace": namespace, "service": service, "pod": f"{service}-{i}"}}
+            for i, port in enumerate(ports)]
+
+
+class Prometheus:
+    """Debian's Prometheus on a free loopback port, scraping every second; skips the test when absent."""
+
+    def __init__(self, workdir: Path, scrape_configs: list[dict], rule_files: list[Path] = ()):
+        if PROMETHEUS_BIN is None:
+            pytest.skip("prometheus binary not found (make test installs it: apt-get install -y prometheus)")
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "rule_files": [str(path) for path in rule_files], "scrape_configs": scrape_configs}
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "prometheus.yml").write_text(json.dumps(config))   # JSON is YAML
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [PROMETHEUS_BIN, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(self, expr: str) -> list[dict]:
+        response = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
+        body = response.json()
+        assert body["status"] == "success", f"{expr}: {body}"
+        return body["data"]["result"]
+
+    def scalar(self, expr: str) -> float | None:
+        """The single value `expr` returns, None when it returns nothing (or Prometheus is not up yet)."""
+        try:
+            result = self.query(expr)
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_until(self, expr: str, expected: float, timeout_s: float = 30) -> None:
+        wait_for(lambda: self.scalar(expr) == expected, timeout_s, f"Prometheus: {expr} == {expected}", 0.2)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
