@@ -16,7 +16,7 @@ from kubeinfer.operator.spec import GROUP, PLURAL
 RULES: list[dict[str, Any]] = [
     # The custom resource: watched by kopf, annotated by kopf (last-handled spec), status written by us.
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
     # Children: read to compare, server-side apply (patch), create where a server does not create on apply.
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch"]},

@@ -32,10 +32,6 @@ NS = harness.NAMESPACE
 
 # Granted but not reachable against kmock, each for a stated reason.
 JUSTIFIED: dict[tuple[str, str, str], str] = {
-    # FINDING: no request of the operator or kopf reads the status subresource (kopf reads the object,
-    # status writes are merge patches to /status). Kept here until rbac.py drops the verb; then the
-    # "justified but not granted" check below fails and this line goes.
-    (GROUP, f"{PLURAL}/status", "get"): "unused: reported for removal from rbac.RULES",
     ("", "events", "create"): "kopf posts warning/error Events on handler failures; the scenarios fail no handler",
     **{("kopf.dev", plural, verb): "peering: the tests run standalone (one operator copy)"
        for plural in ("clusterkopfpeerings", "kopfpeerings") for verb in ("get", "list", "watch", "patch")},
