@@ -8,25 +8,17 @@ scenarios cannot exercise it. The rendered ClusterRole equals `rbac.RULES` (test
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import kmock as kmock_lib
 import pytest
-import yaml
 
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.rbac import RULES
-from kubeinfer.operator.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from kubeinfer.operator.spec import GROUP, KIND, VERSION
+from support import operator_harness as harness
 
-_path = Path(__file__).resolve().parents[1] / "operator" / "harness.py"
-if "kubeinfer_operator_harness" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("kubeinfer_operator_harness", _path)
-    sys.modules["kubeinfer_operator_harness"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["kubeinfer_operator_harness"])
-harness = sys.modules["kubeinfer_operator_harness"]
 
 NS = harness.NAMESPACE
 
@@ -66,22 +58,9 @@ def exercised(server: Any) -> set[tuple[str, str, str]]:
 
 @pytest.fixture()
 def cluster(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    kmock.resources.load_bundled()
-    kmock.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock_lib.ResourceInfo(
-        kind=KIND, singular=SINGULAR, shortnames=set(SHORT_NAMES), namespaced=True,
-        verbs={"get", "list", "watch", "create", "update", "patch", "delete"}, subresources={"status", "scale"})
-    kmock.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock_lib.ResourceInfo(
-        kind="ServiceMonitor", namespaced=True, verbs={"get", "list", "create", "patch"})
-    kubeconfig = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
-        "users": [{"name": "kmock", "user": {"token": "t"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NS}}],
-    }
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    return kmock
+    return harness.serve_cluster(kmock, tmp_path, monkeypatch, {
+        "monitoring.coreos.com/v1/servicemonitors": kmock_lib.ResourceInfo(
+            kind="ServiceMonitor", namespaced=True, verbs={"get", "list", "create", "patch"})})
 
 
 def isvc(name: str, **spec: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from aiohttp import web
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.rbac import RULES
 
-from kubeinfer_operator_harness import NAMESPACE, child_path, isvc_path, operator_requests, running_operator
+from support.operator_harness import NAMESPACE, child_path, isvc_path, operator_requests, running_operator
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)

@@ -17,7 +17,7 @@ from kubeinfer.operator.builders import HASH_ANNOTATION
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.rbac import RULES
 
-from kubeinfer_operator_harness import (NAMESPACE, child_path, isvc_path, operator_requests, running_operator,
+from support.operator_harness import (NAMESPACE, child_path, isvc_path, operator_requests, running_operator,
                                         write_requests)
 
 NAME = "qwen"

@@ -1,10 +1,10 @@
 """Our modules vs transformers on the same random checkpoints: greedy tokens and logprobs (fp32)."""
 import pytest
 import torch
-import transformers as tf
 
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
+from support.reference import hf_greedy
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the attention state of every token",
@@ -13,26 +13,13 @@ MAX_TOKENS = 12
 TOP_N = 5
 
 
-def hf_greedy(model_dir, prompt_ids: list[list[int]]):
-    """Tokens and raw logprobs per step from transformers, one prompt at a time (no padding)."""
-    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    results = []
-    for ids in prompt_ids:
-        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        tokens = out.sequences[0, len(ids):].tolist()
-        logprobs = [torch.log_softmax(step[0].float(), dim=-1) for step in out.logits]
-        results.append((tokens, logprobs))
-    return results
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_tokens_and_logprobs_match_transformers(model_dirs, arch):
     llm = LLM(str(model_dirs[arch]), max_num_batched_tokens=64, num_kvcache_blocks=64)
     prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
     ours = llm.generate(prompt_ids, params)   # one batch, mixed lengths, chunked prefill
-    reference = hf_greedy(model_dirs[arch], prompt_ids)
+    reference = hf_greedy(model_dirs[arch], prompt_ids, MAX_TOKENS)
     for output, (hf_tokens, hf_logprobs) in zip(ours, reference):
         assert output.token_ids == hf_tokens
         assert len(output.logprobs) == MAX_TOKENS
@@ -51,7 +38,7 @@ def test_half_precision_logprobs_close_to_fp32_reference(model_dirs, dtype):
     llm = LLM(str(model_dirs["llama"]), dtype=dtype, num_kvcache_blocks=32)
     prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
     ours = llm.generate(prompt_ids, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=TOP_N))
-    for output, (_, hf_logprobs) in zip(ours, hf_greedy(model_dirs["llama"], prompt_ids)):
+    for output, (_, hf_logprobs) in zip(ours, hf_greedy(model_dirs["llama"], prompt_ids, MAX_TOKENS)):
         lp = output.logprobs[0]
         reference = hf_logprobs[0][[t for t, _ in lp.top]]
         torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), reference, atol=0.05, rtol=0)

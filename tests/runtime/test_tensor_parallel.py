@@ -16,6 +16,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
+from support.reference import hf_greedy
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the attention state of every token",
@@ -59,17 +60,6 @@ def assert_same_outputs(ours, reference) -> None:
             assert abs(lp.logprob - float(ref_lp)) < LOGPROB_ATOL
 
 
-def hf_greedy(model_dir, prompt_ids: list[list[int]]):
-    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    results = []
-    for ids in prompt_ids:
-        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        results.append((out.sequences[0, len(ids):].tolist(),
-                        [torch.log_softmax(step[0].float(), dim=-1) for step in out.logits]))
-    return results
-
-
 def with_vocab(model_dir: Path, dest: Path, vocab_size: int) -> Path:
     """A copy of the model with its vocabulary grown to `vocab_size` (new rows random, as padded vocabularies
     of real checkpoints are)."""
@@ -98,7 +88,7 @@ def prompt_ids_of(model_dir) -> list[list[int]]:
 def check_tp(model_dir, tp: int) -> None:
     ids = prompt_ids_of(model_dir)
     single = tp_outputs(model_dir, 1, ids)
-    assert_same_outputs(single, hf_greedy(model_dir, ids))
+    assert_same_outputs(single, hf_greedy(model_dir, ids, MAX_TOKENS))
     assert_same_outputs(tp_outputs(model_dir, tp, ids), single)
 
 

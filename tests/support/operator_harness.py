@@ -1,7 +1,5 @@
-"""Helpers of the operator tests: run the operator against an API server, talk to it, count writes.
-
-Loaded by conftest.py under the module name ``kubeinfer_operator_harness`` (tests run with
---import-mode=importlib, where test modules cannot import their siblings).
+"""Helpers of the operator tests: serve an emulated API server (kmock), run the operator against it, talk
+to it, count writes. Imported as ``support.operator_harness``.
 """
 
 from __future__ import annotations
@@ -13,17 +11,42 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import kmock as kmock_lib
 import kopf
+import pytest
+import yaml
 
 from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
+from kubeinfer.operator.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 
 NAMESPACE = "default"
 ISVC_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 GROUP_PATH = f"/apis/{GROUP}/{VERSION}"
 TEST_USER_AGENT = "kubeinfer-tests"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def serve_cluster(kmock: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                  extra_resources: dict[str, Any] | None = None) -> Any:
+    """kmock serving the built-in resources, our CRD and `extra_resources`, with a kubeconfig pointing at it."""
+    kmock.resources.load_bundled()
+    kmock.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock_lib.ResourceInfo(
+        kind=KIND, singular=SINGULAR, shortnames=set(SHORT_NAMES), namespaced=True,
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"}, subresources={"status", "scale"})
+    for path, info in (extra_resources or {}).items():
+        kmock.resources[path] = info
+    kubeconfig = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NAMESPACE}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return kmock
 
 
 def write_requests(server: Any, start: int = 0) -> list[Any]:
