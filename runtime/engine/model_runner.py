@@ -34,6 +34,7 @@ class StepInputs:
     max_seqlen_q: int
     max_seqlen_k: int
     sample_rows: list[int]         # token rows whose logits are sampled
+    sample_seqs: list[int]         # the batch index of the sequence each of those rows belongs to
 
     def astuple(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -125,8 +126,8 @@ class ModelRunner:
         """The step's inputs as host tensors."""
         input_ids: list[int] = []
         positions: list[int] = []
-        cu_seqlens_q, seq_lens, rows, sample_rows = [0], [], [], []
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        cu_seqlens_q, seq_lens, rows, sample_rows, sample_seqs = [0], [], [], [], []
+        for index, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             if num_new == 1:
                 input_ids.append(seq.token_ids[start])
@@ -139,6 +140,7 @@ class ModelRunner:
             rows.append(block_manager.row(seq))
             if end == seq.num_tokens:
                 sample_rows.append(cu_seqlens_q[-1] - 1)
+                sample_seqs.append(index)
         block_size = self.config.block_size
         max_seqlen_k = max(seq_lens)
         tables = torch.from_numpy(block_manager.tables[rows, :-(-max_seqlen_k // block_size)])
@@ -152,7 +154,8 @@ class ModelRunner:
             input_ids=torch.tensor(input_ids, dtype=torch.int64), positions=positions_t,
             cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables, slot_mapping=slots,
-            max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max_seqlen_k, sample_rows=sample_rows)
+            max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max_seqlen_k, sample_rows=sample_rows,
+            sample_seqs=sample_seqs)
 
     def _to_device(self, step: StepInputs):
         to_device = {"device": self.device, "non_blocking": True}
@@ -188,9 +191,7 @@ class ModelRunner:
         logprobs: list[TokenLogprobs | None] = [None] * len(batch)
         if logits is None:
             return sampled, logprobs
-        sampling = [i for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens))
-                    if seq.num_computed_tokens + n == seq.num_tokens]
-        tokens, token_logprobs = self.sampler(logits, [batch.seqs[i] for i in sampling])
-        for i, token, lp in zip(sampling, tokens, token_logprobs):
+        tokens, token_logprobs = self.sampler(logits, [batch.seqs[i] for i in step.sample_seqs])
+        for i, token, lp in zip(step.sample_seqs, tokens, token_logprobs):
             sampled[i], logprobs[i] = token, lp
         return sampled, logprobs
