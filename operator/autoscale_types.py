@@ -26,6 +26,7 @@ _SPEC_KEYS: dict[str, str] = {
     "scaleToZeroIdleSeconds": "scale_to_zero_idle_seconds",
     "initialDelaySeconds": "initial_delay_seconds",
     "tolerance": "tolerance",
+    "throughputPerReplica": "assumed_throughput_per_replica",
 }
 
 MAX_EVENTS = 10
@@ -34,7 +35,8 @@ MAX_EVENTS = 10
 @dataclass(frozen=True)
 class PolicyConfig:
     """`spec.autoscaling` (defaults as in docs/contracts.md) plus operator-level knobs that the spec
-    does not expose (the last three fields)."""
+    does not expose (stale_after_seconds, max_ttft_scale_up_ratio, assumed_capacity_per_replica,
+    headroom)."""
 
     max_replicas: int
     min_replicas: int = 1
@@ -55,6 +57,13 @@ class PolicyConfig:
     # Concurrent requests one replica serves before queueing, used before the policy has measured it
     # (None: unknown until the fleet has been seen saturated once).
     assumed_capacity_per_replica: float | None = None
+    # Requests per second one replica serves when saturated (spec throughputPerReplica), used until the
+    # policy has measured it (None: unknown until the fleet has been seen busy for a whole window).
+    assumed_throughput_per_replica: float | None = None
+    # Square-root staffing coefficient: for an offered load of R = arrival rate / saturation throughput
+    # (in replicas), steady-state sizing plans R + headroom * sqrt(R) replicas. Latency climbs steeply
+    # near saturation (the TTFT "cliff") and a small fleet needs relatively more spare than a large one.
+    headroom: float = 0.4
 
     def __post_init__(self) -> None:
         assert self.min_replicas >= 0, "minReplicas must be >= 0"
@@ -68,6 +77,7 @@ class PolicyConfig:
         assert min(self.scale_up_stabilization_seconds, self.scale_down_stabilization_seconds,
                    self.scale_to_zero_idle_seconds, self.initial_delay_seconds) >= 0
         assert self.max_ttft_scale_up_ratio > 1
+        assert self.headroom >= 0, "headroom must be >= 0"
 
     @classmethod
     def from_spec(cls, autoscaling: Any, **overrides: Any) -> PolicyConfig:
@@ -148,23 +158,31 @@ class ScaleHistory:
     stabilization window, the last few scale events, and a handful of scalars."""
 
     started_at: float | None = None  # first decision of this history (a fresh one never scales down early)
-    recommendations: tuple[tuple[float, int], ...] = ()  # (time, recommended replicas)
+    # (time, recommended replicas, 1 if made under overload else 0): an overload recommendation holds
+    # scale-down for one metric window, a steady one for the scale-down window.
+    recommendations: tuple[tuple[float, int, int], ...] = ()
+    # (signal time, waiting, running, ready replicas) over the last metric window: the arrival rate, and
+    # whether the fleet was busy enough to measure its throughput
+    queue_samples: tuple[tuple[float, float, float, int], ...] = ()
     events: tuple[ScaleEvent, ...] = ()
     last_traffic_time: float | None = None
     last_scale_time: float | None = None
     capacity_per_replica: float | None = None  # running requests per ready replica when last seen saturated
+    throughput_per_replica: float | None = None  # requests/s one replica served, saturated for a whole window
     last_ready: int | None = None
     ready_changed_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "startedAt": self.started_at,
-            "recommendations": [[t, n] for t, n in self.recommendations],
+            "recommendations": [[t, n, o] for t, n, o in self.recommendations],
+            "queueSamples": [list(sample) for sample in self.queue_samples],
             "events": [{"time": e.time, "from": e.from_replicas, "to": e.to_replicas, "reason": e.reason}
                        for e in self.events],
             "lastTrafficTime": self.last_traffic_time,
             "lastScaleTime": self.last_scale_time,
             "capacityPerReplica": self.capacity_per_replica,
+            "throughputPerReplica": self.throughput_per_replica,
             "lastReady": self.last_ready,
             "readyChangedAt": self.ready_changed_at,
         }
@@ -176,12 +194,15 @@ class ScaleHistory:
             return cls()
         return cls(
             started_at=data.get("startedAt"),
-            recommendations=tuple((float(t), int(n)) for t, n in data.get("recommendations") or ()),
+            recommendations=tuple((float(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0)
+                                  for r in data.get("recommendations") or ()),
+            queue_samples=tuple((float(t), float(q), float(n), int(r)) for t, q, n, r in data.get("queueSamples") or ()),
             events=tuple(ScaleEvent(float(e["time"]), int(e["from"]), int(e["to"]), str(e["reason"]))
                          for e in data.get("events") or ()),
             last_traffic_time=data.get("lastTrafficTime"),
             last_scale_time=data.get("lastScaleTime"),
             capacity_per_replica=data.get("capacityPerReplica"),
+            throughput_per_replica=data.get("throughputPerReplica"),
             last_ready=data.get("lastReady"),
             ready_changed_at=data.get("readyChangedAt"),
         )

@@ -33,7 +33,7 @@ class OperatorConfig:
     # Autoscaler: Prometheus HTTP API base URL (e.g. http://prometheus-operated.monitoring:9090); empty:
     # scrape the ready pods' /metrics directly. One decision per autoscaled InferenceService per interval.
     prometheus_url: str = ""
-    autoscale_interval_seconds: float = 10.0
+    autoscale_interval_seconds: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:

@@ -163,6 +163,11 @@ class Autoscaling(_Model):
     scale_to_zero_idle_seconds: int = Field(default=600, ge=0)
     initial_delay_seconds: int = Field(default=120, ge=0)
     tolerance: float = Field(default=0.1, ge=0)
+    throughput_per_replica: float | None = Field(
+        default=None, gt=0,
+        description="Requests per second one replica serves when saturated (e.g. measured with "
+                    "benchmarks/serve.py). Optional: the autoscaler measures it on its own once the fleet "
+                    "has been busy for a metric window, and the measurement replaces this value.")
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
