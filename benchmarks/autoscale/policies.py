@@ -35,7 +35,7 @@ class KubeInferPolicy:
     """Ours. The history goes through its JSON form at every tick, as it would through the status."""
 
     config: PolicyConfig
-    tick_s: float = 10.0
+    tick_s: float = 5.0  # the operator's default KUBEINFER_AUTOSCALE_INTERVAL_SECONDS
     scrape_interval_s: float = 5.0
     name: str = "kubeinfer (queue + TTFT P95)"
     history: ScaleHistory = field(default_factory=ScaleHistory)

@@ -74,6 +74,20 @@ def concurrency_per_replica(ttft_target_s: float, model: ReplicaModel = ReplicaM
     return best
 
 
+@functools.lru_cache(maxsize=None)
+def saturation_throughput(model: ReplicaModel = ReplicaModel(), seed: int = 7) -> float:
+    """Requests per second one replica serves when overloaded (first tokens per second over the last
+    4 minutes of a 5-minute run at twice that rate): what `benchmarks/serve.py` at a high request rate
+    reports, and what spec.autoscaling.throughputPerReplica is meant to hold."""
+    rate = 2.0
+    while True:  # find an overloading rate first: the queue must keep growing
+        sim = Simulation(steady(rate, 300.0), FixedFleet(1), initial_replicas=1, model=model, seed=seed).run()
+        served = sum(1 for t in sim.ttft_times if 60.0 <= t < 300.0) / 240.0
+        if served < 0.8 * rate:
+            return served
+        rate *= 2
+
+
 @dataclass(frozen=True)
 class Result:
     trace: str
