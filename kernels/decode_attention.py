@@ -136,21 +136,26 @@ def _decode_merge_kernel(
 
 
 def _num_splits(device: torch.device, num_programs: int, max_seqlen_k: int) -> int:
-    """Enough splits to give every SM a few programs, none shorter than _MIN_TOKENS_PER_SPLIT keys."""
+    """Enough splits to give every SM two programs, none shorter than _MIN_TOKENS_PER_SPLIT keys.
+
+    Two, not more: on an H100 (batch 64 x 2048, 512 programs without splitting) one split reached 2709 GB/s,
+    two 2651, four 2573 (benchmarks/kernels.py); the merge and the partial outputs cost more than the
+    extra programs gain once every SM has work."""
     by_length = triton.cdiv(max(max_seqlen_k, 1), _MIN_TOKENS_PER_SPLIT)
     if device.type != "cuda":
         return min(by_length, 4)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    by_occupancy = triton.cdiv(4 * num_sms, num_programs)
+    by_occupancy = triton.cdiv(2 * num_sms, num_programs)
     return max(1, min(by_length, by_occupancy, _MAX_SPLITS))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                      scale: float, sliding_window: int | None = None, *,
-                     num_kv_splits: int | None = None) -> torch.Tensor:
+                     num_kv_splits: int | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Attention of each sequence's one query token over its paged KV; returns `[num_seqs, H, D]`.
 
-    `num_kv_splits` overrides the split heuristic (tests and benchmarks).
+    `num_kv_splits` overrides the split heuristic, `config` the split kernel's `(BLOCK_N, num_warps,
+    num_stages)` (tests and benchmarks' sweeps).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -175,6 +180,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_programs = num_seqs * num_kv_heads * head_blocks
     num_splits = num_kv_splits or _num_splits(q.device, num_programs, meta.max_seqlen_k)
 
+    block_n, num_warps, num_stages = config or (64, 4, 2)
     mid_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads * head_blocks, num_splits)](
@@ -190,11 +196,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size,
         HAS_WINDOW=sliding_window is not None,
         BLOCK_H=block_h,
-        BLOCK_N=64,
+        BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     _decode_merge_kernel[(num_seqs, num_heads)](
         mid_out, mid_lse, out,

@@ -25,6 +25,50 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_tile(q, acc, running_max, denominator, start, query_pos, kv_end, sliding_window,
+                 K_Cache, V_Cache, table, kv_head, offs_d, mask_d,
+                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
+                 PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One BLOCK_N tile of keys into the online softmax. MASKED=False: every query of the tile sees every key
+    (no bounds, causal or window test); MASKED=True: keys past `kv_end`, after a query or outside its window
+    are hidden, and rows that see no key yet keep their state."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        mask_n = offs_n < kv_end
+        page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+    else:
+        page = tl.load(table + offs_n // PAGE_SIZE).to(tl.int64)
+    in_page = offs_n % PAGE_SIZE
+    k_ptrs = K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None]
+    v_ptrs = V_Cache + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
+    scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = mask_n[None, :] & (offs_n[None, :] <= query_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > query_pos[:, None] - sliding_window)
+        scores = tl.where(visible, scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)            # rows with no key yet
+    else:
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = new_max
+    rescale = tl.exp2(running_max - safe_max)
+    probs = tl.exp2(scores - safe_max[:, None])
+    denominator = denominator * rescale + tl.sum(probs, axis=1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+    acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, new_max, denominator
+
+
+@triton.jit
 def _extend_kernel(
     Q, K_Cache, V_Cache, Out, Cu_Seqlens_Q, Seq_Lens, Block_Tables,
     stride_qt, stride_qh,
@@ -43,7 +87,7 @@ def _extend_kernel(
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    m_block = tl.program_id(2)
+    m_block = tl.num_programs(2) - 1 - tl.program_id(2)     # the longest (last) query tiles start first
     q_begin = tl.load(Cu_Seqlens_Q + seq)
     q_len = tl.load(Cu_Seqlens_Q + seq + 1) - q_begin
     if m_block * BLOCK_M >= q_len:
@@ -60,41 +104,35 @@ def _extend_kernel(
     q = tl.load(Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
 
-    # Keys this tile can see: causal end at its last query, window start at its first query.
+    # Keys this tile can see: causal end at its last query, window start at its first query. Without a
+    # window, the tiles of keys at or before the first query's position are visible to every query of this
+    # tile: they run without masks; the rest (the diagonal) runs masked.
     first_pos = seq_len - q_len + m_block * BLOCK_M
     kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
     kv_start = 0
+    full_end = 0
     if HAS_WINDOW:
         kv_start = tl.maximum(first_pos - sliding_window + 1, 0)
+        full_end = kv_start
+    else:
+        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
     table = Block_Tables + seq.to(tl.int64) * stride_bt
 
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     denominator = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(kv_start, kv_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < kv_end
-        page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        in_page = offs_n % PAGE_SIZE
-
-        k = tl.load(K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh
-                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_M, BLOCK_N]
-        visible = mask_n[None, :] & (offs_n[None, :] <= query_pos[:, None])
-        if HAS_WINDOW:
-            visible = visible & (offs_n[None, :] > query_pos[:, None] - sliding_window)
-        scores = tl.where(visible, scores, float("-inf"))
-
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)            # rows with no key yet
-        rescale = tl.exp2(running_max - safe_max)
-        probs = tl.exp2(scores - safe_max[:, None])
-        denominator = denominator * rescale + tl.sum(probs, axis=1)
-
-        v = tl.load(V_Cache + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh
-                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
-        running_max = new_max
+    for start in range(kv_start, full_end, BLOCK_N):
+        acc, running_max, denominator = _attend_tile(
+            q, acc, running_max, denominator, start, query_pos, kv_end, sliding_window,
+            K_Cache, V_Cache, table, kv_head, offs_d, mask_d,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
+            PAGE_SIZE, False, HAS_WINDOW, BLOCK_N, DOT_PRECISION)
+    for start in range(full_end, kv_end, BLOCK_N):
+        acc, running_max, denominator = _attend_tile(
+            q, acc, running_max, denominator, start, query_pos, kv_end, sliding_window,
+            K_Cache, V_Cache, table, kv_head, offs_d, mask_d,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
+            PAGE_SIZE, True, HAS_WINDOW, BLOCK_N, DOT_PRECISION)
 
     out = acc / tl.where(denominator > 0.0, denominator, 1.0)[:, None]
     tl.store(Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -102,19 +140,26 @@ def _extend_kernel(
 
 
 def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this device, dtype and head size."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this device, dtype and head size.
+
+    Head dim 128 in 16 bits: measured on an H100 (benchmarks/kernels.py --sweep, 4 x 2048 causal, Llama-3-8B
+    heads, triton 3.6): (128, 32, 4, 3) 287 TFLOP/s, (64, 64, 4, 3) 276, (128, 64, 4, 3) 267, (128, 128, 8, 2)
+    251, the former (128, 64, 8, 2) 230. The other rows are not measured yet."""
     if not q.is_cuda:
         return 64, 64, 4, 1              # interpreter: few, large programs
     if q.dtype == torch.float32 or head_dim > 128:
         return 64, 32, 4, 2
     if head_dim > 64:
-        return 128, 64, 8, 2
+        return 128, 32, 4, 3
     return 128, 64, 4, 3
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
-    """Causal attention of variable-length query chunks over their paged KV; returns `[num_tokens, H, D]`."""
+                     scale: float, sliding_window: int | None = None, *,
+                     config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Causal attention of variable-length query chunks over their paged KV; returns `[num_tokens, H, D]`.
+
+    `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages)` (benchmarks' sweeps)."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
     num_seqs = meta.num_seqs
@@ -133,7 +178,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    block_m, block_n, num_warps, num_stages = _block_sizes(q, head_dim)
+    block_m, block_n, num_warps, num_stages = config or _block_sizes(q, head_dim)
     grid = (num_seqs, num_heads, triton.cdiv(meta.max_seqlen_q, block_m))
     _extend_kernel[grid](
         q, k_cache, v_cache, out, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,

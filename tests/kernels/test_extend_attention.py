@@ -8,8 +8,9 @@ from kubeinfer.kernels import references  # noqa: E402
 from kubeinfer.kernels.extend_attention import extend_attention  # noqa: E402
 
 # (seq_len, query chunk) pairs: a one-token prompt, a full prefill past BLOCK_M=64 and block edges,
-# a prefix-cache hit (chunk after 32 cached tokens), a decode row, a chunked-prefill middle piece.
-MIXED = [(1, 1), (80, 80), (47, 15), (33, 1), (70, 5)]
+# a prefix-cache hit (chunk after 32 cached tokens), a decode row, a chunked-prefill middle piece, and a
+# long chunk after 60 cached tokens whose later query tiles have whole key tiles before them (unmasked).
+MIXED = [(1, 1), (80, 80), (47, 15), (33, 1), (70, 5), (200, 140)]
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1), (10, 2)], ids=["mha", "gqa4", "gqa8", "gqa5"])

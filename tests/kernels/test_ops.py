@@ -34,16 +34,19 @@ def test_step_through_ops_matches_torch_backend(device, dtype, tol, make_paged, 
     hidden = torch.randn(len(slots), 2 * 96, generator=gen).to(device, dtype)
     weight = torch.randn(96, generator=gen).to(device, dtype)
 
-    def step(name):
+    def step(name, to):
+        """The chain of ops on the backend `name`, its inputs cast by `to`."""
         backend(name)
-        kc, vc = k_cache.clone(), v_cache.clone()
-        qr, kr = ops.rotary_embedding(positions, q, k, cache)
-        ops.store_kv(kr, v, kc, vc, meta.slot_mapping)
+        kc, vc = to(k_cache).clone(), to(v_cache).clone()
+        qr, kr = ops.rotary_embedding(positions, to(q), to(k), cache)
+        ops.store_kv(kr, to(v), kc, vc, meta.slot_mapping)
         attn = ops.paged_attention(qr, kc, vc, meta, head_dim ** -0.5, sliding_window=24)
-        mlp = ops.rms_norm(ops.silu_and_mul(hidden), weight, 1e-6)
+        mlp = ops.rms_norm(ops.silu_and_mul(to(hidden)), to(weight), 1e-6)
         return attn, kc, mlp
 
-    (attn, kc, mlp), (attn_ref, kc_ref, mlp_ref) = step("triton"), step("torch")
-    torch.testing.assert_close(kc, kc_ref, **tol(dtype, "elementwise"))
-    torch.testing.assert_close(attn, attn_ref, **tol(dtype, "attention"))
-    torch.testing.assert_close(mlp, mlp_ref, **tol(dtype, "elementwise"))
+    # The reference runs in fp32 on the same (already rounded) inputs: a 16-bit reference on a GPU rounds
+    # its own scores and probabilities, and would add its error to the kernels' (seen on an H100).
+    got = step("triton", lambda t: t)
+    want = step("torch", lambda t: t.float())
+    for name, a, b, kind in zip(("attention", "k cache", "mlp"), got, want, ("attention", "elementwise", "elementwise")):
+        torch.testing.assert_close(a.float(), b, **tol(dtype, kind), msg=lambda m: f"{name}: {m}")
