@@ -20,7 +20,15 @@ ENGINE_FLAGS = [
     ("device", str, "auto | cpu | cuda[:N]"),
     ("kernel_backend", str, "auto | torch | triton"),
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
+    ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
+    ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
 ]
+BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager"]
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = _env(name)
+    return default if value is None else value.lower() not in ("0", "false", "no")
 
 
 def _env(name: str, default=None):
@@ -37,12 +45,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             default=kind(default) if default is not None else None,
                             help=f"{help_text} [env KUBEINFER_{name.upper()}; default {defaults[name]}]")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                        default=_env("enable_prefix_caching", "true").lower() not in ("0", "false", "no"),
+                        default=_env_bool("enable_prefix_caching", True),
                         help="turn off prefix caching [env KUBEINFER_ENABLE_PREFIX_CACHING]")
+    parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
+                        default=_env_bool("enforce_eager", False),
+                        help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:
-    names = [name for name, _, _ in ENGINE_FLAGS] + ["enable_prefix_caching"]
+    names = [name for name, _, _ in ENGINE_FLAGS] + BOOL_FLAGS
     return {name: getattr(args, name) for name in names}
 
 

@@ -9,6 +9,8 @@ from kubeinfer.kernels.backend import BACKENDS
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.models.config import DTYPES, ModelConfig
 
+LOAD_FORMATS = ("auto", "dummy")
+
 
 @dataclass
 class EngineConfig:
@@ -27,6 +29,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     device: str = "auto"                   # auto = cuda when available, else cpu
     kernel_backend: str = "auto"           # auto | torch | triton (see kubeinfer.kernels)
+    enforce_eager: bool = False            # no CUDA graphs for decode
+    cuda_graph_max_batch_size: int = 256   # largest decode batch replayed from a CUDA graph
+    load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
 
@@ -52,6 +57,10 @@ class EngineConfig:
                  f"kernel_backend must be one of {', '.join(BACKENDS)}, got {self.kernel_backend!r}")
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
                  f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        _require(self.cuda_graph_max_batch_size >= 1,
+                 f"cuda_graph_max_batch_size must be >= 1, got {self.cuda_graph_max_batch_size}")
+        _require(self.load_format in LOAD_FORMATS,
+                 f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")

@@ -65,19 +65,24 @@ def demo_config(vocab_size: int, eos_token_ids: list[int]) -> dict:
     }
 
 
-def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors named as Hugging Face names them, drawn from N(0, std); norms are ones."""
-    generator = torch.Generator().manual_seed(seed)
+def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02, device: str = "cpu",
+                         dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors named as Hugging Face names them, drawn from N(0, std); norms are ones. Drawn on
+    `device` (a GPU draws a large shape in a fraction of the CPU's time), returned on the CPU in `dtype`."""
+    generator = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     head_dim = config["head_dim"]
     q_size = config["num_attention_heads"] * head_dim
     kv_size = config["num_key_value_heads"] * head_dim
 
     def normal(*shape):
-        return torch.randn(*shape, generator=generator) * std
+        return (torch.randn(*shape, generator=generator, device=device) * std).to("cpu", dtype)
+
+    def ones(size):
+        return torch.ones(size, dtype=dtype)
 
     weights = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden),
-               "model.norm.weight": torch.ones(hidden), "lm_head.weight": normal(config["vocab_size"], hidden)}
+               "model.norm.weight": ones(hidden), "lm_head.weight": normal(config["vocab_size"], hidden)}
     for i in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{i}."
         weights |= {
@@ -88,8 +93,8 @@ def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02) -> dict
             prefix + "mlp.gate_proj.weight": normal(inter, hidden),
             prefix + "mlp.up_proj.weight": normal(inter, hidden),
             prefix + "mlp.down_proj.weight": normal(hidden, inter),
-            prefix + "input_layernorm.weight": torch.ones(hidden),
-            prefix + "post_attention_layernorm.weight": torch.ones(hidden),
+            prefix + "input_layernorm.weight": ones(hidden),
+            prefix + "post_attention_layernorm.weight": ones(hidden),
         }
     return weights
 

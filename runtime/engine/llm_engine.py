@@ -3,6 +3,7 @@
 `step()` = `scheduler.schedule()` -> `model_runner.run()` -> `scheduler.postprocess()`, then
 detokenization and stop strings. Not thread-safe: one caller drives it (the server runs it on its own thread).
 """
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.layers.sampler import TokenLogprobs
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,6 +53,9 @@ class LLMEngine:
         self.config = config
         self.tokenizer = Tokenizer(config.model)
         self.model_runner = ModelRunner(config)
+        self.startup_phases = dict(self.model_runner.startup_phases)
+        logger.info("start-up phases: %s", ", ".join(f"{name} {seconds:.2f} s"
+                                                     for name, seconds in self.startup_phases.items()))
         eos = config.model_config.eos_token_ids
         if not eos and self.tokenizer.eos_token_id is not None:
             eos = (self.tokenizer.eos_token_id,)

@@ -1,4 +1,5 @@
 """Owns the device: builds the model and its KV pool, turns a scheduled batch into tensors, runs, samples."""
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, fields
@@ -6,15 +7,17 @@ from dataclasses import dataclass, fields
 import torch
 
 from kubeinfer.kernels import set_backend
+from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.context import ForwardContext, set_context
 from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.layers.sampler import Sampler, TokenLogprobs
 from kubeinfer.runtime.models import MODEL_CLASSES
-from kubeinfer.runtime.models.loader import load_weights
+from kubeinfer.runtime.models.loader import init_dummy_weights, load_weights
 from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
 from kubeinfer.runtime.parallel import min_over_ranks, tp_size
 
@@ -64,8 +67,31 @@ class ModelRunner:
         self.dtype = config.torch_dtype
         set_backend(config.kernel_backend)
         torch.manual_seed(config.seed)   # draws of requests without a seed
-        model_config = config.model_config
+        self.startup_phases: dict[str, float] = {}
+        with self._phase("weights"):
+            self._load_model(config)
+        with self._phase("kv_cache"):
+            self._allocate_kv_cache(config)
+        self.sampler = Sampler(config.model_config.eos_token_ids)
+        self.cuda_graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda":
+            with self._phase("warmup"):
+                self._warm_up()
+            if self._graphs_wanted(config):
+                with self._phase("cuda_graphs"):
+                    self._capture_graphs(config)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Times one start-up phase (device work included) into `startup_phases`."""
         started = time.monotonic()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.startup_phases[name] = time.monotonic() - started
+
+    def _load_model(self, config: EngineConfig) -> None:
+        model_config = config.model_config
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -73,12 +99,18 @@ class ModelRunner:
                 self.model = MODEL_CLASSES[model_config.architecture](model_config, config.max_model_len)
         finally:
             torch.set_default_dtype(default_dtype)
-        load_weights(self.model, config.model)
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, config.seed)
+        else:
+            load_weights(self.model, config.model)
         self.model.eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        logger.info("loaded %s (%s, %s) in %.1f s; weights %.1f MiB on rank %d of %d", config.model,
-                    model_config.architecture, self.dtype, time.monotonic() - started, self.weight_bytes / 2**20,
-                    self.rank, tp_size())
+        logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
+                    model_config.architecture, self.dtype, ", dummy weights" if config.load_format == "dummy" else "",
+                    self.weight_bytes / 2**20, self.rank, tp_size())
+
+    def _allocate_kv_cache(self, config: EngineConfig) -> None:
+        model_config = config.model_config
         self.num_kv_heads = max(1, model_config.num_kv_heads // tp_size())
         self.num_blocks = min_over_ranks(self._num_kv_blocks(), self.device)   # one block table fits every rank
         self.kv_cache = torch.zeros(2, model_config.num_layers, self.num_blocks, config.block_size,
@@ -88,7 +120,46 @@ class ModelRunner:
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", self.num_blocks, config.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**30)
-        self.sampler = Sampler(model_config.eos_token_ids)
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """One prefill and one decode forward before the first request, so that the kernels compile (or load
+        from Triton's cache) at start-up rather than inside someone's time to first token. Slots are -1:
+        nothing is written to the KV cache."""
+        for num_tokens in (min(16, self.config.max_model_len), 1):
+            meta = AttentionMetadata(
+                cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
+                seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
+                block_tables=torch.zeros(1, self.config.max_blocks_per_seq, dtype=torch.int32, device=self.device),
+                max_seqlen_q=num_tokens, max_seqlen_k=num_tokens,
+                slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device))
+            set_context(ForwardContext(meta))
+            try:
+                hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
+                                    torch.arange(num_tokens, device=self.device))
+            finally:
+                set_context(None)
+            self.model.compute_logits(hidden[-1:])
+
+    def _graphs_wanted(self, config: EngineConfig) -> bool:
+        if config.enforce_eager:
+            return False
+        if not use_triton(self.kv_cache):
+            logger.info("CUDA graphs off: they need the Triton kernels (kernel_backend is %s)", config.kernel_backend)
+            return False
+        if tp_size() > 1:
+            logger.info("CUDA graphs off: not yet captured with tensor parallelism (runs eagerly)")
+            return False
+        return True
+
+    def _capture_graphs(self, config: EngineConfig) -> None:
+        self.cuda_graphs = DecodeGraphs(
+            self.model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), config.max_blocks_per_seq,
+            config.max_model_len, config.model_config.hidden_size, self.dtype, self.device)
+        started = time.monotonic()
+        self.cuda_graphs.capture()
+        logger.info("captured CUDA graphs for decode batch sizes up to %d (%d graphs) in %.1f s",
+                    self.cuda_graphs.max_batch_size, len(self.cuda_graphs.batch_sizes), time.monotonic() - started)
 
     def _num_kv_blocks(self) -> int:
         config, model_config = self.config, self.config.model_config
@@ -168,12 +239,18 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> torch.Tensor | None:
         """The forward of one step, run by every rank; the logits of the rows to sample (None if none)."""
-        input_ids, positions, meta, sample_rows = self._to_device(step)
-        set_context(ForwardContext(meta))
-        try:
-            hidden = self.model(input_ids, positions)
-        finally:
-            set_context(None)
+        graphs = self.cuda_graphs
+        if graphs is not None and step.max_seqlen_q == 1 and graphs.fits(len(step.input_ids)):
+            hidden = graphs.replay(step.input_ids, step.positions, step.seq_lens, step.block_tables,
+                                   step.slot_mapping)
+        else:
+            input_ids, positions, meta, _ = self._to_device(step)
+            set_context(ForwardContext(meta))
+            try:
+                hidden = self.model(input_ids, positions)
+            finally:
+                set_context(None)
+        sample_rows = step.sample_rows
         return self.model.compute_logits(hidden[sample_rows]) if sample_rows else None
 
     @torch.inference_mode()

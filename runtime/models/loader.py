@@ -3,6 +3,7 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from torch import nn
 
@@ -44,6 +45,22 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     if missing:
         raise ModelLoadError(f"{model_dir}: weights missing from the checkpoint: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights in place of a checkpoint (`load_format="dummy"`), for benchmarks of large shapes without
+    writing or reading one: matrices ~ N(0, 0.02), norm weights 1, biases 0 (Hugging Face's initialisation)."""
+    generator = None
+    for name, param in model.named_parameters():
+        if generator is None:
+            generator = torch.Generator(device=param.device).manual_seed(seed)
+        if "norm" in name:
+            param.fill_(1.0)
+        elif name.endswith("bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, 0.02, generator=generator)
 
 
 def _load_whole(param, source, shard_id=None) -> None:

@@ -1,0 +1,103 @@
+"""CUDA graphs for decode steps: one graph per padded batch size, replayed instead of launching every kernel.
+
+A decode step of a small batch is bound by kernel launches, not by the GPU: an 8B Llama launches ~15
+kernels per layer, ~500 per token. A graph replays them all in one launch.
+
+Policy:
+- Graphs are captured once, after the KV pool is sized (they live in their own memory pool), for batch
+  sizes 1, 2, 4, 8, then every multiple of 16 up to `cuda_graph_max_batch_size` (capped at max_num_seqs).
+  A decode step of n sequences replays the smallest graph of >= n rows; the extra rows are padding: slot
+  -1 (their K/V is not stored) and seq_len 0 (attention writes zeros for them). Larger batches, and any
+  step with a prefill chunk, run eagerly.
+- Inputs are static buffers the graphs read; a replay first copies the step's host tensors into them.
+- The decode attention kernel's split count is fixed at capture from `max_model_len` (its worst case), so a
+  graph stays correct however long the sequences grow; the kernel skips splits with no keys.
+- Only the forward is captured. The LM head (one large GEMM) and the sampler run eagerly on the rows to sample.
+"""
+import logging
+
+import torch
+from torch import nn
+
+from kubeinfer.kernels.metadata import AttentionMetadata
+from kubeinfer.runtime.context import ForwardContext, set_context
+
+logger = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, 16, 32, 48, ... up to `max_batch_size` (always included)."""
+    sizes = [n for n in (1, 2, 4, 8) if n < max_batch_size] + list(range(16, max_batch_size, 16))
+    return sorted(set(sizes + [max_batch_size]))
+
+
+class DecodeGraphs:
+    def __init__(self, model: nn.Module, max_batch_size: int, max_blocks_per_seq: int, max_model_len: int,
+                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.model = model
+        self.max_model_len = max_model_len
+        self.batch_sizes = graph_batch_sizes(max_batch_size)
+        n = self.batch_sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_replays = 0
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.batch_sizes[-1]
+
+    def _meta(self, batch_size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            cu_seqlens_q=self.cu_seqlens_q[:batch_size + 1], seq_lens=self.seq_lens[:batch_size],
+            block_tables=self.block_tables[:batch_size], max_seqlen_q=1, max_seqlen_k=self.max_model_len,
+            slot_mapping=self.slot_mapping[:batch_size])
+
+    def _forward(self, batch_size: int) -> None:
+        set_context(ForwardContext(self._meta(batch_size)))
+        try:
+            self.hidden[:batch_size] = self.model(self.input_ids[:batch_size], self.positions[:batch_size])
+        finally:
+            set_context(None)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Captures every batch size, largest first so that the smaller graphs reuse its memory pool.
+
+        The buffers hold padding while capturing (slot -1, seq_len 0): nothing is written to the KV cache."""
+        self.slot_mapping.fill_(-1)
+        self.seq_lens.zero_()
+        pool = None
+        for batch_size in reversed(self.batch_sizes):
+            self._forward(batch_size)          # warm-up: compiles this shape's kernels outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._forward(batch_size)
+            pool = pool or graph.pool()
+            self.graphs[batch_size] = graph
+        torch.cuda.synchronize()
+
+    def fits(self, num_seqs: int) -> bool:
+        return 0 < num_seqs <= self.max_batch_size
+
+    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+               block_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """The hidden states of a decode step of `len(input_ids)` sequences (a view of the static output)."""
+        n = input_ids.shape[0]
+        batch_size = next(size for size in self.batch_sizes if size >= n)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.slot_mapping[n:batch_size].fill_(-1)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        self.seq_lens[n:batch_size].zero_()
+        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        self.graphs[batch_size].replay()
+        self.num_replays += 1
+        return self.hidden[:n]
