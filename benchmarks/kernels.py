@@ -38,6 +38,11 @@ HBM_PEAK = [
     ("L40S", 0.864e12),
 ]
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+# Launch configurations swept beside the launchers' defaults (--sweep): decode (BLOCK_N, num_warps,
+# num_stages) and extend (BLOCK_M, BLOCK_N, num_warps, num_stages).
+DECODE_SWEEP = [(32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3)]
+EXTEND_SWEEP = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+                (128, 32, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)]
 
 
 def hbm_peak(name: str) -> float | None:
@@ -76,7 +81,15 @@ def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def bench_decode(batch: int, context: int, block_size: int, dtype: torch.dtype, peak: float | None) -> None:
+def copy_bandwidth() -> float:
+    """Bytes/s of a 1 GiB device-to-device copy, counting bytes read and written (the practical HBM ceiling)."""
+    src = torch.randn(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size() / (time_ms(lambda: dst.copy_(src)) * 1e-3)
+
+
+def bench_decode(batch: int, context: int, block_size: int, dtype: torch.dtype, peak: float | None,
+                 copy_bw: float | None = None) -> None:
     import torch.nn.functional as F
     from kubeinfer.kernels.decode_attention import decode_attention
 
@@ -98,13 +111,25 @@ def bench_decode(batch: int, context: int, block_size: int, dtype: torch.dtype, 
     def row(name, splits, ms):
         gbps = bytes_moved / (ms * 1e-3) / 1e9
         pct = f"{100 * gbps * 1e9 / peak:.0f}%" if peak else "n/a"
-        print(f"| {name} | {splits} | {ms * 1e3:.1f} | {gbps:.0f} | {pct} |")
+        copy = f" ({100 * gbps * 1e9 / copy_bw:.0f}% of copy)" if copy_bw else ""
+        print(f"| {name} | {splits} | {ms * 1e3:.1f} | {gbps:.0f} | {pct}{copy} |")
 
     row("triton paged (default)", "auto", time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale)))
     for splits in (1, 2, 4, 8, 16):
         row("triton paged", splits, time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale,
                                                                      num_kv_splits=splits)))
+    for config in DECODE_SWEEP:
+        for splits in (1, 2):
+            name = f"triton paged, BLOCK_N/warps/stages {config}"
+            try:
+                row(name, splits, time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale,
+                                                                   num_kv_splits=splits, config=config)))
+            except Exception as error:   # e.g. out of shared memory: the sweep goes on
+                print(f"| {name} | {splits} | failed: {type(error).__name__} | | |")
     row("torch SDPA (dense)", "-", time_ms(sdpa))
+    if copy_bw:
+        print(f"measured copy bandwidth {copy_bw / 1e9:.0f} GB/s: the default reaches "
+              f"{bytes_moved / (time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale)) * 1e-3) / copy_bw:.0%} of it")
 
 
 def bench_prefill(batch: int, length: int, block_size: int, dtype: torch.dtype) -> None:
@@ -126,9 +151,15 @@ def bench_prefill(batch: int, length: int, block_size: int, dtype: torch.dtype) 
           f"{NUM_HEADS}/{NUM_KV_HEADS} heads x {HEAD_DIM}, {dtype}; max |triton - sdpa| = {float(error):.2e}")
     print(f"FLOPs counted per call: {flops / 1e12:.3f} TFLOP (QK^T + PV over visible pairs)")
     print("| impl | time (ms) | TFLOP/s |\n|---|---|---|")
-    for name, fn in (("triton paged extend", lambda: extend_attention(q, k_cache, v_cache, meta, scale)),
-                     ("torch SDPA (dense, causal)", sdpa)):
-        ms = time_ms(fn)
+    runs = [("triton paged extend (default)", lambda: extend_attention(q, k_cache, v_cache, meta, scale))]
+    runs += [(f"triton paged extend, BLOCK_M/N/warps/stages {c}",
+              lambda c=c: extend_attention(q, k_cache, v_cache, meta, scale, config=c)) for c in EXTEND_SWEEP]
+    for name, fn in runs + [("torch SDPA (dense, causal)", sdpa)]:
+        try:
+            ms = time_ms(fn)
+        except Exception as error:   # e.g. out of shared memory: the sweep goes on
+            print(f"| {name} | failed: {type(error).__name__} | |")
+            continue
         print(f"| {name} | {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} |")
 
 
@@ -140,6 +171,7 @@ def main() -> int:
     parser.add_argument("--prefill-len", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--sweep", action="store_true", help="also time the launch configurations of the sweep lists")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (none found): no figures on this machine.")
@@ -152,7 +184,12 @@ def main() -> int:
           f"HBM peak {peak / 1e12 if peak else float('nan'):.2f} TB/s); torch {torch.__version__}, "
           f"triton {triton.__version__}")
     torch.manual_seed(0)
-    bench_decode(args.batch, args.context, args.block_size, dtype, peak)
+    copy_bw = copy_bandwidth()
+    print(f"measured copy bandwidth: {copy_bw / 1e9:.0f} GB/s (1 GiB device-to-device, read + write)")
+    if not args.sweep:
+        DECODE_SWEEP.clear()
+        EXTEND_SWEEP.clear()
+    bench_decode(args.batch, args.context, args.block_size, dtype, peak, copy_bw)
     bench_prefill(args.prefill_batch, args.prefill_len, args.block_size, dtype)
     return 0
 

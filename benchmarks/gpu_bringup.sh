@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU bring-up in one command: correctness on the device, then the figures, each step bounded.
+#
+#   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: tests tests-quick tests-attention kernels model startup
+#                                                            (default: tests kernels model startup)
+#
+# For a CUDA machine whose Python already has torch, triton, transformers, safetensors, tokenizers, numpy,
+# jinja2 and pytest, where nothing can be installed: kubeinfer is put on the path through a folder of links
+# (the same import names `pip install -e .` gives), so no install step is needed. Each step's full log goes
+# to LOG_DIR/STEP.log and its tail is printed. PYTHON picks the interpreter (default python3).
+set -uo pipefail
+out=${1:-gpu-logs}
+shift || true
+steps=${*:-tests kernels model startup}
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+shim=$(mktemp -d)
+mkdir -p "$shim/kubeinfer"
+cp "$root/kubeinfer/__init__.py" "$shim/kubeinfer/"
+for package in operator runtime kernels; do ln -s "$root/$package" "$shim/kubeinfer/$package"; done
+export PYTHONPATH=$shim PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+cd "$root"
+
+run_step() {  # name, time limit (s), tail lines, command...
+    local name=$1 limit=$2 lines=$3
+    shift 3
+    local started=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc in $((SECONDS - started)) s"
+    tail -n "$lines" "$out/$name.log"
+}
+
+for step in $steps; do
+    case $step in
+    tests)
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/device.txt"
+        "$py" -P -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__,
+            transformers.__version__, torch.cuda.get_device_name())' >>"$out/device.txt" 2>&1
+        cat "$out/device.txt"
+        run_step tests-kernels 400 12 "$py" -P -m pytest tests/kernels -m "gpu or not gpu" -q --maxfail=20 -p no:cacheprovider
+        run_step tests-runtime 220 25 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
+            tests/runtime/test_gpu.py tests/runtime/test_models_vs_transformers.py tests/runtime/test_invariance.py \
+            tests/runtime/test_block_accounting.py tests/runtime/test_stops_and_text.py tests/runtime/test_sampler.py
+        ;;
+    tests-quick)   # the attention kernels, the op chain and the runtime's GPU tests only
+        run_step tests-quick 600 25 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
+            tests/runtime/test_gpu.py tests/runtime/test_models_vs_transformers.py tests/kernels/test_ops.py \
+            tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py
+        ;;
+    kernels) run_step bench-kernels 180 70 "$py" -P benchmarks/kernels.py ${SWEEP:+--sweep} ;;
+    model) run_step bench-model 300 60 "$py" -P benchmarks/gpu_model.py ${SKIP_HF:+--skip-transformers} ;;
+    tests-attention) run_step tests-attention 450 8 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
+            tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py ;;
+    startup) run_step bench-startup 300 15 "$py" -P benchmarks/gpu_startup.py ;;
+    *) echo "unknown step $step (tests tests-quick tests-attention kernels model startup)"; exit 2 ;;
+    esac
+done
