@@ -113,6 +113,15 @@ class ModelRunner:
         model_config = config.model_config
         self.num_kv_heads = max(1, model_config.num_kv_heads // tp_size())
         self.num_blocks = min_over_ranks(self._num_kv_blocks(), self.device)   # one block table fits every rank
+        fits = self.num_blocks * config.block_size
+        if fits < config.max_model_len:
+            # A sequence longer than the whole cache could never finish: it would preempt itself forever and
+            # hold up every request behind it. Every sequence must fit alone.
+            logger.warning("the KV cache holds %d tokens (%d blocks of %d), fewer than max_model_len %d: "
+                           "max_model_len lowered to %d so that one sequence always fits (give the KV cache "
+                           "more memory, or set --max-model-len)", fits, self.num_blocks, config.block_size,
+                           config.max_model_len, fits)
+            config.max_model_len = fits
         self.kv_cache = torch.zeros(2, model_config.num_layers, self.num_blocks, config.block_size,
                                     self.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device)
         attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
@@ -177,9 +186,6 @@ class ModelRunner:
         # Never more than every sequence at full length could use.
         most = config.max_num_seqs * config.max_blocks_per_seq + 1
         num_blocks = min(int(budget // block_bytes), most)
-        if num_blocks < config.max_blocks_per_seq:
-            logger.warning("KV cache of %d blocks cannot hold one sequence of max_model_len %d",
-                           num_blocks, config.max_model_len)
         if num_blocks < 1:
             raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB)")
         return num_blocks

@@ -1,0 +1,131 @@
+"""The engine core: token ids in, token ids out, one scheduler step at a time. Owns the device.
+
+`step()` = `scheduler.schedule()` -> `model_runner.run()` -> `scheduler.postprocess()`; it returns one
+`TokenDelta` per sequence that got a token. Text (detokenization, stop strings) is the output processor's
+job, so the core can run in a process of its own and send one small message per step (see
+`kubeinfer.runtime.server.engine_client`); `LLMEngine` puts both together in one process for offline use.
+"""
+import logging
+import time
+from dataclasses import dataclass
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.model_runner import ModelRunner
+from kubeinfer.runtime.engine.scheduler import Scheduler
+from kubeinfer.runtime.engine.sequence import Sequence
+from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.layers.sampler import TokenLogprobs
+from kubeinfer.runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenDelta:
+    """What one step did for one sequence: its new token, and whether the sequence ended with it."""
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None        # "stop" or "length" when this token ended the sequence
+    stop_reason: int | None          # the stop token id that ended it
+    num_cached_tokens: int           # prompt tokens served by the prefix cache
+    first_token_time: float         # when the sequence's first token was sampled (monotonic clock)
+
+
+@dataclass
+class EngineStats:
+    """The scheduler's gauges now and its counters since start-up (for metrics)."""
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_hits: int
+    prefix_cache_queries: int
+
+
+@dataclass
+class EngineInfo:
+    """What the API side needs to know of the core once it is up."""
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    startup_phases: dict[str, float]
+
+
+def check_prompt(token_ids: list[int], info: EngineInfo) -> None:
+    """Refuses a prompt the engine cannot serve, with the reason in the user's terms."""
+    if not token_ids:
+        raise InvalidRequestError("the prompt is empty", "prompt")
+    if len(token_ids) >= info.max_model_len:
+        raise InvalidRequestError(f"the prompt has {len(token_ids)} tokens; this model serves at most "
+                                  f"{info.max_model_len} tokens in all (prompt and output)", "prompt")
+    if min(token_ids) < 0 or max(token_ids) >= info.vocab_size:
+        raise InvalidRequestError(f"prompt token ids must be in [0, {info.vocab_size})", "prompt")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, eos_token_ids: tuple[int, ...]):
+        self.config = config
+        self.model_runner = ModelRunner(config)   # may lower config.max_model_len to what the KV cache holds
+        self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size, config.max_num_seqs,
+                                          config.max_blocks_per_seq, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
+        self.seqs: dict[str, Sequence] = {}
+        self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
+                               config.model_config.vocab_size, eos_token_ids,
+                               dict(self.model_runner.startup_phases))
+
+    def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
+            arrival_time: float | None = None) -> None:
+        if request_id in self.seqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        check_prompt(token_ids, self.info)
+        seq = Sequence(request_id, token_ids, params, arrival_time)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def finish(self, request_id: str, reason: str, stop_reason: str | int | None = None) -> bool:
+        """Ends a request from outside a step (an abort, a stop string); False if it had already ended."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        if stop_reason is not None:
+            seq.stop_reason = stop_reason
+        self.scheduler.finish([seq], reason)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs)
+
+    def step(self) -> list[TokenDelta]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        sampled, logprobs = self.model_runner.run(batch, self.block_manager)
+        self.scheduler.postprocess(batch, sampled)
+        now = time.monotonic()
+        deltas = []
+        for seq, token, token_logprobs in zip(batch.seqs, sampled, logprobs):
+            if token is None:
+                continue
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            deltas.append(TokenDelta(seq.request_id, token, token_logprobs, seq.finish_reason,
+                                     seq.stop_reason if seq.is_finished else None, seq.num_cached_tokens,
+                                     seq.first_token_time))
+            if seq.is_finished:
+                del self.seqs[seq.request_id]
+        return deltas
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        return EngineStats(len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
+                           scheduler.stats.num_preemptions, scheduler.stats.prefix_cache_hits,
+                           scheduler.stats.prefix_cache_queries)
+
+    def shutdown(self) -> None:
+        """Stops the other tensor-parallel ranks, if any. Idempotent."""
+        self.model_runner.shutdown()
