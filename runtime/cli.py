@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
                           max_waiting_requests=args.max_waiting_requests, **engine_settings(args))
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
-                 args.drain_timeout_seconds, args.log_level)
+                 args.drain_timeout_seconds, args.log_level, args.engine_mode)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("api-keys-file", str, None, "file of API keys, one per line: KEY [TOKENS_PER_MINUTE]"),
         ("default-tokens-per-minute", int, None, "token quota of keys that name none (default: none)"),
         ("drain-timeout-seconds", float, 30.0, "on SIGTERM, how long requests in flight may finish"),
+        ("engine-mode", str, "process", "process: the engine in its own process (default); thread: in this one"),
     ]:
         name = flag.replace("-", "_")
         value = _env(name, default)

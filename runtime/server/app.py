@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server import openai_api
-from kubeinfer.runtime.server.async_engine import EngineDeadError
+from kubeinfer.runtime.server.engine_client import EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
 from kubeinfer.runtime.server.openai_api import ServerState
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -49,7 +49,7 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.engine.start()
+        state.engine.attach()
         yield
         state.engine.stop()
 
@@ -106,7 +106,7 @@ def create_app(state: ServerState) -> FastAPI:
         openai_api.authenticate(state, request)
         return {"object": "list", "data": [{
             "id": state.config.served_model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "kubeinfer", "max_model_len": state.config.max_model_len}]}
+            "owned_by": "kubeinfer", "max_model_len": state.engine.info.max_model_len}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

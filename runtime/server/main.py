@@ -1,4 +1,4 @@
-"""`kubeinfer serve`: loads the model, starts the engine thread and the HTTP server; drains on SIGTERM.
+"""`kubeinfer serve`: starts the engine (its own process), then the HTTP server; drains on SIGTERM.
 
 Drain: the first SIGTERM (or SIGINT) turns `/ready` to 503 and refuses new requests with 503, lets the
 requests in flight finish for up to `--drain-timeout-seconds`, then stops the server; the process exits 0.
@@ -11,12 +11,12 @@ import time
 import uvicorn
 
 from kubeinfer.runtime.config import EngineConfig
-from kubeinfer.runtime.engine.llm_engine import LLMEngine
 from kubeinfer.runtime.server.app import create_app
-from kubeinfer.runtime.server.async_engine import AsyncEngine
 from kubeinfer.runtime.server.auth import KeyRing, load_api_keys
+from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.openai_api import ServerState
+from kubeinfer.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -52,25 +52,38 @@ class DrainingServer(uvicorn.Server):
 
 
 def build_state(config: EngineConfig, api_keys_file: str | None = None,
-                default_tokens_per_minute: int | None = None) -> ServerState:
-    engine = LLMEngine(config)
-    metrics = EngineMetrics(config.served_model_name)
+                default_tokens_per_minute: int | None = None, engine_mode: str = "process",
+                log_level: str = "INFO") -> ServerState:
+    """Everything the app serves from; the engine is started (the model loaded) before this returns.
+
+    API keys are read first, so a bad key file fails before the model loads."""
     keys = KeyRing(load_api_keys(api_keys_file), default_tokens_per_minute)
     if keys.enabled:
         logger.info("API keys: %d configured; requests need 'Authorization: Bearer <key>'", len(keys.keys))
-    return ServerState(AsyncEngine(engine, metrics), engine.tokenizer, config, keys, metrics)
+    tokenizer = Tokenizer(config.model)
+    metrics = EngineMetrics(config.served_model_name)
+    engine = EngineClient(config, tokenizer, metrics, engine_mode, log_level)
+    engine.start()
+    return ServerState(engine, tokenizer, config, keys, metrics)
 
 
 def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None = None,
           default_tokens_per_minute: int | None = None, drain_timeout: float = 30.0,
-          log_level: str = "info") -> int:
-    state = build_state(config, api_keys_file, default_tokens_per_minute)
+          log_level: str = "info", engine_mode: str = "process") -> int:
+    state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode, log_level)
     uvicorn_config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level.lower(),
                                     timeout_graceful_shutdown=5, access_log=False)
     server = DrainingServer(uvicorn_config, state, drain_timeout)
-    logger.info("serving %s on http://%s:%d/v1", config.served_model_name, host, port)
-    server.run()
+
+    def engine_died() -> None:   # exit non-zero, so that Kubernetes restarts the pod
+        server.should_exit = True
+    state.engine.on_dead = engine_died
+    logger.info("serving %s on http://%s:%d/v1 (engine mode: %s)", config.served_model_name, host, port, engine_mode)
+    try:
+        server.run()
+    finally:
+        state.engine.stop()
     if state.engine.error is not None:
-        logger.error("the engine failed: %r", state.engine.error)
+        logger.error("exiting: %s", state.engine.error)
         return 1
     return 0 if server.started else 1

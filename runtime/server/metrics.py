@@ -1,13 +1,14 @@
 """Prometheus metrics of the runtime (names in docs/contracts.md), every series labelled `model_name`.
 
-Updated from the engine thread after each step; served at `/metrics`. Buckets resolve a P95 of tens of
+Updated on the event loop from each engine step's message; served at `/metrics`. Buckets resolve a P95 of tens of
 milliseconds (TTFT, inter-token latency).
 """
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kubeinfer.runtime.engine.llm_engine import LLMEngine, RequestOutput
+from kubeinfer.runtime.engine.core import EngineStats
+from kubeinfer.runtime.engine.output_processor import RequestOutput
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75,
                 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
@@ -57,30 +58,26 @@ class EngineMetrics:
     def labels(self, metric, *values):
         return metric.labels(self.model_name, *values)
 
-    def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput], step_seconds: float | None) -> None:
-        now = time.monotonic()
+    def observe_stats(self, stats: EngineStats, step_seconds: float | None) -> None:
+        """The core's gauges and counters after a step (`step_seconds` None: no step ran, e.g. after aborts)."""
         if step_seconds is not None:
             self.labels(self.step).observe(step_seconds)
-        for output in outputs:
-            self.record_output(output, now)
-        scheduler = engine.scheduler
-        stats = scheduler.stats
         seen = (stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries)
         for counter, new, old in zip((self.preemptions, self.prefix_hits, self.prefix_queries), seen, self._seen):
             if new > old:
                 self.labels(counter).inc(new - old)
         self._seen = seen
-        self.labels(self.running).set(len(scheduler.running))
-        self.labels(self.waiting).set(len(scheduler.waiting))
-        self.labels(self.kv_usage).set(engine.block_manager.usage)
+        self.labels(self.running).set(stats.num_running)
+        self.labels(self.waiting).set(stats.num_waiting)
+        self.labels(self.kv_usage).set(stats.kv_cache_usage)
 
     def record_output(self, output: RequestOutput, now: float) -> None:
         request_id = output.request_id
         if output.new_token_ids:
             self.labels(self.generation_tokens).inc(len(output.new_token_ids))
             last = self._last_token_time.get(request_id)
-            if last is None:
-                self.labels(self.ttft).observe(output.first_token_time - output.arrival_time)
+            if last is None:   # as the API side sees it: arrival here to the first token here
+                self.labels(self.ttft).observe(now - output.arrival_time)
                 self.labels(self.prompt_tokens).inc(len(output.prompt_token_ids))
             else:
                 self.labels(self.itl).observe(now - last)

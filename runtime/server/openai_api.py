@@ -10,12 +10,13 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.server.async_engine import AsyncEngine
+from kubeinfer.runtime.engine.core import check_prompt
+from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.errors import APIError
@@ -25,11 +26,12 @@ from kubeinfer.runtime.server.responses import Formatter, sse
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 RETRY_AFTER_FULL_SECONDS = 1.0
+CLIENT_CLOSED_REQUEST = 499   # nginx's status for a client that left before the response (never sent: logged)
 
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
+    engine: EngineClient
     tokenizer: Tokenizer
     config: EngineConfig
     keys: KeyRing
@@ -75,10 +77,10 @@ def _admit(state: ServerState, body, key: str | None, prompts: list[list[int]], 
     if body.model != state.config.served_model_name:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves "
                             f"{state.config.served_model_name!r}", "model", "model_not_found")
-    max_len = state.config.max_model_len
+    max_len = state.engine.info.max_model_len
     params = []
     for prompt in prompts:
-        state.engine.engine.validate_prompt(prompt)
+        check_prompt(prompt, state.engine.info)
         wanted = max_len - len(prompt) if max_tokens is None else max_tokens
         if len(prompt) + wanted > max_len:
             raise InvalidRequestError(f"max_tokens {wanted} plus the prompt's {len(prompt)} tokens exceeds this "
@@ -106,7 +108,7 @@ async def completions(state: ServerState, body: CompletionRequest, request: Requ
     job = _admit(state, body, key, prompts, body.max_tokens, body.logprobs, "cmpl")
     formatter = Formatter(False, job.request_id, int(time.time()), body.model, state.tokenizer,
                           body.logprobs is not None)
-    return await _respond(state, job, formatter, body)
+    return await _respond(state, job, formatter, body, request)
 
 
 async def chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request):
@@ -122,10 +124,10 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     job = _admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl")
     formatter = Formatter(True, job.request_id, int(time.time()), body.model, tokenizer, body.logprobs)
-    return await _respond(state, job, formatter, body)
+    return await _respond(state, job, formatter, body, request)
 
 
-async def _respond(state: ServerState, job: Job, formatter: Formatter, body):
+async def _respond(state: ServerState, job: Job, formatter: Formatter, body, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_stream(state, job, formatter, include_usage), media_type="text/event-stream",
@@ -138,13 +140,26 @@ async def _respond(state: ServerState, job: Job, formatter: Formatter, body):
         return last
 
     tasks = [asyncio.ensure_future(collect(sub_id, prompt, params)) for _, sub_id, prompt, params in job.sub_requests()]
+    gathered = asyncio.gather(*tasks)
+    disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        outputs = await asyncio.gather(*tasks)
+        await asyncio.wait({gathered, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        if not gathered.done():   # the client went away: its requests are aborted (their blocks freed)
+            gathered.cancel()
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        outputs = gathered.result()
     finally:
+        disconnected.cancel()
         for task in tasks:
             task.cancel()
     state.keys.charge(job.key, sum(len(o.token_ids) for o in outputs))
     return JSONResponse(formatter.response(outputs, job.num_prompt_tokens))
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Returns when the client disconnects (the body was read already: the next ASGI message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _stream(state: ServerState, job: Job, formatter: Formatter, include_usage: bool):

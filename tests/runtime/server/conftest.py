@@ -1,4 +1,4 @@
-"""A real server on 127.0.0.1: uvicorn on a thread, our app, the engine on its own thread."""
+"""A real server on 127.0.0.1: uvicorn on a thread, our app, the engine in its own process."""
 import contextlib
 import threading
 from pathlib import Path
@@ -16,9 +16,9 @@ MODEL = "tiny"
 
 @contextlib.contextmanager
 def running_server(model_dir: Path, api_keys_file: str | None = None, default_tokens_per_minute: int | None = None,
-                   **engine_settings):
+                   engine_mode: str = "process", **engine_settings):
     config = EngineConfig(model=str(model_dir), served_model_name=MODEL, **engine_settings)
-    state = build_state(config, api_keys_file, default_tokens_per_minute)
+    state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -30,6 +30,7 @@ def running_server(model_dir: Path, api_keys_file: str | None = None, default_to
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+        state.engine.stop()
 
 
 @pytest.fixture(scope="module")

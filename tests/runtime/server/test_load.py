@@ -6,21 +6,13 @@ import time
 
 import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
+from support import scrape_metrics as scrape, metric_value, wait_for
 
 MODEL = "tiny"
 
 
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    samples = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
 def value(samples, name, **labels) -> float:
-    return samples.get((name, tuple(sorted({"model_name": MODEL, **labels}.items()))), 0.0)
+    return metric_value(samples, name, model_name=MODEL, **labels)
 
 
 def test_concurrent_streams_with_cancellations(llama_dir, start_server):
@@ -54,12 +46,11 @@ def test_concurrent_streams_with_cancellations(llama_dir, start_server):
 
     with start_server(llama_dir, max_model_len=512) as (url, state):
         results = asyncio.run(main(url))
-        deadline = time.monotonic() + 10
-        while state.engine.engine.has_unfinished_requests() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        manager = state.engine.engine.block_manager
-        assert manager.num_free_blocks == manager.num_blocks and not any(manager.ref_counts)
-        samples = scrape(url)
+        # Every block back, as the engine process reports it: no running or waiting request, no block in use.
+        samples = wait_for(lambda: (lambda s: s if value(s, "kubeinfer_kv_cache_usage_ratio") == 0
+                                    and value(s, "kubeinfer_num_requests_running") == 0 else None)(scrape(url)),
+                           10, "the engine to free every block")
+        assert value(samples, "kubeinfer_num_requests_waiting") == 0
     completed = [r for r in results if not r["cancelled"]]
     cancelled = [r for r in results if r["cancelled"]]
     assert len(cancelled) == 50 and len(completed) == 150

@@ -16,8 +16,8 @@ def start(model_dir: Path, tmp_path: Path, tp: int) -> RuntimeServer:
                          cache=tmp_path).wait_ready(90)
 
 
-def worker_pids(parent: int) -> list[int]:
-    """The tensor-parallel worker processes of the server (spawned children, not the resource tracker)."""
+def spawned_children(parent: int) -> list[int]:
+    """Processes `parent` started with multiprocessing's spawn (not its resource tracker)."""
     pids = []
     for task in Path(f"/proc/{parent}/task").iterdir():
         for child in (task / "children").read_text().split():
@@ -25,6 +25,12 @@ def worker_pids(parent: int) -> list[int]:
             if b"spawn_main" in cmdline:
                 pids.append(int(child))
     return pids
+
+
+def worker_pids(server_pid: int) -> list[int]:
+    """The tensor-parallel worker processes: children of the engine process, itself the server's child."""
+    [engine] = spawned_children(server_pid)
+    return spawned_children(engine)
 
 
 def test_tp2_server_matches_tp1_engine(model_dirs, tmp_path):
@@ -55,3 +61,19 @@ def test_killed_rank_stops_the_server_nonzero_within_seconds(model_dirs, tmp_pat
     output = server.output()
     assert code != 0 and elapsed < 10, output
     assert "rank 1" in output and "SIGKILL" in output
+
+
+def test_killed_engine_process_stops_the_server_nonzero(model_dirs, tmp_path):
+    """The engine process dies (OOM killer, a crash): the server says so and exits non-zero at once."""
+    server = RuntimeServer(model_dirs["qwen2"], tmp_path / "serve.log", cache=tmp_path).wait_ready(90)
+    try:
+        [engine] = spawned_children(server.proc.pid)
+        os.kill(engine, signal.SIGKILL)
+        killed = time.monotonic()
+        code = server.proc.wait(15)
+        elapsed = time.monotonic() - killed
+    finally:
+        server.stop()
+    output = server.output()
+    assert code == 1 and elapsed < 10, output
+    assert "the engine process exited (exit code -9)" in output and "Traceback" not in output

@@ -1,0 +1,90 @@
+"""The engine core's busy loop, in a process of its own (the default) or on a thread of the API process.
+
+Messages from the API side:   ("add", request_id, token_ids, params, arrival_time), ("abort", [request_id]),
+                              ("stop", request_id, stop_string), ("shutdown",)
+Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds)
+                              per step, ("rejected", request_id, message), ("error", message) when it dies.
+
+The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
+deltas in one message; with nothing to do it blocks on the channel. In a process it ignores SIGINT and
+SIGTERM (sent to the whole process group by a terminal or a test): the API process drains first, then
+sends "shutdown". If the API process dies, the pipe closes and the loop ends.
+"""
+import gc
+import logging
+import signal
+import sys
+import time
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine.core import EngineCore
+from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
+
+logger = logging.getLogger(__name__)
+
+
+def serve_core(core: EngineCore, channel) -> None:
+    while True:
+        touched = False
+        for message in channel.receive(timeout=None if not core.has_unfinished() else 0.0):
+            kind = message[0]
+            if kind == "shutdown":
+                return
+            touched = True
+            if kind == "add":
+                _, request_id, token_ids, params, arrival_time = message
+                try:
+                    core.add(request_id, token_ids, params, arrival_time)
+                except InvalidRequestError as error:
+                    channel.send(("rejected", request_id, str(error)))
+            elif kind == "abort":
+                for request_id in message[1]:
+                    core.finish(request_id, "abort")
+            elif kind == "stop":
+                core.finish(message[1], "stop", message[2])
+        if core.has_unfinished():
+            started = time.perf_counter()
+            deltas = core.step()
+            channel.send(("step", deltas, core.stats(), time.perf_counter() - started))
+        elif touched:   # the gauges, after aborts or stops with no step to follow
+            channel.send(("step", [], core.stats(), None))
+
+
+def run_core(config: EngineConfig, eos_token_ids: tuple[int, ...], channel) -> int:
+    """Builds the core, says "ready" (or why not), and serves until shutdown; returns an exit code."""
+    try:
+        core = EngineCore(config, eos_token_ids)
+    except KubeinferError as error:
+        channel.send(("error", str(error)))
+        return 2
+    except Exception as error:   # noqa: BLE001 - e.g. out of memory: reported in one line by the API side
+        logger.exception("the engine failed to start")
+        channel.send(("error", f"{type(error).__name__}: {error}"))
+        return 1
+    try:
+        gc.collect()
+        gc.freeze()   # start-up objects (the model, the tokenizer) are never garbage: keep them out of collections
+        channel.send(("ready", core.info))
+        serve_core(core, channel)
+        return 0
+    except EOFError:
+        logger.info("the API side went away; the engine stops")
+        return 0
+    except BaseException as error:
+        logger.exception("engine step failed; the engine stops")
+        try:
+            channel.send(("error", f"the engine failed: {type(error).__name__}: {error}"))
+        except (OSError, EOFError):
+            pass
+        return 1
+    finally:
+        core.shutdown()
+
+
+def core_process_main(config: EngineConfig, eos_token_ids: tuple[int, ...], conn, log_level: str) -> None:
+    """Entry point of the engine process (multiprocessing, spawn)."""
+    from kubeinfer.runtime.engine.channels import PipeEnd
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
+    sys.exit(run_core(config, eos_token_ids, PipeEnd(conn)))

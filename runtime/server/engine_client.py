@@ -1,0 +1,237 @@
+"""The API process's side of the engine: starts the core, streams each request's outputs to asyncio.
+
+The core runs in its own process by default (`--engine-mode process`), so the model never shares the
+GIL with HTTP, tokenization and detokenization; `--engine-mode thread` runs the same loop on a thread of
+this process (debugging, and the before/after figure in docs/benchmarks.md). Either way the event loop
+watches one descriptor: every step's message is read there, detokenized by the output processor, and put
+into one asyncio.Queue per request. A stream whose consumer goes away (a client disconnect) aborts its
+request, which frees its KV blocks at once.
+
+If the engine dies, every open stream ends with an error, `/health` fails, and `on_dead` is called (the
+server then exits non-zero, so Kubernetes restarts it).
+"""
+import asyncio
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine.channels import PipeEnd, ThreadLink
+from kubeinfer.runtime.engine.core import EngineInfo
+from kubeinfer.runtime.engine.core_loop import core_process_main, run_core
+from kubeinfer.runtime.engine.llm_engine import eos_token_ids, log_startup_phases
+from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
+from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
+from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.metrics import EngineMetrics
+from kubeinfer.runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+ENGINE_MODES = ("process", "thread")
+START_PROGRESS_SECONDS = 30.0
+
+
+class EngineDeadError(RuntimeError):
+    """The engine failed; no request can be served any more."""
+
+
+class EngineStartError(KubeinferError):
+    """The engine could not start (the reason is the message)."""
+
+
+class EngineClient:
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer, metrics: EngineMetrics, mode: str = "process",
+                 log_level: str = "INFO"):
+        if mode not in ENGINE_MODES:
+            raise KubeinferError(f"engine mode must be one of {', '.join(ENGINE_MODES)}, got {mode!r}")
+        self.config, self.metrics, self.mode, self.log_level = config, metrics, mode, log_level
+        self.processor = OutputProcessor(tokenizer)
+        self.info: EngineInfo | None = None
+        self.error: EngineDeadError | None = None
+        self.on_dead: Callable[[], None] | None = None
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._channel = None
+        self._process: multiprocessing.Process | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def is_alive(self) -> bool:
+        if self.error is not None or self.info is None:
+            return False
+        worker = self._process if self._process is not None else self._thread
+        return worker is not None and worker.is_alive()
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    def start(self) -> EngineInfo:
+        """Starts the core and waits until it has loaded the model (blocking; before the event loop runs)."""
+        eos = eos_token_ids(self.config, self.processor.tokenizer)
+        if self.mode == "process":
+            context = multiprocessing.get_context("spawn")
+            api_conn, core_conn = context.Pipe(duplex=True)
+            self._process = context.Process(target=core_process_main, name="kubeinfer-engine", daemon=False,
+                                            args=(self.config, eos, core_conn, self.log_level))
+            self._process.start()
+            core_conn.close()
+            self._channel = PipeEnd(api_conn)
+        else:
+            link = ThreadLink()
+            self._channel = link.api
+            self._thread = threading.Thread(target=run_core, args=(self.config, eos, link.core), name="engine",
+                                            daemon=True)
+            self._thread.start()
+        started = time.monotonic()
+        while True:
+            worker = self._process or self._thread
+            try:
+                messages = self._channel.receive(timeout=START_PROGRESS_SECONDS)
+            except EOFError:
+                messages = []
+            for message in messages:
+                if message[0] == "error":
+                    self._join(timeout=10)
+                    raise EngineStartError(message[1])
+                if message[0] == "ready":
+                    self.info = message[1]
+                    log_startup_phases(self.info.startup_phases)
+                    return self.info
+            if not worker.is_alive():
+                raise EngineStartError(f"the engine {self.mode} ended while starting (exit code "
+                                       f"{getattr(worker, 'exitcode', None)}); see the log above")
+            if not messages:
+                logger.info("engine still starting (%.0f s): loading the model", time.monotonic() - started)
+
+    def attach(self) -> None:
+        """Starts watching the engine from the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._channel.fileno(), self._on_readable)
+        if self._process is not None:
+            self._loop.add_reader(self._process.sentinel, self._on_process_exit)
+
+    def stop(self) -> None:
+        """Stops the core (and its tensor-parallel workers). Idempotent."""
+        self._unwatch()
+        if self._channel is not None:
+            try:
+                self._channel.send(("shutdown",))
+            except (OSError, ValueError):
+                pass
+        self._join(timeout=15)
+
+    def _join(self, timeout: float) -> None:
+        if self._process is not None:
+            self._process.join(timeout)
+            if self._process.is_alive():
+                logger.warning("the engine process did not stop in %.0f s; killing it", timeout)
+                self._process.kill()
+                self._process.join(5)
+        elif self._thread is not None:
+            self._thread.join(timeout)
+
+    def _unwatch(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None or loop.is_closed():
+            return
+        for fd in (self._channel.fileno(), getattr(self._process, "sentinel", None)):
+            if fd is not None:
+                loop.remove_reader(fd)
+
+    # -- requests ------------------------------------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = stream
+        arrival = time.monotonic()
+        self.processor.add(request_id, prompt_token_ids, params, arrival)
+        self._send(("add", request_id, prompt_token_ids, params, arrival))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        output = self.processor.abort(request_id)
+        if output is not None:
+            self.metrics.record_output(output, time.monotonic())
+        self._send(("abort", [request_id]))
+
+    def _send(self, message: tuple) -> None:
+        if self.error is None:
+            try:
+                self._channel.send(message)
+            except (OSError, ValueError, EOFError) as error:
+                self._die(f"the engine's channel broke: {error}")
+
+    # -- messages from the core -------------------------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        try:
+            messages = self._channel.receive()
+        except (EOFError, OSError):
+            self._die(self._exit_reason())
+            return
+        for message in messages:
+            kind = message[0]
+            if kind == "step":
+                self._on_step(*message[1:])
+            elif kind == "rejected":
+                _, request_id, text = message
+                self.processor.abort(request_id)
+                self._deliver(request_id, InvalidRequestError(text))
+            elif kind == "error":
+                self._die(message[1])
+
+    def _on_step(self, deltas, stats, step_seconds: float | None) -> None:
+        outputs, stopped = self.processor.process(deltas)
+        for request_id, stop in stopped:
+            self._send(("stop", request_id, stop))
+        now = time.monotonic()
+        for output in outputs:
+            self.metrics.record_output(output, now)
+            self._deliver(output.request_id, output)
+        self.metrics.observe_stats(stats, step_seconds)
+
+    def _on_process_exit(self) -> None:
+        self._loop.remove_reader(self._process.sentinel)
+        self._on_readable()   # an error message it sent before exiting
+        if self.error is not None:
+            return
+        self._die(self._exit_reason())
+
+    def _exit_reason(self) -> str:
+        if self._process is None:
+            return "the engine thread ended"
+        self._process.join(2)   # the channel closes a moment before the exit code is known
+        return f"the engine process exited (exit code {self._process.exitcode})"
+
+    def _die(self, reason: str) -> None:
+        if self.error is not None:
+            return
+        self.error = EngineDeadError(reason)
+        logger.error("the engine is dead: %s; failing %d requests in flight", reason, len(self._streams))
+        self._unwatch()
+        for request_id in list(self._streams):
+            self._deliver(request_id, EngineDeadError(f"the engine failed: {reason}"))
+        if self.on_dead is not None:
+            self.on_dead()
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put_nowait(item)
