@@ -4,8 +4,11 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 
 from kubeinfer.runtime.errors import KubeinferError
+
+STARTED_AT = time.monotonic()   # for the start-up phases of `serve` (the interpreter's own start is not counted)
 
 # Engine settings exposed as flags: (name, type, help). Each flag's default is read from KUBEINFER_<NAME>.
 ENGINE_FLAGS = [
@@ -101,7 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
                           max_waiting_requests=args.max_waiting_requests, **engine_settings(args))
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
-                 args.drain_timeout_seconds, args.log_level, args.engine_mode)
+                 args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
         value = _env(name, default)
         serve.add_argument("--" + flag, dest=name, type=kind, default=kind(value) if value is not None else None,
                            help=f"{help_text} [env KUBEINFER_{name.upper()}]")
+    serve.add_argument("--no-vllm-metrics", dest="vllm_metrics", action="store_false",
+                       default=_env_bool("vllm_metrics", True),
+                       help="do not also expose the gauges under vLLM's names (vllm:num_requests_waiting, ...) "
+                            "that gateways read [env KUBEINFER_VLLM_METRICS]")
     serve.set_defaults(run=_serve)
     commands.add_parser("operator", help="run the InferenceService operator (flags: kubeinfer operator --help)",
                         add_help=False)

@@ -21,7 +21,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.channels import PipeEnd, ThreadLink
 from kubeinfer.runtime.engine.core import EngineInfo
 from kubeinfer.runtime.engine.core_loop import core_process_main, run_core
-from kubeinfer.runtime.engine.llm_engine import eos_token_ids, log_startup_phases
+from kubeinfer.runtime.engine.llm_engine import eos_token_ids
 from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 from kubeinfer.runtime.sampling_params import SamplingParams
@@ -99,7 +99,10 @@ class EngineClient:
                     raise EngineStartError(message[1])
                 if message[0] == "ready":
                     self.info = message[1]
-                    log_startup_phases(self.info.startup_phases)
+                    # Before the engine's own phases: spawning its process and importing torch there.
+                    spent = time.monotonic() - started - sum(self.info.startup_phases.values())
+                    self.info.startup_phases = {"engine_spawn": max(spent, 0.0), **self.info.startup_phases}
+                    self.metrics.observe_engine(self.info.block_size, self.info.num_blocks)
                     return self.info
             if not worker.is_alive():
                 raise EngineStartError(f"the engine {self.mode} ended while starting (exit code "

@@ -5,6 +5,7 @@ requests in flight finish for up to `--drain-timeout-seconds`, then stops the se
 A second signal stops at once.
 """
 import asyncio
+import gc
 import logging
 import time
 
@@ -31,6 +32,10 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        self.on_listening()
+
+    def on_listening(self) -> None:
+        """Called once the socket listens (set by `serve`)."""
 
     def handle_exit(self, sig, frame) -> None:
         if self.state.draining or self._loop is None:
@@ -53,7 +58,7 @@ class DrainingServer(uvicorn.Server):
 
 def build_state(config: EngineConfig, api_keys_file: str | None = None,
                 default_tokens_per_minute: int | None = None, engine_mode: str = "process",
-                log_level: str = "INFO") -> ServerState:
+                log_level: str = "INFO", vllm_metrics: bool = True) -> ServerState:
     """Everything the app serves from; the engine is started (the model loaded) before this returns.
 
     API keys are read first, so a bad key file fails before the model loads."""
@@ -61,7 +66,7 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     if keys.enabled:
         logger.info("API keys: %d configured; requests need 'Authorization: Bearer <key>'", len(keys.keys))
     tokenizer = Tokenizer(config.model)
-    metrics = EngineMetrics(config.served_model_name)
+    metrics = EngineMetrics(config.served_model_name, vllm_metrics)
     engine = EngineClient(config, tokenizer, metrics, engine_mode, log_level)
     engine.start()
     return ServerState(engine, tokenizer, config, keys, metrics)
@@ -69,14 +74,29 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
 
 def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None = None,
           default_tokens_per_minute: int | None = None, drain_timeout: float = 30.0,
-          log_level: str = "info", engine_mode: str = "process") -> int:
-    state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode, log_level)
+          log_level: str = "info", engine_mode: str = "process", vllm_metrics: bool = True,
+          started_at: float | None = None) -> int:
+    """Serves until SIGTERM; returns the exit code. `started_at`: the process's start (monotonic clock), for
+    the start-up phases (`imports` is the time before this call)."""
+    entered = time.monotonic()
+    started_at = entered if started_at is None else started_at
+    state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode, log_level, vllm_metrics)
+    phases = {"imports": entered - started_at, **state.engine.info.startup_phases}
+    gc.collect()
+    gc.freeze()   # start-up objects are never garbage: keep them out of the collections on the serving path
     uvicorn_config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level.lower(),
                                     timeout_graceful_shutdown=5, access_log=False)
     server = DrainingServer(uvicorn_config, state, drain_timeout)
 
+    def listening() -> None:
+        phases["ready"] = time.monotonic() - started_at
+        state.metrics.observe_startup(phases)
+        logger.info("ready in %.2f s: %s", phases["ready"],
+                    ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items() if name != "ready"))
+
     def engine_died() -> None:   # exit non-zero, so that Kubernetes restarts the pod
         server.should_exit = True
+    server.on_listening = listening
     state.engine.on_dead = engine_died
     logger.info("serving %s on http://%s:%d/v1 (engine mode: %s)", config.served_model_name, host, port, engine_mode)
     try:

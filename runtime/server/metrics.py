@@ -19,7 +19,7 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 2
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, vllm_names: bool = True):
         self.registry = CollectorRegistry()
         labels = ["model_name"]
 
@@ -44,7 +44,21 @@ class EngineMetrics:
         self.preemptions = metric(Counter, "kubeinfer_num_preemptions", "Sequences preempted for recompute")
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])
         self.errors = metric(Counter, "kubeinfer_request_errors", "Refused or failed requests", ["status_code"])
+        self.startup = metric(Gauge, "kubeinfer_startup_phase_seconds", "Seconds each start-up phase took", ["phase"])
         self.model_name = model_name
+        # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
+        # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
+        self.vllm = None
+        if vllm_names:
+            self.vllm = {
+                "running": metric(Gauge, "vllm:num_requests_running", "Requests in the running batch (vLLM name)"),
+                "waiting": metric(Gauge, "vllm:num_requests_waiting", "Requests queued (vLLM name)"),
+                "kv_usage": metric(Gauge, "vllm:kv_cache_usage_perc", "KV cache usage, 1 = 100% (vLLM name)"),
+                "cache_config": metric(Gauge, "vllm:cache_config_info", "KV cache settings (vLLM name)",
+                                       ["block_size", "num_gpu_blocks"]),
+            }
+            for gauge in ("running", "waiting", "kv_usage"):
+                self.vllm[gauge].labels(model_name)
         # Every series exists from start-up (at 0), so a fresh server is not read as "no data".
         for unlabelled in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.step,
                            self.prompt_tokens, self.generation_tokens, self.prefix_hits, self.prefix_queries,
@@ -70,6 +84,19 @@ class EngineMetrics:
         self.labels(self.running).set(stats.num_running)
         self.labels(self.waiting).set(stats.num_waiting)
         self.labels(self.kv_usage).set(stats.kv_cache_usage)
+        if self.vllm is not None:
+            self.labels(self.vllm["running"]).set(stats.num_running)
+            self.labels(self.vllm["waiting"]).set(stats.num_waiting)
+            self.labels(self.vllm["kv_usage"]).set(stats.kv_cache_usage)
+
+    def observe_engine(self, block_size: int, num_blocks: int) -> None:
+        """The KV cache's settings, once the engine is up."""
+        if self.vllm is not None:
+            self.labels(self.vllm["cache_config"], str(block_size), str(num_blocks)).set(1)
+
+    def observe_startup(self, phases: dict[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.labels(self.startup, phase).set(seconds)
 
     def record_output(self, output: RequestOutput, now: float) -> None:
         request_id = output.request_id

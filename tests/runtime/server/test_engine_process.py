@@ -49,3 +49,31 @@ def test_a_client_that_leaves_a_non_streaming_request_aborts_it(start_server, ll
         assert generated < 8 * 480   # stopped before the end (it used to run to the end, counted as length)
         wait_for(lambda: value(scrape(url), "kubeinfer_kv_cache_usage_ratio") == 0, 5, "every block freed")
         assert state.engine.num_in_flight == 0
+
+
+def test_startup_phases_and_the_gateway_metric_names(llama_dir, tmp_path):
+    """`kubeinfer serve` publishes its start-up phases (and logs them in one line), and the gauges that
+    llm-d's router and KServe read under vLLM's names, equal to ours; --no-vllm-metrics turns those off."""
+    from support import RuntimeServer
+    server = RuntimeServer(llama_dir, tmp_path / "serve.log", "--num-kvcache-blocks", "40", cache=tmp_path).wait_ready()
+    try:
+        assert server.complete("hello", 8).status_code == 200
+        samples = scrape(server.url)
+        phases = {dict(labels)["phase"]: v for (name, labels), v in samples.items()
+                  if name == "kubeinfer_startup_phase_seconds"}
+        assert {"imports", "engine_spawn", "weights", "kv_cache", "ready"} <= set(phases)
+        assert all(v >= 0 for v in phases.values()) and phases["ready"] > phases["imports"] > 0
+        assert phases["ready"] >= sum(v for k, v in phases.items() if k != "ready") - 0.01
+        assert "ready in" in server.output()
+        for ours, theirs in (("kubeinfer_num_requests_running", "vllm:num_requests_running"),
+                             ("kubeinfer_num_requests_waiting", "vllm:num_requests_waiting"),
+                             ("kubeinfer_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc")):
+            assert ((theirs, (("model_name", "tiny"),)) in samples) and value(samples, theirs) == value(samples, ours)
+        assert value(samples, "vllm:cache_config_info", block_size="16", num_gpu_blocks="40") == 1
+    finally:
+        server.stop()
+    plain = RuntimeServer(llama_dir, tmp_path / "plain.log", "--no-vllm-metrics", cache=tmp_path).wait_ready()
+    try:
+        assert not any(name.startswith("vllm:") for name, _ in scrape(plain.url))
+    finally:
+        plain.stop()
