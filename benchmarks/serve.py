@@ -7,6 +7,11 @@ latency beside the engine's own step time over the same run (from the server's
 `kubeinfer_engine_step_seconds` histogram).
 
     python benchmarks/serve.py [--model demo] [--num-requests 200] [--request-rate 20] [--burst]
+                               [--concurrency 64] [--engine-modes thread process]
+
+`--concurrency N` keeps N streams in flight (closed loop) instead of timed arrivals. `--engine-modes`
+runs the same workload against a server started in each engine mode, one after the other, in one run:
+`thread` (the engine loop on a thread of the HTTP process, as before) and `process` (its own process).
 """
 import argparse
 import asyncio
@@ -74,17 +79,26 @@ async def run(args, url: str, model: str) -> None:
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=1000)) as client:
         server_before = histogram_sums((await client.get(url + "/metrics")).text)
         started = time.perf_counter()
-        tasks = []
-        for prompt, max_tokens in zip(prompts, outputs):
-            tasks.append(asyncio.create_task(one_request(client, url, model, prompt, max_tokens)))
-            if not args.burst:
-                await asyncio.sleep(rng.expovariate(args.request_rate))
-        results = await asyncio.gather(*tasks)
+        if args.concurrency:
+            work = iter(zip(prompts, outputs))
+
+            async def worker():
+                return [await one_request(client, url, model, prompt, max_tokens) for prompt, max_tokens in work]
+            results = [r for batch in await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+                       for r in batch]
+        else:
+            tasks = []
+            for prompt, max_tokens in zip(prompts, outputs):
+                tasks.append(asyncio.create_task(one_request(client, url, model, prompt, max_tokens)))
+                if not args.burst:
+                    await asyncio.sleep(rng.expovariate(args.request_rate))
+            results = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - started
         server_after = histogram_sums((await client.get(url + "/metrics")).text)
     itl = [value for r in results for value in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
-    arrivals = "burst" if args.burst else f"Poisson {args.request_rate}/s"
+    arrivals = (f"{args.concurrency} concurrent streams" if args.concurrency else
+                "burst" if args.burst else f"Poisson {args.request_rate}/s")
     print(f"{len(results)} requests, {arrivals}, prompts {args.min_prompt}-{args.max_prompt} words, "
           f"outputs {args.min_output}-{args.max_output} tokens, model {model}")
     print(f"{'latency (ms)':<22}{'P50':>8} {'P95':>8} {'P99':>8}")
@@ -100,8 +114,33 @@ async def run(args, url: str, model: str) -> None:
     engine_ttft = server["kubeinfer_time_to_first_token_seconds"]
     print(f"{'TTFT':<22}{client_ttft:8.2f} {engine_ttft:8.2f} {client_ttft - engine_ttft:8.2f}")
     client_itl, engine_itl = mean(itl), server["kubeinfer_inter_token_latency_seconds"]
+    step = server["kubeinfer_engine_step_seconds"]
     print(f"{'inter-token latency':<22}{client_itl:8.2f} {engine_itl:8.2f} {client_itl - engine_itl:8.2f}")
-    print(f"{'engine step':<22}{'':8} {server['kubeinfer_engine_step_seconds']:8.2f}")
+    print(f"{'ITL vs engine step':<22}{client_itl:8.2f} {step:8.2f} {client_itl - step:8.2f}")
+    print(f"{'median ITL vs step':<22}{statistics.median(itl) * 1e3 if itl else float('nan'):8.2f} {step:8.2f} "
+          f"{(statistics.median(itl) * 1e3 if itl else float('nan')) - step:8.2f}")
+
+
+def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
+    url = f"http://127.0.0.1:{args.port}"
+    command = [sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
+               args.model, "--host", "127.0.0.1", "--port", str(args.port)]
+    if mode is not None:
+        command += ["--engine-mode", mode]
+    return subprocess.Popen(command, env=os.environ.copy()), url
+
+
+def wait_ready(url: str, server: subprocess.Popen | None) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or (server and server.poll() is not None):
+            sys.exit("the server did not become ready")
+        time.sleep(0.2)
 
 
 def main() -> None:
@@ -111,6 +150,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--request-rate", type=float, default=20.0, help="Poisson arrivals per second")
     parser.add_argument("--burst", action="store_true", help="send every request at once")
+    parser.add_argument("--concurrency", type=int, default=0, help="keep N streams in flight (closed loop)")
+    parser.add_argument("--engine-modes", nargs="+", choices=("thread", "process"),
+                        help="start one server per engine mode, same workload (default: the server's default)")
     parser.add_argument("--min-prompt", type=int, default=8)
     parser.add_argument("--max-prompt", type=int, default=128)
     parser.add_argument("--min-output", type=int, default=16)
@@ -118,28 +160,19 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18123)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    server = None
-    url = args.url
-    if url is None:
-        url = f"http://127.0.0.1:{args.port}"
-        server = subprocess.Popen([sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve",
-                                   "--model", args.model, "--host", "127.0.0.1", "--port", str(args.port)],
-                                  env=os.environ.copy())
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or (server and server.poll() is not None):
-                sys.exit("the server did not become ready")
-            time.sleep(0.2)
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        asyncio.run(run(args, url, model))
-    finally:
-        if server is not None:
+    if args.url is not None:
+        wait_ready(args.url, None)
+        model = httpx.get(args.url + "/v1/models").json()["data"][0]["id"]
+        asyncio.run(run(args, args.url, model))
+        return
+    for mode in args.engine_modes or [None]:
+        server, url = start_server(args, mode)
+        try:
+            wait_ready(url, server)
+            model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+            print(f"\n### engine mode: {mode or 'default'}")
+            asyncio.run(run(args, url, model))
+        finally:
             server.terminate()
             server.wait(60)
 
