@@ -150,8 +150,9 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 def parse_set(assignment: str) -> dict[str, Any]:
     """`a.b.c=value` (value parsed as YAML, like helm --set for scalars and [a,b] lists) to a nested dict."""
     path, sep, raw = assignment.partition("=")
-    if not sep or not path:
-        raise ValueError(f"--set wants key.path=value, not {assignment!r}")
+    if not sep or not path or "" in path.split("."):
+        raise ValueError(f"--set wants key.path=value (e.g. monitoring.prometheusRule.enabled=true), "
+                         f"not {assignment!r}")
     value: Any = yaml.safe_load(raw) if raw else ""
     for key in reversed(path.split(".")):
         value = {key: value}
@@ -163,11 +164,27 @@ def resolve(*overrides: dict[str, Any]) -> dict[str, Any]:
     values = DEFAULTS
     for override in overrides:
         values = merge(values, override)
+    _check_combinations(values)
     errors = sorted(jsonschema.Draft7Validator(SCHEMA).iter_errors(values), key=lambda e: list(e.path))
     if errors:
         raise ValueError("invalid values: " + "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors))
     return values
+
+
+def _check_combinations(values: dict[str, Any]) -> None:
+    """The schema's cross-field rules (allOf above), said in the user's terms before the schema's own words."""
+    replicas = values.get("replicaCount")
+    peering = values.get("peering")
+    if isinstance(replicas, int) and replicas >= 2 and isinstance(peering, dict) and peering.get("enabled") is False:
+        raise ValueError(f"invalid values: replicaCount={replicas} needs peering.enabled=true: several operator "
+                         "copies coordinate through kopf peering (one acts, the others stand by)")
+    monitoring = values.get("monitoring")
+    pod_monitor = monitoring.get("podMonitor") if isinstance(monitoring, dict) else None
+    if (isinstance(pod_monitor, dict) and pod_monitor.get("enabled") is True
+            and values.get("serviceMonitorMode") != "never"):
+        raise ValueError("invalid values: monitoring.podMonitor.enabled=true needs serviceMonitorMode=never: "
+                         "the operator's ServiceMonitors would scrape the same pods twice and double every sum")
 
 
 def values_yaml() -> str:

@@ -216,6 +216,29 @@ def dump(objs: list[dict[str, Any]]) -> str:
     return "---\n".join(yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=120) for obj in objs)
 
 
+def read_values_file(path: Path) -> dict[str, Any]:
+    """A values file as a mapping; what is wrong with it, in one line (ValueError)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"values file {str(path)!r} does not exist") from None
+    except OSError as error:
+        raise ValueError(f"values file {str(path)!r} cannot be read: {error.strerror}") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ValueError(f"values file {str(path)!r} is not valid YAML{where}: {problem}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"values file {str(path)!r} must hold a mapping of values (key: value), "
+                         f"not a {type(values).__name__}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="kubeinfer manifests",
@@ -233,12 +256,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="turn on every monitoring object (PodMonitor, PrometheusRule, dashboard, "
                              "kube-state-metrics config); the PodMonitor implies serviceMonitorMode=never")
     args = parser.parse_args(argv)
-    overrides = [yaml.safe_load(path.read_text()) or {} for path in args.values]
-    if args.monitoring:
-        overrides.append({"serviceMonitorMode": "never", "monitoring": {
-            key: {"enabled": True} for key in ("podMonitor", "prometheusRule", "dashboard", "kubeStateMetrics")}})
-    overrides.extend(parse_set(item) for item in args.set)
     try:
+        overrides = [read_values_file(path) for path in args.values]
+        if args.monitoring:
+            overrides.append({"serviceMonitorMode": "never", "monitoring": {
+                key: {"enabled": True} for key in ("podMonitor", "prometheusRule", "dashboard", "kubeStateMetrics")}})
+        overrides.extend(parse_set(item) for item in args.set)
         values = resolve(*overrides)
     except ValueError as error:
         parser.exit(2, f"kubeinfer manifests: {error}\n")

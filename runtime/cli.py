@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from kubeinfer.runtime.errors import KubeinferError
+from kubeinfer.runtime.errors import ConfigError, KubeinferError
 
 STARTED_AT = time.monotonic()   # for the start-up phases of `serve` (the interpreter's own start is not counted)
 
@@ -38,14 +38,33 @@ def _env(name: str, default=None):
     return os.environ.get(f"KUBEINFER_{name.upper()}", default)
 
 
+def _typed_env(name: str, kind, default):
+    """`KUBEINFER_<NAME>` converted to the flag's type (or `default`); a bad value is one ConfigError line."""
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        expected = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
+        raise ConfigError(f"KUBEINFER_{name.upper()}={raw!r}: expected {expected}") from None
+
+
+def port_number(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {port}")
+    return port
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=_env("model"), required=_env("model") is None,
-                        help="Hugging Face model folder, or 'demo' for the built-in random-weight demo model")
+                        help="Hugging Face model folder, or 'demo' for the built-in random-weight demo model "
+                             "[env KUBEINFER_MODEL]")
     defaults = {f.name: f.default for f in dataclasses.fields(_engine_config_class()) if f.init}
     for name, kind, help_text in ENGINE_FLAGS:
-        default = _env(name, defaults[name])
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
-                            default=kind(default) if default is not None else None,
+                            default=_typed_env(name, kind, defaults[name]),
                             help=f"{help_text} [env KUBEINFER_{name.upper()}; default {defaults[name]}]")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
                         default=_env_bool("enable_prefix_caching", True),
@@ -114,13 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text offline from a local model, streamed")
     add_engine_args(generate)
     generate.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--top-k", type=int, default=-1)
-    generate.add_argument("--seed", dest="sampling_seed", type=int, default=None, help="sampling seed")
+    generate.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt [default 64]")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [default 0]")
+    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, in (0, 1] [default 1]")
+    generate.add_argument("--top-k", type=int, default=-1, help="-1 = off [default -1]")
+    generate.add_argument("--seed", dest="sampling_seed", type=int, default=None,
+                          help="sampling seed [default: none]")
     generate.add_argument("--stop", action="append", help="a stop string (repeat for several)")
-    generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     generate.set_defaults(run=_generate)
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_engine_args(serve)
@@ -135,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("engine-mode", str, "process", "process: the engine in its own process (default); thread: in this one"),
     ]:
         name = flag.replace("-", "_")
-        value = _env(name, default)
-        serve.add_argument("--" + flag, dest=name, type=kind, default=kind(value) if value is not None else None,
-                           help=f"{help_text} [env KUBEINFER_{name.upper()}]")
+        kind = port_number if flag == "port" else kind
+        choices = ("process", "thread") if flag == "engine-mode" else None
+        serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, default),
+                           choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
     serve.add_argument("--no-vllm-metrics", dest="vllm_metrics", action="store_false",
                        default=_env_bool("vllm_metrics", True),
                        help="do not also expose the gauges under vLLM's names (vllm:num_requests_waiting, ...) "
@@ -160,12 +181,19 @@ def main(argv: list[str] | None = None) -> None:
         from kubeinfer.operator.manifests import main as manifests_main
         manifests_main(argv[1:])
         return
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=_log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.exit(args.run(args))
     except KubeinferError as error:
         print(f"kubeinfer: error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+def _log_level(name: str) -> str:
+    level = name.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"log level {name!r}: expected debug, info, warning, error or critical")
+    return level
 if __name__ == "__main__":
     main()

@@ -64,8 +64,19 @@ class EngineConfig:
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
+        _require(self.num_kvcache_blocks is None or self.num_kvcache_blocks >= 1,
+                 f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
+        _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,
+                 f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif self.device.startswith("cuda"):
+            _require(torch.cuda.is_available(), f"device {self.device!r}: no CUDA device is available here "
+                     f"(torch {torch.__version__}{'' if torch.version.cuda else ', a CPU-only build'}); "
+                     f"use --device cpu or auto")
+            index = int(self.device.partition(":")[2] or 0)
+            _require(index < torch.cuda.device_count(), f"device {self.device!r}: this machine has "
+                     f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
         self._validate_tensor_parallel()
 
     def _validate_tensor_parallel(self) -> None:

@@ -17,29 +17,39 @@ from kubeinfer.runtime.errors import ConfigError
 WINDOW_SECONDS = 60.0
 
 
-def parse_api_keys(text: str, separator: str | None = None) -> dict[str, int | None]:
-    """`{key: tokens_per_minute or None}` from a keys file (lines) or an env value (comma-separated, `key:tpm`)."""
+def parse_api_keys(text: str, separator: str | None = None, source: str = "the API keys file") -> dict[str, int | None]:
+    """`{key: tokens_per_minute or None}` from a keys file (lines) or an env value (comma-separated, `key:tpm`).
+
+    A bad entry is named by its place and the syntax its source expects; the key itself is never echoed."""
     keys: dict[str, int | None] = {}
-    entries = text.split(",") if separator == "," else text.splitlines()
+    from_env = separator == ","
+    entries = text.split(",") if from_env else text.splitlines()
     for number, entry in enumerate(entries, 1):
         entry = entry.split("#", 1)[0].strip()
         if not entry:
             continue
-        parts = entry.replace(":", " ").split() if separator == "," else entry.split()
-        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise ConfigError(f"API key entry {number}: expected 'KEY' or 'KEY TOKENS_PER_MINUTE'")
+        parts = entry.replace(":", " ").split() if from_env else entry.split()
+        if len(parts) > 2 or (len(parts) == 2 and not (parts[1].isdigit() and int(parts[1]) > 0)):
+            if from_env:
+                raise ConfigError(f"{source}: entry {number} is not KEY or KEY:TOKENS_PER_MINUTE (a positive "
+                                  f"integer); expected e.g. KUBEINFER_API_KEYS=\"key1,key2:5000\"")
+            raise ConfigError(f"{source}: line {number} is not KEY or KEY TOKENS_PER_MINUTE (a positive integer)")
         keys[parts[0]] = int(parts[1]) if len(parts) == 2 else None
     return keys
 
 
 def load_api_keys(path: str | None, env: dict[str, str] | None = None) -> dict[str, int | None]:
     env = os.environ if env is None else env
-    keys = parse_api_keys(env.get("KUBEINFER_API_KEYS", ""), separator=",")
+    keys = parse_api_keys(env.get("KUBEINFER_API_KEYS", ""), separator=",", source="KUBEINFER_API_KEYS")
     if path:
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"API keys file {path!r} does not exist")
-        keys |= parse_api_keys(file.read_text())
+        try:
+            text = file.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"API keys file {path!r} cannot be read: {error}") from None
+        keys |= parse_api_keys(text, source=f"API keys file {path!r}")
     return keys
 
 

@@ -118,7 +118,7 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
     tokenizer = state.tokenizer
-    text = render_chat(tokenizer.chat_template, [{"role": m.role, "content": m.text()} for m in body.messages],
+    text = render_chat(tokenizer.chat_template, [{"role": m.role, "content": m.text(i)} for i, m in enumerate(body.messages)],
                        body.add_generation_prompt, tokenizer.bos_token, tokenizer.eos_token)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
 
 MAX_N = 16
@@ -76,8 +77,8 @@ class CompletionRequest(_SamplingFields):
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
@@ -86,10 +87,18 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+    def text(self, index: int = 0) -> str:
+        """The message's text; a content part that is not text is refused in the user's terms."""
+        if not isinstance(self.content, list):
+            return self.content or ""
+        for part in self.content:
+            if part.type != "text":
+                raise InvalidRequestError(f"messages[{index}]: a content part of type {part.type!r} is not supported; "
+                                          "this server takes text only (parts of type 'text')", "messages")
+            if part.text is None:
+                raise InvalidRequestError(f"messages[{index}]: a content part of type 'text' needs a 'text' field",
+                                          "messages")
+        return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -23,14 +23,18 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return f"token_id:{token_id}" if "\ufffd" in text else text
 
 
-def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs], text_offset: int) -> dict:
-    """The legacy completions format: parallel lists of tokens, logprobs, top alternatives, offsets."""
-    tokens, offsets, offset = [], [], text_offset
-    for entry in entries:
-        text = token_text(tokenizer, entry.token_id)
-        tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
+def text_offset(tokenizer: Tokenizer, output_token_ids: list[int], index: int) -> int:
+    """Characters of the output text before token `index`: a character split over several tokens counts at
+    its last one (the decoded prefix's incomplete tail, U+FFFD, is not a character yet)."""
+    return len(tokenizer.decode(output_token_ids[:index], skip_special_tokens=True).rstrip("\ufffd"))
+
+
+def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs], output_token_ids: list[int],
+                        first: int) -> dict:
+    """The legacy completions format: parallel lists of tokens, logprobs, top alternatives, and the character
+    offset of each token in the output text. `entries` are the logprobs of output tokens `first...`."""
+    tokens = [token_text(tokenizer, entry.token_id) for entry in entries]
+    offsets = [text_offset(tokenizer, output_token_ids, first + i) for i in range(len(entries))]
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in e.top} or None
                              for e in entries],
@@ -53,27 +57,23 @@ class Formatter:
                  want_logprobs: bool):
         self.chat, self.request_id, self.created, self.model = chat, request_id, created, model
         self.tokenizer, self.want_logprobs = tokenizer, want_logprobs
-        self._text_offsets: dict[int, int] = {}
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def _logprobs(self, index: int, entries: list[TokenLogprobs]):
+    def _logprobs(self, output: RequestOutput, entries: list[TokenLogprobs]):
+        """Logprobs of `entries`, the last ones of `output.logprobs`."""
         if not self.want_logprobs:
             return None
         if self.chat:
             return chat_logprobs(self.tokenizer, entries)
-        offset = self._text_offsets.get(index, 0)
-        result = completion_logprobs(self.tokenizer, entries, offset)
-        if entries:
-            self._text_offsets[index] = result["text_offset"][-1] + len(result["tokens"][-1])
-        return result
+        return completion_logprobs(self.tokenizer, entries, output.token_ids, len(output.logprobs) - len(entries))
 
     def response(self, outputs: list[RequestOutput], prompt_tokens: int) -> dict:
         choices = []
         for index, output in enumerate(outputs):
-            choice = {"index": index, "logprobs": self._logprobs(index, output.logprobs),
+            choice = {"index": index, "logprobs": self._logprobs(output, output.logprobs),
                       "finish_reason": output.finish_reason}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": output.text}
@@ -94,7 +94,7 @@ class Formatter:
         """The chunk for this output's new text; None when there is nothing to send yet."""
         if not output.new_text and not output.finished and not (self.want_logprobs and output.new_logprobs):
             return None
-        choice = {"index": index, "logprobs": self._logprobs(index, output.new_logprobs),
+        choice = {"index": index, "logprobs": self._logprobs(output, output.new_logprobs),
                   "finish_reason": output.finish_reason if output.finished else None}
         if self.chat:
             choice["delta"] = {"content": output.new_text} if output.new_text else {}

@@ -61,6 +61,17 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 15) -> None:
             proc.wait(timeout=5)
 
 
+def run_kubeinfer(*args: str, cache: Path | None = None, env: dict[str, str] | None = None,
+                  timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """`kubeinfer ARGS` as a user runs it (from another folder), in an environment without KUBEINFER_*."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KUBEINFER_")}
+    if cache is not None:
+        environment["XDG_CACHE_HOME"] = str(cache)
+    environment |= env or {}
+    return subprocess.run([sys.executable, "-P", "-m", "kubeinfer.runtime.cli", *args], env=environment,
+                          capture_output=True, text=True, timeout=timeout_s, cwd=cache or None)
+
+
 class RuntimeServer:
     """`kubeinfer serve` on a free loopback port, its output in `log`.
 

@@ -51,6 +51,12 @@ def test_completion_errors(server, body, status, param, text):
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, None, "role"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", ""),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", ""),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "messages", "messages[0]: a content part of type 'image_url' is not supported; this server takes text only"),
+    ({"model": MODEL, "messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": [{"type": "text"}]}]},
+     "messages", "messages[1]: a content part of type 'text' needs a 'text' field"),
 ])
 def test_chat_errors(server, body, param, text):
     url, _ = server

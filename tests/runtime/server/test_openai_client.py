@@ -121,3 +121,21 @@ def test_models_and_probes(client, server):
     assert httpx.get(url + "/ready").json() == {"status": "ready"}
     metrics = httpx.get(url + "/metrics").text
     assert 'kubeinfer_generation_tokens_total{model_name="tiny"}' in metrics
+
+
+def test_text_offsets_count_characters_of_the_text(client, offline):
+    """Completions logprobs' text_offset is the character offset of each token in the output text, also when a
+    character spans several byte-level tokens (counted at its last one), streamed or not."""
+    kwargs = dict(model=MODEL, prompt="Unicode: café, 日本語", max_tokens=48, temperature=1.0, seed=3, logprobs=1,
+                  extra_body=EXTRA)
+    whole = client.completions.create(**kwargs).choices[0]
+    [expected] = offline.generate(kwargs["prompt"], SamplingParams(max_tokens=48, temperature=1.0, seed=3,
+                                                                   ignore_eos=True))
+    decode = offline.tokenizer.decode
+    offsets = [len(decode(expected.token_ids[:i]).rstrip("\ufffd")) for i in range(len(expected.token_ids))]
+    assert whole.text == expected.text and whole.logprobs.text_offset == offsets
+    assert any(token.startswith("token_id:") for token in whole.logprobs.tokens), "no split character: pick a seed"
+    assert offsets == sorted(offsets) and offsets[-1] <= len(whole.text)
+    streamed = [o for chunk in client.completions.create(**kwargs, stream=True) if chunk.choices and
+                chunk.choices[0].logprobs for o in chunk.choices[0].logprobs.text_offset]
+    assert streamed == offsets
