@@ -153,7 +153,11 @@ def parse_set(assignment: str) -> dict[str, Any]:
     if not sep or not path or "" in path.split("."):
         raise ValueError(f"--set wants key.path=value (e.g. monitoring.prometheusRule.enabled=true), "
                          f"not {assignment!r}")
-    value: Any = yaml.safe_load(raw) if raw else ""
+    try:
+        value: Any = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        raise ValueError(f"--set {assignment!r}: the value is not valid YAML (quote strings with special "
+                         f"characters, e.g. key='[x'") from None
     for key in reversed(path.split(".")):
         value = {key: value}
     return value

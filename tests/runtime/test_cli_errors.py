@@ -73,11 +73,12 @@ def test_bad_log_level(tmp_path):
     (lambda d: ["-f", str(d / "list.yaml")], "must hold a mapping of values (key: value), not a list"),
     (lambda d: ["--set", "=x"], "--set wants key.path=value"),
     (lambda d: ["--set", "key"], "--set wants key.path=value"),
+    (lambda d: ["--set", "runtimeImage=[x"], "the value is not valid YAML"),
     (lambda d: ["--set", "replicaCount=2", "--set", "peering.enabled=false"],
      "replicaCount=2 needs peering.enabled=true"),
     (lambda d: ["--set", "monitoring.podMonitor.enabled=true"],
      "monitoring.podMonitor.enabled=true needs serviceMonitorMode=never"),
-], ids=["missing-file", "malformed-yaml", "yaml-list", "set-no-key", "set-no-value", "replicas-need-peering",
+], ids=["missing-file", "malformed-yaml", "yaml-list", "set-no-key", "set-no-value", "set-bad-yaml", "replicas-need-peering",
         "podmonitor-needs-no-servicemonitors"])
 def test_bad_manifests_input(tmp_path, make_args, expected):
     (tmp_path / "broken.yaml").write_text("runtimeImage: [\n")
