@@ -220,6 +220,9 @@ def runtime_container(spec: InferenceServiceSpec, served_name: str, config: Oper
         "resources": resources(spec),
         **probes(spec),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        # A runtime that exits on a bad setting says why in its last log line; the kubelet copies it
+        # into the pod's status, and the CrashLoop condition quotes it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
