@@ -22,8 +22,8 @@ import pytest
 from support import PROMETHEUS_BIN, Prometheus, streams
 from support.pod_discovery import PodDiscovery
 from support.cluster import (
-    OperatorProcess, condition, delete_namespace, eventually, isvc_path, make_namespace, pod_counter, pods_of,
-    ready_pods, service_url,
+    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace,
+    pod_counter, pods_of, ready_pods, service_url,
 )
 
 NAME = "scaled"
@@ -97,7 +97,10 @@ def setup(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.Te
     try:
         yield ns, prometheus, operator
     finally:
-        operator.stop()
+        try:
+            delete_inference_services(kube, ns)
+        finally:
+            operator.stop()
         prometheus.stop()
         discovery.stop()
         delete_namespace(kube, ns)

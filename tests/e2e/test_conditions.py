@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from support.cluster import OperatorProcess, condition, delete_namespace, eventually, isvc_path, make_namespace
+from support.cluster import (
+    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace,
+)
 
 CPU = {"gpus": 0, "cpu": "100m", "memory": "1Gi"}
 CASES = {
@@ -41,7 +43,10 @@ def ns(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempP
     try:
         yield namespace
     finally:
-        operator.stop()
+        try:
+            delete_inference_services(kube, namespace)
+        finally:
+            operator.stop()
         delete_namespace(kube, namespace)
 
 

@@ -38,6 +38,16 @@ def make_namespace(kube: Any) -> str:
     return ns
 
 
+def delete_inference_services(kube: Any, ns: str, timeout: float = 120) -> None:
+    """Deletes the namespace's InferenceServices and waits until they are gone. Call it while the operator
+    still runs: an autoscaled one carries kopf's finalizer, which only the operator releases (a namespace
+    deleted after the operator stopped would hang in Terminating)."""
+    path = f"{GROUP_PATH}/namespaces/{ns}/inferenceservices"
+    for obj in kube.list(path):
+        kube.request("DELETE", f"{path}/{obj['metadata']['name']}")
+    eventually(lambda: not kube.list(path), timeout, f"the InferenceServices of {ns} gone")
+
+
 def delete_namespace(kube: Any, ns: str) -> None:
     from kubernetes.client import ApiException
     try:
