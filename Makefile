@@ -1,12 +1,24 @@
 # The two commands of the README:
 #   make demo   installs kubeinfer into .venv and generates text with the built-in demo model
 #   make test   installs the test extras (and Debian's prometheus when missing) and runs the test suite
+# The runtime image and the real-cluster suite (docs/image.md, docs/e2e.md):
+#   make image        builds the Containerfile with buildah (IMAGE_VARIANT=cpu|gpu)
+#   make image-test   runs that image as the operator's pods run it and checks it serves and drains
+#   make e2e          the operator, the image and the autoscaler on a real cluster (KUBEINFER_E2E_KUBECONFIG)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: install install-test demo test test-all crds
+IMAGE_VARIANT ?= cpu
+IMAGE ?= localhost/kubeinfer/runtime:0.1.0-$(IMAGE_VARIANT)
+CONTAINER_ENGINE ?= podman
+CONTAINER_RUN_FLAGS ?= $(shell .ci/container-run-flags.sh)
+# How `make e2e` puts the image where the cluster's nodes find it; {image} is replaced by $(IMAGE).
+# kind: E2E_LOAD_IMAGE='kind load docker-image {image}'
+E2E_LOAD_IMAGE ?=
+
+.PHONY: install install-test demo test test-all crds image image-test e2e
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,3 +43,15 @@ test: install-test
 # Everything, the slow tests included.
 test-all: install-test
 	$(BIN)/python -m pytest -m "not gpu"
+
+image:
+	IMAGE=$(IMAGE) IMAGE_VARIANT=$(IMAGE_VARIANT) .ci/image.sh
+
+image-test: install-test
+	KUBEINFER_TEST_IMAGE=$(IMAGE) KUBEINFER_CONTAINER_ENGINE=$(CONTAINER_ENGINE) \
+	  KUBEINFER_CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" $(BIN)/python -m pytest tests/image -v -s
+
+e2e: install-test
+	@test -n "$$KUBEINFER_E2E_KUBECONFIG" || { echo "make e2e: set KUBEINFER_E2E_KUBECONFIG (see docs/e2e.md)"; exit 2; }
+	KUBEINFER_E2E_IMAGE=$(IMAGE) KUBEINFER_E2E_LOAD_IMAGE='$(E2E_LOAD_IMAGE)' \
+	  $(BIN)/python -m pytest tests/e2e -v -m "not gpu" --durations=0

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 import kopf
+from kubernetes.client import ApiException
 
 from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
+from kubeinfer.operator import peering, preflight
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +25,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="watch this namespace (repeatable; globs allowed); default: all namespaces")
     parser.add_argument("--standalone", action="store_true", default=None,
                         help="do not coordinate with other copies (no peering)")
-    parser.add_argument("--peering", metavar="NAME", help="peering object shared by the copies (default kubeinfer)")
+    parser.add_argument("--peering", metavar="NAME", help="require peering through this object (default: peering only if the "
+                        "object 'kubeinfer' exists, else standalone)")
     parser.add_argument("--priority", type=int, help="peering priority; the highest-priority copy acts, others wait")
     parser.add_argument("--liveness", metavar="URL", dest="liveness_endpoint",
                         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
@@ -30,6 +35,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="create ServiceMonitors (auto: when the CRD exists)")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
+
+
+def startup_checks(config: OperatorConfig) -> peering.PeeringMode:
+    """Cluster reachable, CRD served, peering mode chosen: one log line each (kubeinfer.operator.preflight)."""
+    kube_config = preflight.load_configuration()
+    kube = Kube(kube_config)
+    preflight.wait_for_api(kube, kube_config.host)
+    if config.standalone:
+        return peering.choose(config, lambda path: False)
+
+    def exists(path: str) -> bool:
+        try:
+            return kube.get(path) is not None
+        except ApiException:
+            return False  # e.g. not allowed to read it: cannot tell, so not found
+    return peering.choose(config, exists)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,11 +62,20 @@ def main(argv: list[str] | None = None) -> None:
         service_monitor=args.service_monitor)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("kubeinfer").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    log.info("starting: namespaces=%s peering=%s", list(config.namespaces) or "all",
-             "standalone" if config.standalone else config.peering)
+    # urllib3 logs every connection retry as a warning; the preflight says it once, in words.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+    try:
+        mode = startup_checks(config)
+    except preflight.ClusterUnusable as error:
+        print(f"kubeinfer operator: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    log.log(mode.level, "%s", mode.message)
+    log.info("starting: namespaces=%s", list(config.namespaces) or "all")
     kopf.run(
-        standalone=config.standalone,
-        peering_name=None if config.standalone else config.peering,
+        standalone=mode.standalone,
+        peering_name=mode.name,
         priority=config.priority,
         namespaces=list(config.namespaces),
         clusterwide=not config.namespaces,

@@ -9,6 +9,7 @@ from typing import Literal
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kubeinfer/runtime:0.1.0"
 DEFAULT_S3_DOWNLOADER_IMAGE = "amazon/aws-cli:2.22.0"
+DEFAULT_PEERING = "kubeinfer"
 
 ServiceMonitorMode = Literal["auto", "always", "never"]
 
@@ -24,7 +25,9 @@ class OperatorConfig:
     service_monitor: ServiceMonitorMode = "auto"
     resync_seconds: float = 30.0
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
-    peering: str = "kubeinfer"
+    # Empty: peering when the default object exists, else standalone (see kubeinfer.operator.peering);
+    # a name: peering is required.
+    peering: str = ""
     standalone: bool = False
     priority: int = 0
     # Namespace/CRD scanning; off where the API server refuses listing namespaces.

@@ -21,10 +21,12 @@ import logging
 from typing import Any
 
 import kopf
+import urllib3
 
 from kubeinfer.operator import autoscaler, builders
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
+from kubeinfer.operator.preflight import unreachable_reason
 from kubeinfer.operator.reconcile import Context, reconcile_named
 from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
 
@@ -51,8 +53,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     for group, version, plural in CHILD_RESOURCES:
         settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
     kube = Kube(load_configuration())
-    with_sm = config.service_monitor == "always" or (
-        config.service_monitor == "auto" and kube.has_api("monitoring.coreos.com/v1", "servicemonitors"))
+    try:
+        with_sm = config.service_monitor == "always" or (
+            config.service_monitor == "auto" and kube.has_api("monitoring.coreos.com/v1", "servicemonitors"))
+    except (urllib3.exceptions.HTTPError, OSError) as error:   # one line, no traceback (kopf retries)
+        raise kopf.TemporaryError(f"cannot reach the API server: {unreachable_reason(error)}", delay=10) from None
     memo["ctx"] = Context(kube=kube, config=config, with_service_monitor=with_sm)
     log.info("kubeinfer operator configured: image=%s serviceMonitor=%s namespaces=%s",
              config.runtime_image, with_sm, list(config.namespaces) or "all")

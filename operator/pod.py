@@ -1,7 +1,10 @@
 """Pure builder of the runtime pod template (the part of the Deployment that runs the model).
 
 Policy, decided here:
-- GPUs per pod = parallelism.tensor, as both request and limit of ``nvidia.com/gpu``.
+- GPUs per pod = ``resources.gpus`` (default parallelism.tensor), as both request and limit of
+  ``nvidia.com/gpu``. With 0 GPUs the pod requests none, the runtime runs with ``--device cpu``, and
+  its KV cache gets a quarter of ``resources.memory`` (split over the tensor-parallel processes) unless
+  ``runtime.kvCacheMemoryGib`` says otherwise: the rest holds the weights, activations and Python.
 - Memory is requested and limited alike (a model server must not be OOM-killed by neighbours);
   CPU is only requested (limits throttle the tokenizer and HTTP loop for no gain).
 - The startup probe allows ``runtime.startupTimeoutSeconds`` for loading weights; liveness only
@@ -16,6 +19,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.spec import InferenceServiceSpec, ModelSource
 
@@ -25,16 +30,18 @@ RUNTIME_CONTAINER = "runtime"
 RUN_AS_USER = 1000
 PRESTOP_SLEEP_SECONDS = 5
 GRACE_MARGIN_SECONDS = 10
-STARTUP_PERIOD_SECONDS = 10
+STARTUP_PERIOD_SECONDS = 2
 
 MODEL_MOUNT = "/models"
 API_KEYS_DIR = "/etc/kubeinfer/api-keys"
 API_KEYS_FILE = f"{API_KEYS_DIR}/keys"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+CPU_KV_CACHE_SHARE = 0.25
 
 # Flags the operator sets itself; a user may not pass them through extraArgs or env.
-MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--api-keys-file")
+MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--api-keys-file",
+                 "--device")
 
 
 def model_dir(model: ModelSource) -> str:
@@ -67,8 +74,10 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args += ["--max-waiting-requests", str(rt.max_waiting_requests)]
     if rt.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(rt.gpu_memory_utilization)]
-    if rt.kv_cache_memory_gib is not None:
-        args += ["--kv-cache-memory-gib", str(rt.kv_cache_memory_gib)]
+    if (kv_gib := kv_cache_memory_gib(spec)) is not None:
+        args += ["--kv-cache-memory-gib", str(kv_gib)]
+    if spec.on_cpu:
+        args += ["--device", "cpu"]
     if not rt.enable_prefix_caching:
         args.append("--no-enable-prefix-caching")
     if spec.api_key_secret_ref is not None:
@@ -76,19 +85,31 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
     return args + list(rt.extra_args)
 
 
+def kv_cache_memory_gib(spec: InferenceServiceSpec) -> float | None:
+    """The KV cache budget of each runtime process; None leaves the sizing to the runtime (GPU: free memory)."""
+    if spec.runtime.kv_cache_memory_gib is not None:
+        return spec.runtime.kv_cache_memory_gib
+    if spec.on_cpu and spec.resources.memory is not None:
+        memory = float(parse_quantity(spec.resources.memory))
+        return round(memory * CPU_KV_CACHE_SHARE / spec.parallelism.tensor / 2**30, 3)
+    return None
+
+
 def _quantity(value: int | str | None) -> str | None:
     return None if value is None else str(value)
 
 
 def resources(spec: InferenceServiceSpec) -> dict[str, Any]:
-    gpus = str(spec.num_gpus)
-    requests: dict[str, str] = {GPU_RESOURCE: gpus}
-    limits: dict[str, str] = {GPU_RESOURCE: gpus}
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if not spec.on_cpu:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.num_gpus)
     if (cpu := _quantity(spec.resources.cpu)) is not None:
         requests["cpu"] = cpu
     if (memory := _quantity(spec.resources.memory)) is not None:
         requests["memory"] = limits["memory"] = memory
-    return {"requests": requests, "limits": limits}
+    # Empty maps are left out: the API server drops them, and the applier would see a difference forever.
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
 def probes(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -199,6 +220,9 @@ def runtime_container(spec: InferenceServiceSpec, served_name: str, config: Oper
         "resources": resources(spec),
         **probes(spec),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        # A runtime that exits on a bad setting says why in its last log line; the kubelet copies it
+        # into the pod's status, and the CrashLoop condition quotes it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
@@ -212,15 +236,15 @@ def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfi
     node_selector = dict(spec.scheduling.node_selector)
     if spec.resources.gpu_product:
         node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
-    # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; tolerate it, plus the user's own.
-    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; tolerate it (CPU replicas stay off them
+    # unless the user tolerates it), plus the user's own.
+    tolerations = [] if spec.on_cpu else [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
     pod: dict[str, Any] = {
         "containers": [runtime_container(spec, served_name, config)],
         "volumes": vols,
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "tolerations": tolerations,
         # Service links would inject e.g. KUBEINFER_PORT=tcp://... for a Service named "kubeinfer",
         # which the runtime reads as its --port flag.
         "enableServiceLinks": False,
@@ -228,6 +252,8 @@ def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfi
     }
     if (init := download_init_container(spec, config)) is not None:
         pod["initContainers"] = [init]
+    if tolerations:
+        pod["tolerations"] = tolerations
     if node_selector:
         pod["nodeSelector"] = node_selector
     if spec.scheduling.affinity:

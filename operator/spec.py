@@ -129,6 +129,11 @@ class Parallelism(_Model):
 
 
 class Resources(_Model):
+    gpus: int | None = Field(
+        default=None, ge=0, le=64,
+        description="GPUs per replica. 0 runs the runtime on CPU: no nvidia.com/gpu is requested and the KV "
+        "cache is sized from resources.memory. Default: parallelism.tensor (one GPU per shard).",
+    )
     gpu_product: str | None = Field(
         default=None, description="Value of the node label nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3.",
     )
@@ -201,6 +206,22 @@ class SecretKeyRef(_Model):
     key: str = Field(default="api-keys", description="Key holding one API key per line.")
 
 
+GPUS_MATCH_SHARDS = cel(
+    "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0 || self.resources.gpus == "
+    "(has(self.parallelism) && has(self.parallelism.tensor) ? self.parallelism.tensor : 1)",
+    "resources.gpus must be 0 (run on CPU) or equal parallelism.tensor (one GPU per tensor-parallel shard)",
+)
+CPU_HAS_NO_GPU_PRODUCT = cel(
+    "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus != 0 || "
+    "!has(self.resources.gpuProduct)",
+    "resources.gpuProduct needs GPUs: remove it, or set resources.gpus above 0",
+)
+CPU_HAS_NO_GPU_MEMORY = cel(
+    "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus != 0 || !has(self.runtime) || "
+    "!has(self.runtime.gpuMemoryUtilization)",
+    "runtime.gpuMemoryUtilization applies to GPUs; with resources.gpus 0 the KV cache is sized from "
+    "resources.memory or runtime.kvCacheMemoryGib",
+)
 REPLICAS_IN_BOUNDS = cel(
     "!has(self.autoscaling) || !has(self.replicas) || "
     "(self.replicas >= (has(self.autoscaling.minReplicas) ? self.autoscaling.minReplicas : 1) "
@@ -213,7 +234,8 @@ REPLICAS_IN_BOUNDS = cel(
 class InferenceServiceSpec(_Model):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [REPLICAS_IN_BOUNDS]},
+        json_schema_extra={"x-kubernetes-validations": [
+            REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY]},
     )
 
     model: ModelSource
@@ -238,10 +260,25 @@ class InferenceServiceSpec(_Model):
             raise ValueError(REPLICAS_IN_BOUNDS["message"])
         return self
 
+    @model_validator(mode="after")
+    def _accelerators(self) -> InferenceServiceSpec:
+        gpus = self.resources.gpus
+        if gpus is not None and gpus not in (0, self.parallelism.tensor):
+            raise ValueError(GPUS_MATCH_SHARDS["message"])
+        if gpus == 0 and self.resources.gpu_product is not None:
+            raise ValueError(CPU_HAS_NO_GPU_PRODUCT["message"])
+        if gpus == 0 and self.runtime.gpu_memory_utilization is not None:
+            raise ValueError(CPU_HAS_NO_GPU_MEMORY["message"])
+        return self
+
     @property
     def num_gpus(self) -> int:
-        """GPUs per replica: one per tensor-parallel shard."""
-        return self.parallelism.tensor
+        """GPUs per replica: resources.gpus, else one per tensor-parallel shard."""
+        return self.parallelism.tensor if self.resources.gpus is None else self.resources.gpus
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.num_gpus == 0
 
     @property
     def desired_replicas(self) -> int:

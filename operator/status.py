@@ -45,10 +45,18 @@ def _container_problems(pod_name: str, statuses: list[dict[str, Any]]) -> list[P
         elif reason == "CrashLoopBackOff":
             last = ((cs.get("lastState") or {}).get("terminated")) or {}
             exit_info = f"last exit {last.get('reason', 'unknown')} (code {last.get('exitCode', '?')})"
-            problems.append(Problem("CrashLoop", f"{where} keeps crashing, {cs.get('restartCount', 0)} restarts, {exit_info}"))
+            said = _last_line(last.get("message") or "")
+            problems.append(Problem("CrashLoop", f"{where} keeps crashing, {cs.get('restartCount', 0)} restarts, "
+                                                 f"{exit_info}" + (f": {said}" if said else "")))
         elif reason in ("CreateContainerConfigError", "CreateContainerError"):
             problems.append(Problem("ContainerConfigError", f"{where}: {detail or reason}"))
     return problems
+
+
+def _last_line(message: str, limit: int = 300) -> str:
+    """The last non-empty line of a container's termination message (its log tail), shortened."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def pod_problems(pods: list[dict[str, Any]]) -> list[Problem]:

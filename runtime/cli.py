@@ -188,6 +188,18 @@ def main(argv: list[str] | None = None) -> None:
     except KubeinferError as error:
         print(f"kubeinfer: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except OSError as error:
+        # A model folder mounted without read permission, a full or read-only disk: one line, no traceback.
+        print(f"kubeinfer: error: {os_error_line(error)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def os_error_line(error: OSError) -> str:
+    """`[Errno 13] Permission denied: '/models/x/config.json'` in words: what failed, on which path."""
+    what = error.strerror or type(error).__name__
+    path = f" {error.filename}" if error.filename else ""
+    detail = "" if error.strerror else f": {error}"
+    return f"cannot access{path}: {what}{detail}"
 
 
 def _log_level(name: str) -> str:
@@ -195,5 +207,7 @@ def _log_level(name: str) -> str:
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError(f"log level {name!r}: expected debug, info, warning, error or critical")
     return level
+
+
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
 """The engine's settings: one dataclass, validated once, handed down unchanged."""
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,8 +39,7 @@ class EngineConfig:
     def __post_init__(self):
         from kubeinfer.runtime.demo import resolve_model_dir
         self.model = str(resolve_model_dir(self.model))
-        if not Path(self.model).is_dir():
-            raise ConfigError(f"model folder {self.model!r} does not exist")
+        _check_model_dir(self.model)
         self.model_config = ModelConfig.from_dir(self.model)
         self.served_model_name = self.served_model_name or Path(self.model).name
         limit = self.model_config.max_position_embeddings
@@ -103,6 +103,22 @@ class EngineConfig:
     @property
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
+
+
+def _check_model_dir(path: str) -> None:
+    """A missing, unreadable or non-folder model path, said in one sentence (a bad mount shows up here)."""
+    denied = ConfigError(f"model folder {path!r} cannot be read by uid {os.getuid()}: permission denied; check "
+                         f"the volume's permissions (a pod's fsGroup)")
+    try:
+        is_dir = stat.S_ISDIR(Path(path).stat().st_mode)
+    except FileNotFoundError:
+        raise ConfigError(f"model folder {path!r} does not exist") from None
+    except PermissionError:
+        raise denied from None
+    if not is_dir:
+        raise ConfigError(f"model {path!r} is not a folder; expected a Hugging Face model folder")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise denied
 
 
 def _require(ok: bool, message: str) -> None:

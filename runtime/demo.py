@@ -14,9 +14,12 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from kubeinfer.runtime.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 DEMO_NAME = "demo"
 DEMO_VERSION = "v1"
+DEMO_DIR_ENV = "KUBEINFER_DEMO_MODEL_DIR"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -115,21 +118,37 @@ def build_demo_model(model_dir: Path) -> None:
     write_llama_model(model_dir, train_tokenizer())
 
 
+def demo_model_dir() -> Path:
+    """Where `--model demo` lives: $KUBEINFER_DEMO_MODEL_DIR (the runtime image bakes it there), else the
+    user's cache directory."""
+    if baked := os.environ.get(DEMO_DIR_ENV):
+        return Path(baked)
+    from kubeinfer.runtime.config import default_cache_dir
+    return default_cache_dir() / f"demo-model-{DEMO_VERSION}"
+
+
 def resolve_model_dir(model: str) -> Path:
     """`demo` -> the demo model's folder (built on first use); anything else is a folder path."""
     if model != DEMO_NAME:
         return Path(model).expanduser()
-    from kubeinfer.runtime.config import default_cache_dir
-    target = default_cache_dir() / f"demo-model-{DEMO_VERSION}"
+    target = demo_model_dir()
     if not (target / "model.safetensors").is_file():
         logger.info("building the demo model in %s (once)", target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".demo-"))
         try:
-            build_demo_model(staging)
-            if target.exists():  # a half-built folder from an interrupted run
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            _build_into(target)
+        except OSError as error:
+            raise ConfigError(f"cannot build the demo model in {target}: {error.strerror or error}; point "
+                              f"XDG_CACHE_HOME (or {DEMO_DIR_ENV}) at a writable folder") from error
     return target
+
+
+def _build_into(target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".demo-"))
+    try:
+        build_demo_model(staging)
+        if target.exists():  # a half-built folder from an interrupted run
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The operator scenarios against a real API server (skipped unless KUBEINFER_E2E_KUBECONFIG is set).
+"""The operator's API semantics on a real API server (skipped unless KUBEINFER_E2E_KUBECONFIG is set).
 
 Applies crds/ first, runs the operator in-process against a fresh namespace, and checks what kmock
 cannot: CEL refusals, server-side apply, pruning of undeclared status fields, the scale subresource,
@@ -9,67 +9,19 @@ shows them Unschedulable, which the status must explain.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-KUBECONFIG = os.environ.get("KUBEINFER_E2E_KUBECONFIG")
-pytestmark = pytest.mark.skipif(not KUBECONFIG, reason="KUBEINFER_E2E_KUBECONFIG is not set")
+from support import cluster
+from support.cluster import condition, eventually
 
-ROOT = Path(__file__).resolve().parents[2]
 NAME = "qwen"
 ACTIONABLE = {"InsufficientGPU", "Unschedulable", "ImagePullFailed", "CrashLoop", "ContainerConfigError",
               "LoadingModel", "Available", "Complete", "AsExpected", "NoReplicasReady", "RollingOut", "Creating"}
-
-
-def eventually(fn: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001  (a 404 while an object is being created)
-            last = e
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[Any]:
-    os.environ["KUBECONFIG"] = KUBECONFIG or ""
-    from kubeinfer.operator.kube import Kube, load_configuration
-    yield Kube(load_configuration())
-
-
-@pytest.fixture(scope="module")
-def crds(kube: Any) -> None:
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                kube.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}",
-                             body=doc, content_type="application/apply-patch+yaml",
-                             query={"fieldManager": "kubeinfer-e2e", "force": "true"})
-    def established() -> bool:
-        crd = kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.kubeinfer.dev")
-        return any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"].get("conditions", []))
-    eventually(established, what="CRD established")
-
-
-@pytest.fixture()
-def namespace(kube: Any, crds: None) -> Iterator[str]:
-    ns = f"kubeinfer-e2e-{uuid.uuid4().hex[:6]}"
-    kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    yield ns
-    kube.request("DELETE", f"/api/v1/namespaces/{ns}")
 
 
 def run_operator(namespace: str) -> tuple[threading.Thread, threading.Event]:
@@ -96,7 +48,7 @@ def operator(namespace: str) -> Iterator[str]:
 
 
 def isvc_path(ns: str, name: str = NAME) -> str:
-    return f"/apis/kubeinfer.dev/v1alpha1/namespaces/{ns}/inferenceservices/{name}"
+    return cluster.isvc_path(ns, name)
 
 
 def manifest(ns: str, **spec: Any) -> dict[str, Any]:
@@ -110,15 +62,14 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
                         body=manifest(ns, **spec))
 
 
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
-
-
 @pytest.mark.parametrize("spec, message", [
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas must not exceed"),
     ({"parallelism": {"tensor": 3}}, "power of two"),
     ({"model": {"uri": "ftp://host/m"}}, "hf://, pvc://, s3:// or file://"),
     ({"replicas": 9, "autoscaling": {"maxReplicas": 4}}, "spec.replicas must lie within"),
+    ({"resources": {"gpus": 2}}, "resources.gpus must be 0 (run on CPU) or equal parallelism.tensor"),
+    ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
+    ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}}, "gpuMemoryUtilization applies to GPUs"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException

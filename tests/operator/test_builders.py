@@ -51,6 +51,37 @@ def test_cpu_is_requested_memory_requested_and_limited() -> None:
     assert res["requests"]["memory"] == res["limits"]["memory"] == "64Gi"
 
 
+def test_zero_gpus_runs_on_cpu_with_the_kv_cache_sized_from_memory() -> None:
+    dep = build(resources={"gpus": 0, "cpu": "2", "memory": "8Gi"})
+    c, pod_spec = container(dep), dep["spec"]["template"]["spec"]
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    assert flag(dep, "--device") == "cpu"
+    assert flag(dep, "--kv-cache-memory-gib") == "2.0"            # a quarter of 8Gi
+    assert "tolerations" not in pod_spec                           # no GPU taint to tolerate
+    assert "nvidia.com/gpu" not in str(dep)
+
+
+def test_cpu_kv_cache_is_split_over_tensor_parallel_processes_and_an_explicit_budget_wins() -> None:
+    split = build(resources={"gpus": 0, "memory": "16Gi"}, parallelism={"tensor": 2})
+    assert flag(split, "--kv-cache-memory-gib") == "2.0" and flag(split, "--tensor-parallel-size") == "2"
+    explicit = build(resources={"gpus": 0, "memory": "16Gi"}, runtime={"kvCacheMemoryGib": 1.5})
+    assert flag(explicit, "--kv-cache-memory-gib") == "1.5"
+
+
+def test_cpu_without_memory_leaves_the_kv_cache_to_the_runtime_and_requests_nothing() -> None:
+    dep = build(resources={"gpus": 0})
+    assert flag(dep, "--kv-cache-memory-gib") is None and flag(dep, "--device") == "cpu"
+    assert "resources" not in container(dep) or container(dep)["resources"] == {}
+
+
+def test_gpu_replicas_keep_the_gpu_toleration_and_run_on_the_default_device() -> None:
+    dep = build(resources={"gpus": 2}, parallelism={"tensor": 2})
+    assert container(dep)["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert flag(dep, "--device") is None and flag(dep, "--kv-cache-memory-gib") is None
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        dep["spec"]["template"]["spec"]["tolerations"]
+
+
 def test_gpu_product_becomes_a_node_selector_beside_the_users() -> None:
     dep = build(resources={"gpuProduct": "NVIDIA-H100-80GB-HBM3"}, scheduling={"nodeSelector": {"pool": "gpu"}})
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,9 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "power of two" in messages
     assert "hf://, pvc://, s3:// or file://" in messages
     assert "spec.replicas must lie within" in messages
+    assert "resources.gpus must be 0 (run on CPU)" in messages
+    assert "resources.gpuProduct needs GPUs" in messages
+    assert "runtime.gpuMemoryUtilization applies to GPUs" in messages
     for rule in _rules(_schema()):
         assert rule["rule"] and rule["message"]
 
@@ -132,6 +136,11 @@ BAD_SPECS = {
     "replicas above max": ({"replicas": 9, "autoscaling": {"maxReplicas": 4}}, "spec.replicas must lie within"),
     "replicas below min": ({"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}},
                            "spec.replicas must lie within"),
+    "gpus other than shards": ({"resources": {"gpus": 2}}, "resources.gpus must be 0 (run on CPU) or equal"),
+    "negative gpus": ({"resources": {"gpus": -1}}, "greater than or equal to 0"),
+    "gpu product on cpu": ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
+    "gpu memory on cpu": ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}},
+                          "runtime.gpuMemoryUtilization applies to GPUs"),
 }
 
 
@@ -139,8 +148,15 @@ BAD_SPECS = {
 def test_models_refuse_what_cel_refuses(name: str) -> None:
     patch, message = BAD_SPECS[name]
     raw = {"model": {"uri": "hf://org/model"}, **patch}
-    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ValidationError, match=re.escape(message)):
         spec.parse_spec(raw)
+
+
+@pytest.mark.parametrize("resources, parallelism, gpus", [
+    ({}, {}, 1), ({}, {"tensor": 4}, 4), ({"gpus": 4}, {"tensor": 4}, 4), ({"gpus": 0}, {"tensor": 2}, 0)])
+def test_gpu_count_is_the_shards_or_zero(resources: dict, parallelism: dict, gpus: int) -> None:
+    parsed = spec.parse_spec({"model": {"uri": "hf://org/model"}, "resources": resources, "parallelism": parallelism})
+    assert parsed.num_gpus == gpus and parsed.on_cpu == (gpus == 0)
 
 
 def test_replicas_inside_bounds_beside_autoscaling_is_accepted() -> None:

@@ -8,6 +8,7 @@ import kopf
 import pytest
 
 from kubeinfer.operator import __main__ as entry
+from kubeinfer.operator import peering, preflight
 from kubeinfer.operator.config import OperatorConfig
 
 
@@ -22,14 +23,34 @@ def test_env_settings_are_read() -> None:
         OperatorConfig.from_env({"KUBEINFER_SERVICE_MONITOR": "sometimes"})
 
 
-def test_main_passes_flags_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_passes_flags_and_the_peering_mode_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
-    monkeypatch.delenv("KUBEINFER_STANDALONE", raising=False)
+    # The cluster: reachable, with no peering object anywhere.
+    monkeypatch.setattr(entry, "startup_checks", lambda config: peering.choose(config, lambda path: False))
+    for name in ("KUBEINFER_STANDALONE", "KUBEINFER_PEERING"):
+        monkeypatch.delenv(name, raising=False)
     entry.main(["-n", "ml", "-n", "ml-*", "--peering", "team-a", "--priority", "10", "--runtime-image", "x/y:1"])
     assert seen["namespaces"] == ["ml", "ml-*"] and seen["clusterwide"] is False
     assert seen["peering_name"] == "team-a" and seen["priority"] == 10 and seen["standalone"] is False
     assert seen["memo"]["config"].runtime_image == "x/y:1"
     entry.main(["--standalone"])
     assert seen["standalone"] is True and seen["peering_name"] is None and seen["clusterwide"] is True
+    entry.main([])   # out of the box: no peering object, so it acts alone
+    assert seen["standalone"] is True and seen["peering_name"] is None
+
+
+def test_main_exits_with_one_line_when_the_cluster_is_unusable(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: pytest.fail("kopf must not start"))
+
+    def unusable(config: OperatorConfig) -> None:
+        raise preflight.ClusterUnusable("the API server at https://k refused the credentials (401 Unauthorized)")
+    monkeypatch.setattr(entry, "startup_checks", unusable)
+    with pytest.raises(SystemExit) as exited:
+        entry.main([])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == ("kubeinfer operator: error: the API server at https://k refused the "
+                                       "credentials (401 Unauthorized)\n")

@@ -85,6 +85,14 @@ def test_crash_loop_reports_restarts_and_exit() -> None:
     assert "5 restarts" in c["Degraded"]["message"] and "OOMKilled" in c["Degraded"]["message"]
 
 
+def test_crash_loop_quotes_the_last_line_the_runtime_said() -> None:
+    said = "2026-11-23 INFO loading\nkubeinfer: error: model folder '/models/x' does not exist\n\n"
+    pod = waiting("CrashLoopBackOff", restartCount=2,
+                  lastState={"terminated": {"reason": "Error", "exitCode": 2, "message": said}})
+    message = conds(1, dep(1, 0, 1), [pod])["Degraded"]["message"]
+    assert message.endswith("last exit Error (code 2): kubeinfer: error: model folder '/models/x' does not exist")
+
+
 def test_no_free_gpus_is_called_insufficient_gpu() -> None:
     msg = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     c = conds(1, dep(1, 0, 1), [unschedulable(msg)])

@@ -64,6 +64,9 @@ def test_missing_weight_files_and_tensors(llama_dir, tmp_path):
 def test_bad_engine_settings(llama_dir, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         LLM(str(tmp_path / "nowhere"))
+    (tmp_path / "weights.bin").write_text("")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        LLM(str(tmp_path / "weights.bin"))
     with pytest.raises(ModelLoadError, match="config.json"):
         LLM(str(tmp_path))
     with pytest.raises(ConfigError, match="block_size"):

@@ -33,3 +33,31 @@ def test_manifests_and_operator_subcommands_dispatch(tmp_path):
     assert {"CustomResourceDefinition", "ClusterRole", "Deployment"} <= kinds
     helped = run_cli("operator", "--help", cache=tmp_path)
     assert helped.returncode == 0 and "--standalone" in helped.stdout
+
+
+def test_an_unusable_cache_folder_is_one_line_without_a_traceback(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run_cli("generate", "--model", "demo", "--prompt", "x", cache=blocker / "cache")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("kubeinfer: error:")]
+    assert len(error_lines) == 1 and "cannot build the demo model in" in error_lines[0]
+    assert "XDG_CACHE_HOME" in error_lines[0]
+
+
+def test_a_baked_demo_folder_is_used_and_never_rebuilt(tmp_path, monkeypatch):
+    from kubeinfer.runtime import demo
+    baked = tmp_path / "baked"
+    monkeypatch.setenv(demo.DEMO_DIR_ENV, str(baked))
+    assert demo.resolve_model_dir("demo") == baked and (baked / "model.safetensors").is_file()
+    stamp = (baked / "model.safetensors").stat().st_mtime_ns
+    assert demo.resolve_model_dir("demo") == baked
+    assert (baked / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_os_errors_read_as_what_failed_on_which_path():
+    from kubeinfer.runtime.cli import os_error_line
+    assert os_error_line(PermissionError(13, "Permission denied", "/models/m/config.json")) == \
+        "cannot access /models/m/config.json: Permission denied"
+    assert os_error_line(OSError("disk on fire")) == "cannot access: OSError: disk on fire"

@@ -1,0 +1,130 @@
+"""Helpers of the real-cluster suite (tests/e2e): waiting, the operator as a process, pods and their metrics.
+
+Importable as `support.cluster`; nothing here runs unless a test of tests/e2e calls it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+GROUP_PATH = "/apis/kubeinfer.dev/v1alpha1"
+
+
+def eventually(fn: Callable[[], Any], timeout: float = 60, what: str = "condition", interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001  (a 404 while an object is being created)
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def make_namespace(kube: Any) -> str:
+    ns = f"kubeinfer-e2e-{uuid.uuid4().hex[:6]}"
+    kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    return ns
+
+
+def delete_inference_services(kube: Any, ns: str, timeout: float = 120) -> None:
+    """Deletes the namespace's InferenceServices and waits until they are gone. Call it while the operator
+    still runs: an autoscaled one carries kopf's finalizer, which only the operator releases (a namespace
+    deleted after the operator stopped would hang in Terminating)."""
+    path = f"{GROUP_PATH}/namespaces/{ns}/inferenceservices"
+    for obj in kube.list(path):
+        kube.request("DELETE", f"{path}/{obj['metadata']['name']}")
+    eventually(lambda: not kube.list(path), timeout, f"the InferenceServices of {ns} gone")
+
+
+def delete_namespace(kube: Any, ns: str) -> None:
+    from kubernetes.client import ApiException
+    try:
+        kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+class OperatorProcess:
+    """`kubeinfer operator -n NS` in its own process, as a user starts it; no other flag unless given."""
+
+    def __init__(self, namespace: str, log: Path, image: str | None = None, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()):
+        self.namespace, self.log_path = namespace, log
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEINFER_")}
+        self.env |= {"KUBECONFIG": os.environ["KUBECONFIG"], **({"KUBEINFER_RUNTIME_IMAGE": image} if image else {}),
+                     **(env or {})}
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> OperatorProcess:
+        log = self.log_path.open("a")
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "kubeinfer.operator", "-n", self.namespace,
+                                      *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd="/")
+        log.close()
+        eventually(lambda: "Activity 'login' succeeded" in self.output() or self.proc.poll() is not None,
+                   timeout=60, what="the operator to log in", interval=0.2)
+        assert self.proc.poll() is None, f"the operator exited:\n{self.output()[-3000:]}"
+        time.sleep(1.5)  # its watch streams open
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def output(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def isvc_path(ns: str, name: str) -> str:
+    return f"{GROUP_PATH}/namespaces/{ns}/inferenceservices/{name}"
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def pods_of(kube: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    return kube.list(f"/api/v1/namespaces/{ns}/pods", f"kubeinfer.dev/inferenceservice={name}")
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions", []))
+
+
+def ready_pods(kube: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    return [p for p in pods_of(kube, ns, name) if is_ready(p)]
+
+
+def pod_counter(pod: dict[str, Any], metric: str = "kubeinfer_request_success_total") -> float:
+    """Sum of one counter in a pod's own /metrics (straight to the pod, not through the Service)."""
+    text = httpx.get(f"http://{pod['status']['podIP']}:8000/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(metric + "{") or line.startswith(metric + " "))
+
+
+def service_url(kube: Any, ns: str, name: str) -> str:
+    svc = kube.get(f"/api/v1/namespaces/{ns}/services/{name}")
+    return f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1"
