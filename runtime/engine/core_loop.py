@@ -1,12 +1,13 @@
 """The engine core's busy loop, in a process of its own (the default) or on a thread of the API process.
 
 Messages from the API side:   ("add", request_id, token_ids, params, arrival_time), ("abort", [request_id]),
-                              ("stop", request_id, stop_string), ("shutdown",)
+                              ("stop", request_id, stop_string), ("read", number of step messages read),
+                              ("shutdown",)
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds)
                               per step, ("rejected", request_id, message), ("error", message) when it dies.
 
 The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
-deltas in one message; with nothing to do it blocks on the channel. In a process it ignores SIGINT and
+deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and
 SIGTERM (sent to the whole process group by a terminal or a test): the API process drains first, then
 sends "shutdown". If the API process dies, the pipe closes and the loop ends.
 """
@@ -21,15 +22,25 @@ from kubeinfer.runtime.engine.core import EngineCore
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 
 logger = logging.getLogger(__name__)
+# Steps the core may run ahead of the API side. Two: it computes the next step while the API side streams
+# the last one. Unbounded, an API process slower than the engine (many streams on few cores) would fall
+# further behind every step: tokens would reach clients late, and an abort would arrive after the request
+# it cancels had already run to its end (seen: 5 of 50 cancelled streams of tests/runtime/server/test_load.py).
+MAX_STEPS_AHEAD = 2
 
 
 def serve_core(core: EngineCore, channel) -> None:
+    unread = 0   # steps sent that the API side has not yet said it read
     while True:
         touched = False
-        for message in channel.receive(timeout=None if not core.has_unfinished() else 0.0):
+        idle = not core.has_unfinished() or unread >= MAX_STEPS_AHEAD
+        for message in channel.receive(timeout=None if idle else 0.0):
             kind = message[0]
             if kind == "shutdown":
                 return
+            if kind == "read":
+                unread -= message[1]
+                continue
             touched = True
             if kind == "add":
                 _, request_id, token_ids, params, arrival_time = message
@@ -42,10 +53,11 @@ def serve_core(core: EngineCore, channel) -> None:
                     core.finish(request_id, "abort")
             elif kind == "stop":
                 core.finish(message[1], "stop", message[2])
-        if core.has_unfinished():
+        if core.has_unfinished() and unread < MAX_STEPS_AHEAD:
             started = time.perf_counter()
             deltas = core.step()
             channel.send(("step", deltas, core.stats(), time.perf_counter() - started))
+            unread += 1
         elif touched:   # the gauges, after aborts or stops with no step to follow
             channel.send(("step", [], core.stats(), None))
 

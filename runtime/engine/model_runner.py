@@ -11,6 +11,7 @@ from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.context import ForwardContext, set_context
+from kubeinfer.runtime.cpu_threads import configure_torch_threads
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
@@ -64,6 +65,11 @@ class ModelRunner:
             raise RuntimeError(f"tensor_parallel_size is {config.tensor_parallel_size} but this process is in a "
                                f"group of {tp_size()}: one tensor-parallel engine per process, alone")
         self.device = rank_device(config, self.rank)
+        if self.device.type == "cpu" and config.tensor_parallel_size == 1:   # TP workers share the CPUs
+            threads = configure_torch_threads()
+            if threads is not None:
+                logger.info("CPU: %d torch threads (the CPUs this process may use; OMP_NUM_THREADS overrides)",
+                            threads)
         self.dtype = config.torch_dtype
         set_backend(config.kernel_backend)
         torch.manual_seed(config.seed)   # draws of requests without a seed

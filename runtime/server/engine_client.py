@@ -189,9 +189,11 @@ class EngineClient:
         except (EOFError, OSError):
             self._die(self._exit_reason())
             return
+        steps = 0
         for message in messages:
             kind = message[0]
             if kind == "step":
+                steps += 1
                 self._on_step(*message[1:])
             elif kind == "rejected":
                 _, request_id, text = message
@@ -199,6 +201,8 @@ class EngineClient:
                 self._deliver(request_id, InvalidRequestError(text))
             elif kind == "error":
                 self._die(message[1])
+        if steps:
+            self._send(("read", steps))   # lets the core run ahead again (core_loop.MAX_STEPS_AHEAD)
 
     def _on_step(self, deltas, stats, step_seconds: float | None) -> None:
         outputs, stopped = self.processor.process(deltas)
