@@ -21,6 +21,10 @@ INSTANCE_LABEL = f"{GROUP}/inferenceservice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubeinfer"
 HASH_ANNOTATION = f"{GROUP}/desired-hash"
+# The labels llm-d's well-lit paths select model-server pods by (an InferencePool's selector): a gateway
+# that already routes llm-d's pods finds ours with the same selector.
+LLMD_SERVING_LABEL = "llm-d.ai/inferenceServing"
+LLMD_MODEL_LABEL = "llm-d.ai/model"
 SERVICE_PORT = 80
 
 
@@ -54,6 +58,17 @@ def common_labels(owner: Owner) -> dict[str, str]:
         "app.kubernetes.io/component": "inference",
         MANAGED_BY_LABEL: MANAGED_BY,
     }
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value: letters, digits, '-', '_', '.', at most 63, alphanumeric at both ends."""
+    value = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "-" for c in text)[:63]
+    return value.strip("-_.")
+
+
+def pod_labels(spec: InferenceServiceSpec, owner: Owner) -> dict[str, str]:
+    return {**common_labels(owner), LLMD_SERVING_LABEL: "true",
+            LLMD_MODEL_LABEL: label_value(served_name(spec, owner))}
 
 
 def served_name(spec: InferenceServiceSpec, owner: Owner) -> str:
@@ -116,7 +131,7 @@ def deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig)
         "progressDeadlineSeconds": progress_deadline,
         "revisionHistoryLimit": 3,
         "template": {
-            "metadata": {"labels": common_labels(owner), "annotations": template_annotations},
+            "metadata": {"labels": pod_labels(spec, owner), "annotations": template_annotations},
             "spec": pod.pod_spec(spec, served_name(spec, owner), config),
         },
     }})

@@ -279,3 +279,18 @@ def test_service_pdb_and_service_monitor_select_the_pods() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == "http" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
     assert builders.endpoint(OWNER) == "http://qwen.ml.svc/v1"
+
+
+@pytest.mark.parametrize("served, label", [
+    (None, "qwen"),                                        # the InferenceService's name
+    ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama-Llama-3.1-8B-Instruct"),
+    ("/" + "x" * 80, "x" * 62),                              # at most 63, alphanumeric at both ends
+])
+def test_pods_carry_the_labels_llm_d_selects(served, label) -> None:
+    """Pods carry llm-d's model-server labels, so an InferencePool selector written for llm-d finds them."""
+    import re
+    model = {"uri": "hf://org/m", **({"servedName": served} if served else {})}
+    labels = builders.deployment(parse_spec({"model": model}), OWNER, CONFIG)["spec"]["template"]["metadata"]["labels"]
+    assert labels["llm-d.ai/inferenceServing"] == "true"
+    assert labels["llm-d.ai/model"] == label
+    assert re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]", labels["llm-d.ai/model"])
