@@ -33,6 +33,7 @@ class EngineConfig:
     enforce_eager: bool = False            # no CUDA graphs for decode
     cuda_graph_max_batch_size: int = 256   # largest decode batch replayed from a CUDA graph
     load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights
+    cpu_threads: int | None = None         # torch threads on CPU; None = the CPUs this process may use
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
 
@@ -59,6 +60,8 @@ class EngineConfig:
                  f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.cuda_graph_max_batch_size >= 1,
                  f"cuda_graph_max_batch_size must be >= 1, got {self.cuda_graph_max_batch_size}")
+        _require(self.cpu_threads is None or self.cpu_threads >= 1,
+                 f"cpu_threads must be >= 1, got {self.cpu_threads}")
         _require(self.load_format in LOAD_FORMATS,
                  f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")

@@ -33,12 +33,13 @@ def cpu_threads(root: Path = CGROUP) -> int:
     return max(1, min(cores, math.ceil(limit))) if limit is not None else cores
 
 
-def configure_torch_threads() -> int | None:
-    """Sets torch's intra-op threads to `cpu_threads()`; returns them, or None if OMP_NUM_THREADS decides."""
-    if "OMP_NUM_THREADS" in os.environ:
+def configure_torch_threads(threads: int | None = None) -> int | None:
+    """Sets torch's intra-op threads to `threads`, or else to `cpu_threads()` unless OMP_NUM_THREADS is set;
+    returns what was set (None: OMP_NUM_THREADS decides)."""
+    if threads is None and "OMP_NUM_THREADS" in os.environ:
         return None
     import torch
-    threads = cpu_threads()
+    threads = threads or cpu_threads()
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
     return threads

@@ -66,10 +66,9 @@ class ModelRunner:
                                f"group of {tp_size()}: one tensor-parallel engine per process, alone")
         self.device = rank_device(config, self.rank)
         if self.device.type == "cpu" and config.tensor_parallel_size == 1:   # TP workers share the CPUs
-            threads = configure_torch_threads()
+            threads = configure_torch_threads(config.cpu_threads)
             if threads is not None:
-                logger.info("CPU: %d torch threads (the CPUs this process may use; OMP_NUM_THREADS overrides)",
-                            threads)
+                logger.info("CPU: %d torch threads (--cpu-threads, else the CPUs this process may use)", threads)
         self.dtype = config.torch_dtype
         set_backend(config.kernel_backend)
         torch.manual_seed(config.seed)   # draws of requests without a seed

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from kubeinfer.runtime.cpu_threads import cpu_threads
+
 if TYPE_CHECKING:
     from kubeinfer.runtime.config import EngineConfig
     from kubeinfer.runtime.engine.model_runner import StepInputs
@@ -129,8 +131,8 @@ class WorkerGroup:
         self._closed = False
         self._stopping = threading.Event()
         self._num_threads_before = torch.get_num_threads()
-        if rank_device(config, 0).type == "cpu":   # ranks share the cores instead of each taking them all
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+        if rank_device(config, 0).type == "cpu":   # ranks share the CPUs instead of each taking them all
+            torch.set_num_threads(config.cpu_threads or max(1, cpu_threads() // size))
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
         self.channel = StepChannel(channel_size(config), size - 1, context)
         self.processes = [

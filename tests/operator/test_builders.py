@@ -61,6 +61,14 @@ def test_zero_gpus_runs_on_cpu_with_the_kv_cache_sized_from_memory() -> None:
     assert "nvidia.com/gpu" not in str(dep)
 
 
+@pytest.mark.parametrize("cpu, tensor, threads", [("250m", 1, "1"), ("2", 1, "2"), ("2500m", 1, "3"), ("4", 2, "2"),
+                                                  (None, 1, None)])
+def test_cpu_pods_use_as_many_torch_threads_as_cpus_they_request(cpu, tensor, threads) -> None:
+    resources = {"gpus": 0, **({"cpu": cpu} if cpu else {})}
+    assert flag(build(resources=resources, parallelism={"tensor": tensor}), "--cpu-threads") == threads
+    assert flag(build(resources={"cpu": "2"}), "--cpu-threads") is None    # GPU pods: the runtime decides
+
+
 def test_cpu_kv_cache_is_split_over_tensor_parallel_processes_and_an_explicit_budget_wins() -> None:
     split = build(resources={"gpus": 0, "memory": "16Gi"}, parallelism={"tensor": 2})
     assert flag(split, "--kv-cache-memory-gib") == "2.0" and flag(split, "--tensor-parallel-size") == "2"

@@ -25,3 +25,16 @@ def test_cgroup_v1_quota(tmp_path):
 
 def test_no_cgroup_files(tmp_path):
     assert cgroup_cpu_limit(tmp_path) is None and cpu_threads(tmp_path) == len(os.sched_getaffinity(0))
+
+
+def test_an_explicit_thread_count_wins(monkeypatch):
+    import torch
+
+    from kubeinfer.runtime.cpu_threads import configure_torch_threads
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    try:
+        assert configure_torch_threads() is None and torch.get_num_threads() == before   # OMP_NUM_THREADS decides
+        assert configure_torch_threads(1) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
