@@ -20,6 +20,10 @@ from kubeinfer.runtime.server.openai_api import ServerState
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+# Idle keep-alive connections stay open longer than the usual load balancer's idle timeout (60 s): a server
+# that closes first races the client's next request on that connection (seen: a ReadError in a benchmark
+# client with uvicorn's default of 5 s).
+KEEP_ALIVE_SECONDS = 65
 
 
 class DrainingServer(uvicorn.Server):
@@ -85,7 +89,8 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
     gc.collect()
     gc.freeze()   # start-up objects are never garbage: keep them out of the collections on the serving path
     uvicorn_config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level.lower(),
-                                    timeout_graceful_shutdown=5, access_log=False)
+                                    timeout_graceful_shutdown=5, access_log=False,
+                                    timeout_keep_alive=KEEP_ALIVE_SECONDS)
     server = DrainingServer(uvicorn_config, state, drain_timeout)
 
     def listening() -> None:

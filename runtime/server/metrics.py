@@ -21,6 +21,7 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 2
 class EngineMetrics:
     def __init__(self, model_name: str, vllm_names: bool = True):
         self.registry = CollectorRegistry()
+        self._children: dict = {}
         labels = ["model_name"]
 
         def metric(kind, name, doc, extra=(), **kwargs):
@@ -70,7 +71,13 @@ class EngineMetrics:
         self._seen = (0, 0, 0)   # scheduler stats already counted: preemptions, hits, queries
 
     def labels(self, metric, *values):
-        return metric.labels(self.model_name, *values)
+        """The child of `metric` for this model (and `values`), looked up once: prometheus_client's own lookup
+        costs microseconds, and several run per token."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.model_name, *values)
+        return child
 
     def observe_stats(self, stats: EngineStats, step_seconds: float | None) -> None:
         """The core's gauges and counters after a step (`step_seconds` None: no step ran, e.g. after aborts)."""

@@ -63,17 +63,39 @@ def test_killed_rank_stops_the_server_nonzero_within_seconds(model_dirs, tmp_pat
     assert "rank 1" in output and "SIGKILL" in output
 
 
-def test_killed_engine_process_stops_the_server_nonzero(model_dirs, tmp_path):
-    """The engine process dies (OOM killer, a crash): the server says so and exits non-zero at once."""
-    server = RuntimeServer(model_dirs["qwen2"], tmp_path / "serve.log", cache=tmp_path).wait_ready(90)
+def test_killed_engine_process_ends_open_streams_and_stops_the_server_nonzero(model_dirs, tmp_path):
+    """The engine process dies (OOM killer, a crash) mid-stream: the open stream ends with an error event,
+    never a hang, and the server says so and exits 1 at once (Kubernetes restarts it)."""
+    import json
+    import threading
+
+    import httpx
+    server = RuntimeServer(model_dirs["qwen2"], tmp_path / "serve.log", "--max-model-len", "512",
+                           cache=tmp_path).wait_ready(90)
+    events: list[dict] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        body = {"model": "tiny", "prompt": "a", "max_tokens": 500, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:]))
+                    first.set()
+    reader = threading.Thread(target=stream)
     try:
+        reader.start()
+        assert first.wait(30), "no token before the kill"
         [engine] = spawned_children(server.proc.pid)
         os.kill(engine, signal.SIGKILL)
         killed = time.monotonic()
         code = server.proc.wait(15)
         elapsed = time.monotonic() - killed
+        reader.join(15)
     finally:
         server.stop()
     output = server.output()
     assert code == 1 and elapsed < 10, output
     assert "the engine process exited (exit code -9)" in output and "Traceback" not in output
+    assert not reader.is_alive(), "the stream hung"
+    assert "error" in events[-1] and "engine" in events[-1]["error"]["message"], events[-1]
