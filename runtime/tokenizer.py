@@ -45,12 +45,20 @@ def _token_text(token) -> str | None:
     return token
 
 
+# A character split over tokens decodes as at most three U+FFFD (byte-fallback tokenizers give one per byte
+# of an incomplete four-byte character, byte-level BPE one for the whole incomplete tail).
+MAX_INCOMPLETE_CHARS = 3
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
 
-    A token can end inside a multi-byte character; its text then ends in U+FFFD, and it is held back until
-    a later token completes the character. A few tokens before the read point are decoded with the new
-    ones so that tokenizers whose spacing depends on the previous token decode right.
+    A token can end inside a multi-byte character; its text then ends in U+FFFD, and that tail is held back
+    until a later token completes the character. Only the tail: the text before its last three U+FFFD can no
+    longer change, so it is sent at once. A model that writes invalid bytes (a random-weight model does, a
+    real one sometimes) thus streams them as U+FFFD as it goes, instead of holding the whole output back until
+    the sequence ends. A few tokens before the read point are decoded with the new ones so that tokenizers
+    whose spacing depends on the previous token decode right.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):
@@ -58,20 +66,31 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.read_offset = len(prompt_token_ids)
         self.prefix_offset = max(self.read_offset - 5, 0)
+        self.sent = 0   # characters after the read point already returned (text before an incomplete tail)
 
     def step(self, token_ids: list[int]) -> str:
         """The new text that `token_ids` (all tokens so far, prompt included) adds; "" while incomplete."""
-        decode = self.tokenizer.decode
-        prefix_text = decode(token_ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
-        full_text = decode(token_ids[self.prefix_offset:], self.skip_special_tokens)
-        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+        new_text = self._new_text(token_ids)
+        incomplete = len(new_text) - len(new_text.rstrip("\ufffd"))
+        if new_text and not incomplete:
+            delta, self.sent = new_text[self.sent:], 0
             self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
-            return full_text[len(prefix_text):]
-        return ""
+            return delta
+        stable = len(new_text) - min(incomplete, MAX_INCOMPLETE_CHARS)
+        if stable <= self.sent:
+            return ""
+        delta, self.sent = new_text[self.sent:stable], stable
+        return delta
 
     def flush(self, token_ids: list[int]) -> str:
         """Whatever is still held back, at the end of a sequence (an incomplete character included)."""
-        prefix_text = self.tokenizer.decode(token_ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
-        full_text = self.tokenizer.decode(token_ids[self.prefix_offset:], self.skip_special_tokens)
+        delta = self._new_text(token_ids)[self.sent:]
         self.prefix_offset = self.read_offset = len(token_ids)
+        self.sent = 0
+        return delta
+
+    def _new_text(self, token_ids: list[int]) -> str:
+        decode = self.tokenizer.decode
+        prefix_text = decode(token_ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
+        full_text = decode(token_ids[self.prefix_offset:], self.skip_special_tokens)
         return full_text[len(prefix_text):]

@@ -3,7 +3,7 @@ import pytest
 
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.tokenizer import IncrementalDetokenizer
+from kubeinfer.runtime.tokenizer import MAX_INCOMPLETE_CHARS, IncrementalDetokenizer
 
 GREEDY = dict(max_tokens=24, temperature=0, ignore_eos=True)
 
@@ -62,6 +62,23 @@ def test_streamed_text_never_splits_a_multibyte_character(llm):
     deltas = [detokenizer.step(ids[:i + 1]) for i in range(len(ids))]
     assert all("\ufffd" not in delta for delta in deltas)
     assert "".join(deltas) + detokenizer.flush(ids) == text
+
+
+def test_invalid_bytes_stream_as_they_come_instead_of_being_held_to_the_end(llm):
+    """A random-weight model writes bytes that are no UTF-8 at all: they stream as U+FFFD right away (only a
+    possibly incomplete tail waits), and the deltas still add up to the decoded text."""
+    tokenizer = llm.tokenizer
+    lone = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == "\ufffd"
+            and tokenizer.decode([t, t]) == "\ufffd\ufffd"]   # a byte that never starts a character
+    assert lone, "the byte-level tokenizer has continuation-byte tokens"
+    words = tokenizer.encode(" cluster", add_special_tokens=False)
+    ids = words + [lone[0]] * 12 + words
+    detokenizer = IncrementalDetokenizer(tokenizer, [])
+    deltas = [detokenizer.step(ids[:i + 1]) for i in range(len(ids))]
+    held_to = len(words) + MAX_INCOMPLETE_CHARS + 1
+    assert "".join(deltas[:held_to]).count("\ufffd") >= 1, deltas
+    assert "".join(deltas[:len(words) + 12]).count("\ufffd") == 12 - MAX_INCOMPLETE_CHARS
+    assert "".join(deltas) + detokenizer.flush(ids) == tokenizer.decode(ids)
 
 
 def test_generation_stream_equals_final_text(llm):
