@@ -51,7 +51,7 @@ def hbm_peak(name: str) -> float | None:
 
 def paged_batch(seq_lens: list[int], q_lens: list[int], block_size: int, dtype: torch.dtype, device: str):
     """Random q and a paged cache holding every sequence's K/V in shuffled blocks; also the dense K/V."""
-    from kubeinfer.kernels import AttentionMetadata
+    from kubeinfer.kernels.metadata import AttentionMetadata
 
     gen = torch.Generator(device=device).manual_seed(0)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]

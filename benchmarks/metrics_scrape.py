@@ -16,7 +16,7 @@ import time
 
 from prometheus_client import generate_latest
 
-from kubeinfer.runtime.engine.core import EngineStats
+from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.metrics import EngineMetrics
 

@@ -10,6 +10,5 @@ Paged KV cache layout, shared by every attention op: `k_cache` and `v_cache` are
 offset `s % block_size`.
 """
 from kubeinfer.kernels.backend import get_backend, set_backend
-from kubeinfer.kernels.metadata import AttentionMetadata
 
-__all__ = ["AttentionMetadata", "get_backend", "set_backend"]
+__all__ = ["get_backend", "set_backend"]   # torch-free: the API process reads BACKENDS

@@ -1,8 +1,6 @@
 """Which implementation the ops use: Triton kernels or their PyTorch references."""
 import os
 
-import torch
-
 BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("KUBEINFER_KERNEL_BACKEND", "auto")
 
@@ -18,7 +16,7 @@ def get_backend() -> str:
     return _backend
 
 
-def use_triton(tensor: torch.Tensor) -> bool:
+def use_triton(tensor) -> bool:
     """Policy: "auto" runs Triton only on CUDA tensors; the reference is the CPU path."""
     if _backend == "auto":
         return tensor.is_cuda

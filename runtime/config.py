@@ -1,14 +1,17 @@
-"""The engine's settings: one dataclass, validated once, handed down unchanged."""
+"""The engine's settings: one dataclass, validated once, handed down unchanged.
+
+No torch here: the API process builds and validates the config and never imports torch. What needs the
+device (is CUDA there, how many GPUs) is checked by `resolve_device()`, which the model runner calls first
+in the engine's own process; its errors reach the user in one line all the same.
+"""
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from kubeinfer.kernels.backend import BACKENDS
 from kubeinfer.runtime.errors import ConfigError
-from kubeinfer.runtime.models.config import DTYPES, ModelConfig
+from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtype
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -52,8 +55,8 @@ class EngineConfig:
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         _require(self.max_num_batched_tokens >= 1,
                  f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        _require(self.dtype == "auto" or self.dtype in DTYPES,
-                 f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _require(self.dtype == "auto" or self.dtype in DTYPE_BYTES,
+                 f"dtype must be auto or one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         _require(self.kernel_backend in BACKENDS,
                  f"kernel_backend must be one of {', '.join(BACKENDS)}, got {self.kernel_backend!r}")
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
@@ -71,6 +74,11 @@ class EngineConfig:
                  f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
         _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,
                  f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+        self._validate_tensor_parallel()
+
+    def resolve_device(self) -> None:
+        """Turns device "auto" into cuda or cpu, and checks that a CUDA device asked for exists (imports torch)."""
+        import torch
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         elif self.device.startswith("cuda"):
@@ -80,7 +88,10 @@ class EngineConfig:
             index = int(self.device.partition(":")[2] or 0)
             _require(index < torch.cuda.device_count(), f"device {self.device!r}: this machine has "
                      f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
-        self._validate_tensor_parallel()
+        n = self.tensor_parallel_size
+        if n > 1 and self.device == "cuda":
+            count = torch.cuda.device_count()
+            _require(n <= count, f"tensor_parallel_size {n} needs {n} GPUs; this machine has {count}")
 
     def _validate_tensor_parallel(self) -> None:
         n, model = self.tensor_parallel_size, self.model_config
@@ -96,12 +107,10 @@ class EngineConfig:
         if self.device.startswith("cuda"):
             _require(self.device == "cuda", f"with tensor_parallel_size {n}, set device to cuda (rank r uses "
                      f"cuda:r), not {self.device!r}")
-            count = torch.cuda.device_count()
-            _require(n <= count, f"tensor_parallel_size {n} needs {n} GPUs; this machine has {count}")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return self.model_config.dtype if self.dtype == "auto" else DTYPES[self.dtype]
+    def torch_dtype(self):
+        return torch_dtype(self.model_config.dtype_name if self.dtype == "auto" else self.dtype)
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -10,8 +10,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kubeinfer.runtime.errors import ConfigError
@@ -68,10 +66,12 @@ def demo_config(vocab_size: int, eos_token_ids: list[int]) -> dict:
     }
 
 
-def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02, device: str = "cpu",
-                         dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02, device: str = "cpu", dtype=None) -> dict:
     """Checkpoint tensors named as Hugging Face names them, drawn from N(0, std); norms are ones. Drawn on
-    `device` (a GPU draws a large shape in a fraction of the CPU's time), returned on the CPU in `dtype`."""
+    `device` (a GPU draws a large shape in a fraction of the CPU's time), returned on the CPU in `dtype`
+    (default float32). torch is imported here, not above: resolving `--model demo` must not import it."""
+    import torch
+    dtype = dtype or torch.float32
     generator = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     head_dim = config["head_dim"]
@@ -109,6 +109,7 @@ def write_llama_model(model_dir: Path, tokenizer: Tokenizer, **overrides) -> dic
     config = demo_config(tokenizer.get_vocab_size(), eos_ids) | overrides
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    from safetensors.torch import save_file
     save_file(random_llama_weights(config), str(model_dir / "model.safetensors"))
     save_tokenizer(tokenizer, model_dir)
     return config

@@ -45,6 +45,13 @@ def _token_text(token) -> str | None:
     return token
 
 
+def eos_token_ids(model_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The model's EOS ids (config.json / generation_config.json), or the tokenizer's when the model names none."""
+    if not model_eos and tokenizer.eos_token_id is not None:
+        return (tokenizer.eos_token_id,)
+    return tuple(model_eos)
+
+
 # A character split over tokens decodes as at most three U+FFFD (byte-fallback tokenizers give one per byte
 # of an incomplete four-byte character, byte-level BPE one for the whole incomplete tail).
 MAX_INCOMPLETE_CHARS = 3

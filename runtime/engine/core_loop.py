@@ -18,7 +18,6 @@ import sys
 import time
 
 from kubeinfer.runtime.config import EngineConfig
-from kubeinfer.runtime.engine.core import EngineCore
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 
 logger = logging.getLogger(__name__)
@@ -29,7 +28,7 @@ logger = logging.getLogger(__name__)
 MAX_STEPS_AHEAD = 2
 
 
-def serve_core(core: EngineCore, channel) -> None:
+def serve_core(core, channel) -> None:
     unread = 0   # steps sent that the API side has not yet said it read
     while True:
         touched = False
@@ -65,6 +64,7 @@ def serve_core(core: EngineCore, channel) -> None:
 def run_core(config: EngineConfig, eos_token_ids: tuple[int, ...], channel) -> int:
     """Builds the core, says "ready" (or why not), and serves until shutdown; returns an exit code."""
     try:
+        from kubeinfer.runtime.engine.core import EngineCore   # torch: only in the engine's own process
         core = EngineCore(config, eos_token_ids)
     except KubeinferError as error:
         channel.send(("error", str(error)))

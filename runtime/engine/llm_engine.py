@@ -8,21 +8,14 @@ import logging
 import time
 
 from kubeinfer.runtime.config import EngineConfig
-from kubeinfer.runtime.engine.core import EngineCore, check_prompt
+from kubeinfer.runtime.engine.core import EngineCore
+from kubeinfer.runtime.engine.messages import check_prompt
 from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
 from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.tokenizer import Tokenizer
+from kubeinfer.runtime.tokenizer import Tokenizer, eos_token_ids
 
-__all__ = ["LLMEngine", "RequestOutput", "eos_token_ids"]
+__all__ = ["LLMEngine", "RequestOutput"]
 logger = logging.getLogger(__name__)
-
-
-def eos_token_ids(config: EngineConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
-    """The model's EOS ids, or the tokenizer's when the model config names none."""
-    eos = config.model_config.eos_token_ids
-    if not eos and tokenizer.eos_token_id is not None:
-        eos = (tokenizer.eos_token_id,)
-    return tuple(eos)
 
 
 def log_startup_phases(phases: dict[str, float]) -> None:
@@ -33,7 +26,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.tokenizer = Tokenizer(config.model)
-        self.eos_token_ids = eos_token_ids(config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(config.model_config.eos_token_ids, self.tokenizer)
         self.core = EngineCore(config, self.eos_token_ids)
         self.processor = OutputProcessor(self.tokenizer)
         self.startup_phases = dict(self.core.info.startup_phases)

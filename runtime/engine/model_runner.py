@@ -16,8 +16,9 @@ from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.layers.attention import PagedAttention
-from kubeinfer.runtime.layers.sampler import Sampler, TokenLogprobs
-from kubeinfer.runtime.models import MODEL_CLASSES
+from kubeinfer.runtime.engine.messages import TokenLogprobs
+from kubeinfer.runtime.layers.sampler import Sampler
+from kubeinfer.runtime.models.registry import MODEL_CLASSES
 from kubeinfer.runtime.models.loader import init_dummy_weights, load_weights
 from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
 from kubeinfer.runtime.parallel import min_over_ranks, tp_size
@@ -49,6 +50,7 @@ class ModelRunner:
     first starts ranks 1..N-1 (see `tp_worker`), each with a runner of its own that only runs `execute`."""
 
     def __init__(self, config: EngineConfig, rank: int = 0):
+        config.resolve_device()   # the device is checked where it is used: the API process has no torch
         self.config = config
         self.rank = rank
         self.workers: WorkerGroup | None = None

@@ -6,8 +6,7 @@ core (`stopped`), which may meanwhile have computed a token more: tokens of a fi
 """
 from dataclasses import dataclass, field
 
-from kubeinfer.runtime.engine.core import TokenDelta
-from kubeinfer.runtime.layers.sampler import TokenLogprobs
+from kubeinfer.runtime.engine.messages import TokenDelta, TokenLogprobs
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 

@@ -5,18 +5,11 @@ top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) n
 i with probability p_i; a request with a seed draws its noise from its own generator, so its tokens do not
 depend on what else shares the batch. Logprobs are those of the model's raw distribution.
 """
-from dataclasses import dataclass
 
 import torch
 
+from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.sequence import Sequence
-
-
-@dataclass
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]   # the N most likely tokens with their logprobs, most likely first
 
 
 class Sampler:

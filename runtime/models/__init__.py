@@ -1,7 +1,4 @@
-"""Model implementations, chosen by the checkpoint's architecture name."""
-from kubeinfer.runtime.models.config import ARCHITECTURES, ModelConfig
-from kubeinfer.runtime.models.llama import LlamaForCausalLM
+"""Model implementations, chosen by the checkpoint's architecture name (`registry.MODEL_CLASSES`).
 
-MODEL_CLASSES = {name: LlamaForCausalLM for name in ARCHITECTURES}
-
-__all__ = ["MODEL_CLASSES", "ModelConfig"]
+Nothing is imported here: `models.config` is read by the API process, which never imports torch.
+"""

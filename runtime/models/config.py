@@ -1,10 +1,7 @@
 """The model's `config.json`, parsed once into a typed, architecture-neutral description."""
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from kubeinfer.runtime.errors import ModelLoadError, UnsupportedModelError
 
@@ -16,7 +13,9 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": ("attention_bias", True, False),
 }
 ROPE_TYPES = ("default", "linear", "llama3")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Checkpoint dtypes by name, with their size in bytes. Names, not torch dtypes: reading a config needs no torch
+# (the API process reads it and never imports torch).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class ModelConfig:
     qk_norm: bool
     tie_word_embeddings: bool
     sliding_windows: tuple[int | None, ...]   # per layer; None = full attention
-    dtype: torch.dtype
+    dtype_name: str                           # a key of DTYPE_BYTES
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
 
@@ -63,8 +62,13 @@ class ModelConfig:
         return parse_config(raw, eos if eos is not None else raw.get("eos_token_id"))
 
     @property
+    def dtype(self):
+        """The checkpoint's torch dtype (imports torch: for the engine's side only)."""
+        return torch_dtype(self.dtype_name)
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype_name]
 
 
 def parse_config(raw: dict, eos_token_id: int | list[int] | None = None) -> ModelConfig:
@@ -78,8 +82,8 @@ def parse_config(raw: dict, eos_token_id: int | list[int] | None = None) -> Mode
     num_layers = raw["num_hidden_layers"]
     hidden_size = raw["hidden_size"]
     dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    if dtype_name not in DTYPES:
-        raise UnsupportedModelError(f"checkpoint dtype {dtype_name!r} is not supported; use one of {list(DTYPES)}")
+    if dtype_name not in DTYPE_BYTES:
+        raise UnsupportedModelError(f"checkpoint dtype {dtype_name!r} is not supported; use one of {list(DTYPE_BYTES)}")
     if isinstance(eos_token_id, int):
         eos_token_id = [eos_token_id]
     return ModelConfig(
@@ -100,7 +104,7 @@ def parse_config(raw: dict, eos_token_id: int | list[int] | None = None) -> Mode
         qk_norm=qk_norm,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         sliding_windows=_sliding_windows(raw, num_layers, sliding_everywhere),
-        dtype=DTYPES[dtype_name],
+        dtype_name=dtype_name,
         eos_token_ids=tuple(eos_token_id or ()),
         bos_token_id=raw.get("bos_token_id"),
     )
@@ -135,26 +139,7 @@ def _sliding_windows(raw: dict, num_layers: int, sliding_everywhere: bool) -> tu
     return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
 
 
-def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies, computed exactly as transformers does (same ops, fp32)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (rope.theta ** exponents)
-    if rope.rope_type == "linear":
-        return inv_freq / rope.factor
-    if rope.rope_type == "llama3":
-        old_len = rope.original_max_position_embeddings
-        low_freq_wavelen = old_len / rope.low_freq_factor
-        high_freq_wavelen = old_len / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
-    return inv_freq
-
-
-def rope_cos_sin_cache(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:
-    """`[max_positions, head_dim]`: cos of each frequency in the first half, sin in the second (fp32)."""
-    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(rope, head_dim)[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+def torch_dtype(name: str):
+    """The torch dtype of a DTYPE_BYTES name."""
+    import torch
+    return getattr(torch, name)

@@ -19,14 +19,13 @@ from collections.abc import AsyncIterator, Callable
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.channels import PipeEnd, ThreadLink
-from kubeinfer.runtime.engine.core import EngineInfo
+from kubeinfer.runtime.engine.messages import EngineInfo
 from kubeinfer.runtime.engine.core_loop import core_process_main, run_core
-from kubeinfer.runtime.engine.llm_engine import eos_token_ids
 from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.server.metrics import EngineMetrics
-from kubeinfer.runtime.tokenizer import Tokenizer
+from kubeinfer.runtime.tokenizer import Tokenizer, eos_token_ids
 
 logger = logging.getLogger(__name__)
 ENGINE_MODES = ("process", "thread")
@@ -71,7 +70,7 @@ class EngineClient:
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self) -> EngineInfo:
         """Starts the core and waits until it has loaded the model (blocking; before the event loop runs)."""
-        eos = eos_token_ids(self.config, self.processor.tokenizer)
+        eos = eos_token_ids(self.config.model_config.eos_token_ids, self.processor.tokenizer)
         if self.mode == "process":
             context = multiprocessing.get_context("spawn")
             api_conn, core_conn = context.Pipe(duplex=True)

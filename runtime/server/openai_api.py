@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.engine.core import check_prompt
+from kubeinfer.runtime.engine.messages import check_prompt
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server.chat import render_chat

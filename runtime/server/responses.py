@@ -1,8 +1,8 @@
 """OpenAI response bodies and stream chunks, built from engine outputs."""
 import json
 
-from kubeinfer.runtime.engine.llm_engine import RequestOutput
-from kubeinfer.runtime.layers.sampler import TokenLogprobs
+from kubeinfer.runtime.engine.messages import TokenLogprobs
+from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 

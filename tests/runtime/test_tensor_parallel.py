@@ -162,4 +162,4 @@ def test_tp_size_must_not_exceed_the_gpus(llama_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match="needs 4 GPUs; this machine has 1"):
-        EngineConfig(model=str(llama_dir), tensor_parallel_size=4, device="cuda")
+        EngineConfig(model=str(llama_dir), tensor_parallel_size=4, device="cuda").resolve_device()

@@ -1,6 +1,7 @@
 """The engine in its own process, and in a thread: same answers; a client that leaves a non-streaming request
 aborts it (its blocks are freed at once, it counts as `abort`, not `length`)."""
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -52,7 +53,8 @@ def test_a_client_that_leaves_a_non_streaming_request_aborts_it(start_server, ll
 
 
 def test_startup_phases_and_the_gateway_metric_names(llama_dir, tmp_path):
-    """`kubeinfer serve` publishes its start-up phases (and logs them in one line), and the gauges that
+    """`kubeinfer serve` publishes its start-up phases (and logs them in one line) and keeps torch out of its
+    API process (about a second of start-up and hundreds of MB); it exposes the gauges that
     llm-d's router and KServe read under vLLM's names, equal to ours; --no-vllm-metrics turns those off."""
     from support import RuntimeServer
     server = RuntimeServer(llama_dir, tmp_path / "serve.log", "--num-kvcache-blocks", "40", cache=tmp_path).wait_ready()
@@ -65,6 +67,10 @@ def test_startup_phases_and_the_gateway_metric_names(llama_dir, tmp_path):
         assert all(v >= 0 for v in phases.values()) and phases["ready"] > phases["imports"] > 0
         assert phases["ready"] >= sum(v for k, v in phases.items() if k != "ready") - 0.01
         assert "ready in" in server.output()
+        if Path("/proc/self/maps").is_file():   # the API process never loads torch; the engine process does
+            children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+            assert "libtorch" not in Path(f"/proc/{server.proc.pid}/maps").read_text()
+            assert any("libtorch" in Path(f"/proc/{child}/maps").read_text() for child in children)
         for ours, theirs in (("kubeinfer_num_requests_running", "vllm:num_requests_running"),
                              ("kubeinfer_num_requests_waiting", "vllm:num_requests_waiting"),
                              ("kubeinfer_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc")):

@@ -1,0 +1,59 @@
+"""What crosses between the engine core and the API process: token deltas, the core's stats, its info, and the
+check of a prompt against it. Plain data, no torch: the API process imports this and never imports torch
+(that import alone is about a second of a pod's start-up, and hundreds of MB of its memory).
+"""
+from dataclasses import dataclass
+
+from kubeinfer.runtime.errors import InvalidRequestError
+
+
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]   # the N most likely tokens with their logprobs, most likely first
+
+
+@dataclass
+class TokenDelta:
+    """What one step did for one sequence: its new token, and whether the sequence ended with it."""
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None        # "stop" or "length" when this token ended the sequence
+    stop_reason: int | None          # the stop token id that ended it
+    num_cached_tokens: int           # prompt tokens served by the prefix cache
+    first_token_time: float         # when the sequence's first token was sampled (monotonic clock)
+
+
+@dataclass
+class EngineStats:
+    """The scheduler's gauges now and its counters since start-up (for metrics)."""
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_hits: int
+    prefix_cache_queries: int
+
+
+@dataclass
+class EngineInfo:
+    """What the API side needs to know of the core once it is up."""
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    startup_phases: dict[str, float]
+
+
+def check_prompt(token_ids: list[int], info: EngineInfo) -> None:
+    """Refuses a prompt the engine cannot serve, with the reason in the user's terms."""
+    if not token_ids:
+        raise InvalidRequestError("the prompt is empty", "prompt")
+    if len(token_ids) >= info.max_model_len:
+        raise InvalidRequestError(f"the prompt has {len(token_ids)} tokens; this model serves at most "
+                                  f"{info.max_model_len} tokens in all (prompt and output)", "prompt")
+    if min(token_ids) < 0 or max(token_ids) >= info.vocab_size:
+        raise InvalidRequestError(f"prompt token ids must be in [0, {info.vocab_size})", "prompt")
