@@ -32,7 +32,9 @@ RUNTIME_CONTAINER = "runtime"
 RUN_AS_USER = 1000
 PRESTOP_SLEEP_SECONDS = 5
 GRACE_MARGIN_SECONDS = 10
-STARTUP_PERIOD_SECONDS = 2
+# The startup probe asks every second: a replica is Ready about a second sooner than with 2 s (measured on the
+# real node, CPU demo model: pod created -> Ready 4.41 -> 3.37 s, median of 3; benchmarks/pod_startup.py).
+STARTUP_PERIOD_SECONDS = 1
 
 MODEL_MOUNT = "/models"
 API_KEYS_DIR = "/etc/kubeinfer/api-keys"
