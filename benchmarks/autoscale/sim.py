@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kubeinfer.operator.autoscale_types import Signals
+from kubeinfer.operator.cold_start import ColdStartSample
 from kubeinfer.operator.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 
 
@@ -100,6 +101,13 @@ class Observation:
         i = bisect_left(s.t, self.now - seconds)
         return s.concurrency[i:]
 
+    def cold_starts(self) -> list[ColdStartSample]:
+        """Creation -> ready of the replicas the simulation created that have become ready (what the
+        operator reads from its pods; the replicas that were there at the start are not observed)."""
+        return [ColdStartSample(f"replica-{r.rid}", r.created, r.ready_at)
+                for r in self.sim.replicas[self.sim.num_initial:]
+                if r.ready_at <= self.now and (r.terminated is None or r.terminated >= r.ready_at)]
+
     def signals(self, scrape_interval_s: float, window_s: float) -> Signals:
         """What Prometheus would answer: gauges at the last scrape, TTFT P95 over the window before it."""
         s = self.sim.samples
@@ -165,6 +173,7 @@ class Simulation:
         self.end_s = trace.duration_s + drain_cap_s
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
+        self.num_initial = initial_replicas
         for _ in range(initial_replicas):
             r = self._new_replica(0.0)
             r.ready_at = 0.0
