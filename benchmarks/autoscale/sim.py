@@ -45,6 +45,13 @@ class ReplicaModel:
     local_queue: int = 8  # requests the router may queue on a replica beyond its batch cap
 
 
+# The built-in CPU demo model (kubeinfer serve --model demo) on one CPU thread, as fitted by
+# benchmarks/autoscale/calibrate.py on 2026-11-23 (4 runs on a shared 2-vCPU machine, load 4-6: decode
+# 3.0-3.3 ms + 0.14-0.17 ms/seq, prefill 0.17-0.23 ms/token at 512 tokens). For comparisons with a real
+# cluster running the demo model; ReplicaModel() above stays the GPU-like model of the benchmark tables.
+CPU_DEMO_MODEL = ReplicaModel(decode_base_s=0.0030, decode_per_seq_s=0.00015, prefill_s_per_token=0.0002)
+
+
 @dataclass(frozen=True)
 class Trace:
     name: str
