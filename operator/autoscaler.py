@@ -41,7 +41,7 @@ from pydantic import ValidationError
 from kubeinfer.operator import builders, pod as pod_builder, status as status_mod
 from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
-from kubeinfer.operator.cold_start import ColdStartRecord
+from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
 from kubeinfer.operator.reconcile import _own_pods
@@ -79,12 +79,6 @@ def iso(ts: float) -> str:
         .isoformat().replace("+00:00", "Z")
 
 
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
 def _is_ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in ((pod.get("status") or {}).get("conditions") or []))
@@ -102,7 +96,7 @@ def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: fl
     live = live_pods(pods)
     ready = 0
     for p in live:
-        created = _parse_time((p.get("metadata") or {}).get("creationTimestamp"))
+        created = parse_time((p.get("metadata") or {}).get("creationTimestamp"))
         if _is_ready(p) and (created is None or now - created >= initial_delay_s):
             ready += 1
     return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)

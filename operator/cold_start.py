@@ -38,7 +38,8 @@ class ColdStartSample:
         return self.ready - self.created
 
 
-def _parse_time(value: str | None) -> float | None:
+def parse_time(value: str | None) -> float | None:
+    """An RFC 3339 timestamp of the API (`2026-11-23T13:30:03Z`) in unix seconds; None for none."""
     if not value:
         return None
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
@@ -56,7 +57,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ColdStartSample | None:
         return None
     if any((cs.get("restartCount") or 0) > 0 for cs in status.get("containerStatuses") or []):
         return None
-    created, ready_at = _parse_time(meta.get("creationTimestamp")), _parse_time(ready.get("lastTransitionTime"))
+    created, ready_at = parse_time(meta.get("creationTimestamp")), parse_time(ready.get("lastTransitionTime"))
     if created is None or ready_at is None or ready_at < created or not meta.get("name"):
         return None
     return ColdStartSample(meta["name"], created, ready_at)
@@ -99,7 +100,7 @@ class ColdStartRecord:
         """Tolerant: a missing or malformed list gives a fresh record."""
         samples = []
         for item in (status or {}).get("coldStartSamples") or []:
-            created, ready = _parse_time(item.get("createdAt")), _parse_time(item.get("readyAt"))
+            created, ready = parse_time(item.get("createdAt")), parse_time(item.get("readyAt"))
             if item.get("pod") and created is not None and ready is not None:
                 samples.append(ColdStartSample(item["pod"], created, ready))
         return cls(tuple(sorted(samples, key=lambda s: s.ready)[-MAX_SAMPLES:]))
