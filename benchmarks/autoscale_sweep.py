@@ -5,7 +5,7 @@
 For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (ours learns the cold start
 from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
 SLO share / GPU-hours per policy, then ours against the limit (points below its SLO share, share of its
-GPU-hours). Fixed seed; about 15 s per cold start on one CPU.
+GPU-hours). Fixed seed; about 25 s per cold start on one CPU core.
 """
 
 from __future__ import annotations
