@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from autoscale.clairvoyant import ClairvoyantPolicy, fleet_sizing  # noqa: E402
 from autoscale.policies import FixedFleet, KubeInferPolicy, MovingAverageConcurrency, StablePanic  # noqa: E402
 from autoscale.scenarios import (  # noqa: E402
     ALL_TRACES,
@@ -33,19 +34,25 @@ from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
 
 TTFT_TARGET_S = 0.5
 MIN_REPLICAS, MAX_REPLICAS = 1, 20
+# spec.autoscaling.initialDelaySeconds as the user wrote it: ours learns the real cold start from the
+# replicas it creates and uses that instead once the first one is ready.
+INITIAL_DELAY_S = 60
+CLAIRVOYANT = "clairvoyant (knows the trace)"
 
 
-def make_policies(peak_rate: float, model: ReplicaModel) -> list:
+def make_policies(trace: Trace, model: ReplicaModel) -> list:
     # Every autoscaler gets the same knowledge of a replica, from one-replica runs on this replica
     # model: the concurrency baselines a per-replica target (the mean in-flight requests of one replica
     # at the highest rate it serves with 99% of TTFTs within target), ours the saturation throughput as
     # spec.autoscaling.throughputPerReplica (what benchmarks/serve.py at a high rate measures). Ours
-    # also runs without it, learning the throughput on its own. initialDelaySeconds covers the cold start.
+    # also runs without it, learning the throughput on its own. The clairvoyant limit sizes its fleet
+    # with the table the fixed fleet is sized by.
     target_concurrency = concurrency_per_replica(TTFT_TARGET_S, model)
     config = PolicyConfig(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS, target_ttft_p95_seconds=TTFT_TARGET_S,
-                          initial_delay_seconds=int(model.cold_start_s))
+                          initial_delay_seconds=INITIAL_DELAY_S)
+    sizing = fleet_sizing(TTFT_TARGET_S, model, MAX_REPLICAS, trace.peak_rate)
     return [
-        FixedFleet(replicas_for_rate(peak_rate, TTFT_TARGET_S, model)),
+        FixedFleet(replicas_for_rate(trace.peak_rate, TTFT_TARGET_S, model)),
         KubeInferPolicy(dataclasses.replace(config, assumed_throughput_per_replica=saturation_throughput(model)),
                         name="kubeinfer, throughputPerReplica given"),
         KubeInferPolicy(config, name="kubeinfer, learning throughput"),
@@ -53,6 +60,7 @@ def make_policies(peak_rate: float, model: ReplicaModel) -> list:
         MovingAverageConcurrency(target_concurrency, MIN_REPLICAS, MAX_REPLICAS, window_s=60.0,
                                  name="KubeAI-style, 60 s window"),
         StablePanic(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
+        ClairvoyantPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, name=CLAIRVOYANT),
     ]
 
 
@@ -61,7 +69,7 @@ def run_trace(trace: Trace, model: ReplicaModel, seed: int) -> list[tuple[Simula
     the others at the size for the trace's starting rate."""
     n0 = replicas_for_rate(trace.rate(0.0), TTFT_TARGET_S, model)
     runs = []
-    for policy in make_policies(trace.peak_rate, model):
+    for policy in make_policies(trace, model):
         start = time.perf_counter()
         initial = policy.replicas if isinstance(policy, FixedFleet) else n0
         sim = Simulation(trace, policy, initial_replicas=initial, model=model, seed=seed).run()
@@ -73,13 +81,30 @@ def goal_line(results: list) -> str:
     """Ours (the first kubeinfer row) against the goal: SLO attainment at least that of the best
     autoscaling alternative, fewer GPU-hours than the fixed fleet."""
     fixed, ours = results[0], results[1]
-    alternatives = [r for r in results[2:] if not r.policy.startswith("kubeinfer")]
+    alternatives = [r for r in results[2:] if not r.policy.startswith("kubeinfer") and r.policy != CLAIRVOYANT]
     best = max(alternatives, key=lambda r: r.slo_share)
     slo_ok = round(ours.slo_share, 3) >= round(best.slo_share, 3)
     gpu_ok = ours.gpu_hours < fixed.gpu_hours
     return (f"{ours.trace}: SLO {100 * ours.slo_share:.1f}% vs best alternative {100 * best.slo_share:.1f}% "
             f"({best.policy}) {'ok' if slo_ok else 'MISSED'}; GPU-hours {ours.gpu_hours:.2f} vs fixed "
             f"{fixed.gpu_hours:.2f} {'ok' if gpu_ok else 'MISSED'}")
+
+
+# How close to the clairvoyant limit ours must come (issue #17): SLO share within this many points...
+LIMIT_SLO_POINTS = 2.0
+# ... at no more than this multiple of its GPU-hours.
+LIMIT_GPU_RATIO = 1.10
+
+
+def limit_line(results: list, cold_start_s: float) -> str:
+    """Ours (the first kubeinfer row) against the clairvoyant limit."""
+    ours = results[1]
+    limit = next(r for r in results if r.policy == CLAIRVOYANT)
+    gap = 100 * (limit.slo_share - ours.slo_share)
+    ratio = ours.gpu_hours / limit.gpu_hours
+    return (f"{ours.trace}, cold start {cold_start_s:g} s: SLO {100 * ours.slo_share:.1f}% vs limit {100 * limit.slo_share:.1f}% "
+            f"({gap:+.1f} points) {'ok' if gap <= LIMIT_SLO_POINTS else 'MISSED'}; GPU-hours {ours.gpu_hours:.2f} = "
+            f"{100 * ratio:.0f}% of the limit's {limit.gpu_hours:.2f} {'ok' if ratio <= LIMIT_GPU_RATIO else 'MISSED'}")
 
 
 def plot(trace_name: str, sims: list[Simulation], out: Path) -> None:
@@ -128,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     target = concurrency_per_replica(TTFT_TARGET_S, model)
     print(f"calibrated on one replica: concurrency target {target:.1f} (batch cap {model.max_batch}), "
           f"saturation throughput {saturation_throughput(model):.2f} req/s", flush=True)
-    lines, goals = [HEADER], []
+    lines, goals, limits = [HEADER], [], []
     print(HEADER, flush=True)
     for make_trace in ALL_TRACES:
         trace = make_trace()
@@ -139,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(result.row())
             print(lines[-1], f"<!-- {seconds:.1f}s -->", flush=True)
         goals.append(goal_line(results))
+        limits.append(limit_line(results, model.cold_start_s))
         if not args.no_plots:
             plot(trace.name, sims, args.out / f"{trace.name.replace(' ', '_')}.png")
     print("\ngoal (kubeinfer, throughputPerReplica given):\n" + "\n".join(goals))
-    (args.out / "table.md").write_text("\n".join(lines) + "\n\n" + "\n".join(f"- {g}" for g in goals) + "\n")
+    print("\nagainst the clairvoyant limit:\n" + "\n".join(limits))
+    (args.out / "table.md").write_text("\n".join(lines) + "\n\n" + "\n".join(f"- {g}" for g in goals + limits) + "\n")
     return 0
 
 

@@ -116,8 +116,9 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
 
 # Recommendation of each signal; the larger wins. Returns (replicas, why, made under overload).
 # - Queue above the band (overload): the replicas are saturated at their present running batch. The
-#   fleet that, by the time a new replica can serve (initialDelaySeconds), holds every request present
-#   and every one the queue's present growth adds meanwhile, each replica running its present batch
+#   fleet that, by the time a new replica can serve (the cold start learned from the service's pods,
+#   else initialDelaySeconds), holds every request present and every one the queue's present growth
+#   adds meanwhile, each replica running its present batch
 #   with `target` waiting: (running + waiting + growth * initialDelay) / (running per replica + target).
 # - Queue inside the band: keep the ready count.
 # - Queue below the band (steady): with a saturation throughput per replica (measured, or else
@@ -155,11 +156,12 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
         why_q = f"queue {waiting:.0f} on {ready} ready (target {target_q:g}/replica)"
         if queue_ratio > 1 + tol:
             growth = max(0.0, _queue_growth(hist))
-            projected = running + waiting + growth * config.initial_delay_seconds
+            horizon = config.cold_start_seconds
+            projected = running + waiting + growth * horizon
             rec_q = max(ready + 1, math.ceil(projected / (per_replica + target_q)))
             overload_q = True
             if growth > 0:
-                why_q += f", growing {growth:.1f}/s"
+                why_q += f", growing {growth:.1f}/s over a {horizon:.0f}s cold start"
         elif queue_ratio >= 1 - tol:
             rec_q = ready
         elif throughput:

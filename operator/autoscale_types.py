@@ -36,7 +36,7 @@ MAX_EVENTS = 10
 class PolicyConfig:
     """`spec.autoscaling` (defaults as in docs/contracts.md) plus operator-level knobs that the spec
     does not expose (stale_after_seconds, max_ttft_scale_up_ratio, assumed_capacity_per_replica,
-    headroom)."""
+    headroom, learned_cold_start_seconds)."""
 
     max_replicas: int
     min_replicas: int = 1
@@ -64,6 +64,9 @@ class PolicyConfig:
     # (in replicas), steady-state sizing plans R + headroom * sqrt(R) replicas. Latency climbs steeply
     # near saturation (the TTFT "cliff") and a small fleet needs relatively more spare than a large one.
     headroom: float = 0.4
+    # Pod creation -> Ready as the operator measured it on this service's pods (operator.cold_start);
+    # replaces initialDelaySeconds as the horizon over which an overload's queue growth is projected.
+    learned_cold_start_seconds: float | None = None
 
     def __post_init__(self) -> None:
         assert self.min_replicas >= 0, "minReplicas must be >= 0"
@@ -78,6 +81,14 @@ class PolicyConfig:
                    self.scale_to_zero_idle_seconds, self.initial_delay_seconds) >= 0
         assert self.max_ttft_scale_up_ratio > 1
         assert self.headroom >= 0, "headroom must be >= 0"
+        assert self.learned_cold_start_seconds is None or self.learned_cold_start_seconds >= 0
+
+    @property
+    def cold_start_seconds(self) -> float:
+        """How long a replica ordered now takes to serve: learned when measured, else the spec's guess."""
+        if self.learned_cold_start_seconds is not None:
+            return self.learned_cold_start_seconds
+        return float(self.initial_delay_seconds)
 
     @classmethod
     def from_spec(cls, autoscaling: Any, **overrides: Any) -> PolicyConfig:

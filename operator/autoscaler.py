@@ -17,6 +17,9 @@ Policy of the pass (the scaling rules themselves are in `autoscale_policy.decide
 - `status.scalingHistory` is the policy's `ScaleHistory` (windows, last scale time, learned capacity):
   a restarted operator decides exactly as an uninterrupted one would (no scale-down for one window when
   the history is lost).
+- `status.coldStartSeconds` is the cold start learned from the service's pods (creation -> Ready, the
+  median of the last observations in `status.coldStartSamples`; see `cold_start`): it replaces
+  initialDelaySeconds as the horizon of the policy's queue projection once one pod has been observed.
 - Every change of replicas is an Event whose reason is the decision's; metrics turning unavailable is a
   Warning Event. Conditions: `MetricsAvailable` (signals read or why not) and `ScalingActive` (False only
   while the autoscaler holds for lack of metrics).
@@ -38,6 +41,7 @@ from pydantic import ValidationError
 from kubeinfer.operator import builders, pod as pod_builder, status as status_mod
 from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
+from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
 from kubeinfer.operator.reconcile import _own_pods
@@ -75,12 +79,6 @@ def iso(ts: float) -> str:
         .isoformat().replace("+00:00", "Z")
 
 
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
 def _is_ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in ((pod.get("status") or {}).get("conditions") or []))
@@ -98,7 +96,7 @@ def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: fl
     live = live_pods(pods)
     ready = 0
     for p in live:
-        created = _parse_time((p.get("metadata") or {}).get("creationTimestamp"))
+        created = parse_time((p.get("metadata") or {}).get("creationTimestamp"))
         if _is_ready(p) and (created is None or now - created >= initial_delay_s):
             ready += 1
     return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)
@@ -133,8 +131,9 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
               now: float) -> Plan:
     """The decision for one pass and every write it implies; pure."""
     assert spec.autoscaling is not None
-    config = PolicyConfig.from_spec(spec.autoscaling)
     st = body.get("status") or {}
+    cold_start = ColdStartRecord.from_status(st).with_pods(pods)
+    config = PolicyConfig.from_spec(spec.autoscaling, learned_cold_start_seconds=cold_start.seconds)
     last = st.get("desiredReplicas")
     manual = spec.replicas is not None and last is not None and spec.replicas != last
     current = last if manual else spec.desired_replicas
@@ -167,6 +166,8 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
     }
     if decision.history.last_scale_time is not None:
         status["lastScaleTime"] = iso(decision.history.last_scale_time)
+    if cold_start.samples:
+        status.update(cold_start.to_status())
     return Plan(decision=decision, current=current, replicas=desired if spec.replicas != desired else None,
                 status=status, events=tuple(events))
 

@@ -300,6 +300,17 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
+class ColdStartObservation(_Model):
+    """One pod's creation -> Ready, as the autoscaler observed it (operator.cold_start)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    pod: str
+    created_at: str
+    ready_at: str
+    seconds: float
+
+
 class InferenceServiceStatus(_Model):
     """Every field a writer puts under status; a real API server prunes undeclared ones."""
 
@@ -320,6 +331,12 @@ class InferenceServiceStatus(_Model):
     tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")
     desired_replicas: int | None = Field(default=None, description="Last autoscaler recommendation.")
     last_scale_time: str | None = Field(default=None, description="When the autoscaler last changed replicas.")
+    cold_start_seconds: float | None = Field(
+        default=None,
+        description="Written by the autoscaler: pod creation -> Ready, median of coldStartSamples; replaces "
+        "spec.autoscaling.initialDelaySeconds in the autoscaler's queue projection once measured.")
+    cold_start_samples: list[ColdStartObservation] | None = Field(
+        default=None, description="Written by the autoscaler: the last pods' creation -> Ready observations.")
     last_signals: dict[str, Any] | None = Field(
         default=None, json_schema_extra=PRESERVE,
         description="Written by the autoscaler: the signals of its last decision (queue, running, TTFT P95, rate).")

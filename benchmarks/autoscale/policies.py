@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubeinfer.operator.autoscale_policy import decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.cold_start import ColdStartRecord
 
 from .sim import Observation
 
@@ -32,18 +33,26 @@ class FixedFleet:
 
 @dataclass
 class KubeInferPolicy:
-    """Ours. The history goes through its JSON form at every tick, as it would through the status."""
+    """Ours. The history goes through its JSON form at every tick, as it would through the status. With
+    `learn_cold_start` it learns the cold start from the replicas it created, as the operator does from
+    its pods (`kubeinfer.operator.cold_start`), and uses it in place of initialDelaySeconds."""
 
     config: PolicyConfig
     tick_s: float = 5.0  # the operator's default KUBEINFER_AUTOSCALE_INTERVAL_SECONDS
     scrape_interval_s: float = 5.0
     name: str = "kubeinfer (queue + TTFT P95)"
+    learn_cold_start: bool = True
     history: ScaleHistory = field(default_factory=ScaleHistory)
+    cold_start: ColdStartRecord = field(default_factory=ColdStartRecord)
     reasons: list[str] = field(default_factory=list)
 
     def decide(self, obs: Observation) -> int:
         signals = obs.signals(self.scrape_interval_s, self.config.metric_window_seconds)
-        d = decide(signals, ReplicaCounts(obs.current, obs.ready, obs.pending), self.history, self.config, obs.now)
+        config = self.config
+        if self.learn_cold_start:
+            self.cold_start = self.cold_start.with_samples(obs.cold_starts())
+            config = replace(config, learned_cold_start_seconds=self.cold_start.seconds)
+        d = decide(signals, ReplicaCounts(obs.current, obs.ready, obs.pending), self.history, config, obs.now)
         self.history = ScaleHistory.from_dict(json.loads(json.dumps(d.history.to_dict())))
         self.reasons.append(d.reason)
         return d.desired_replicas

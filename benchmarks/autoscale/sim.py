@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kubeinfer.operator.autoscale_types import Signals
+from kubeinfer.operator.cold_start import ColdStartSample
 from kubeinfer.operator.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 
 
@@ -42,6 +43,13 @@ class ReplicaModel:
     decode_per_seq_s: float = 0.0008
     cold_start_s: float = 60.0
     local_queue: int = 8  # requests the router may queue on a replica beyond its batch cap
+
+
+# The built-in CPU demo model (kubeinfer serve --model demo) on one CPU thread, as fitted by
+# benchmarks/autoscale/calibrate.py on 2026-11-23 (4 runs on a shared 2-vCPU machine, load 4-6: decode
+# 3.0-3.3 ms + 0.14-0.17 ms/seq, prefill 0.17-0.23 ms/token at 512 tokens). For comparisons with a real
+# cluster running the demo model; ReplicaModel() above stays the GPU-like model of the benchmark tables.
+CPU_DEMO_MODEL = ReplicaModel(decode_base_s=0.0030, decode_per_seq_s=0.00015, prefill_s_per_token=0.0002)
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,13 @@ class Observation:
         s = self.sim.samples
         i = bisect_left(s.t, self.now - seconds)
         return s.concurrency[i:]
+
+    def cold_starts(self) -> list[ColdStartSample]:
+        """Creation -> ready of the replicas the simulation created that have become ready (what the
+        operator reads from its pods; the replicas that were there at the start are not observed)."""
+        return [ColdStartSample(f"replica-{r.rid}", r.created, r.ready_at)
+                for r in self.sim.replicas[self.sim.num_initial:]
+                if r.ready_at <= self.now and (r.terminated is None or r.terminated >= r.ready_at)]
 
     def signals(self, scrape_interval_s: float, window_s: float) -> Signals:
         """What Prometheus would answer: gauges at the last scrape, TTFT P95 over the window before it."""
@@ -165,6 +180,7 @@ class Simulation:
         self.end_s = trace.duration_s + drain_cap_s
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
+        self.num_initial = initial_replicas
         for _ in range(initial_replicas):
             r = self._new_replica(0.0)
             r.ready_at = 0.0

@@ -251,6 +251,20 @@ def test_a_growing_queue_is_projected_over_the_loading_time():
     assert (d.recommendation, d.desired_replicas) == (14, 12)
 
 
+def test_a_learned_cold_start_replaces_initial_delay_seconds_in_the_projection():
+    hist = replace(settled(2), queue_samples=((T0 - 10, 20.0, 64.0, 2),))
+    guessed = cfg(initial_delay_seconds=60, max_replicas=40)
+    learned = replace(guessed, learned_cold_start_seconds=15.0)
+    assert (guessed.cold_start_seconds, learned.cold_start_seconds) == (60.0, 15.0)
+    # 4/s for 15 s, not 60: (64 + 60 + 60) / (32 + 4) = 5.1 -> 6 (the guess gives 11, as above).
+    d = ap.decide(sig(T0, queue=60, running=64), ReplicaCounts(2, 2), hist, learned, T0)
+    assert d.recommendation == 6 and "over a 15s cold start" in d.message
+    # A learned cold start of 0 is a measurement, not a missing value.
+    d = ap.decide(sig(T0, queue=60, running=64), ReplicaCounts(2, 2), hist,
+                  replace(guessed, learned_cold_start_seconds=0.0), T0)
+    assert d.recommendation == 4  # (64 + 60) / 36 = 3.4 -> 4
+
+
 def test_overload_recommendation_holds_scale_down_for_one_metric_window_only():
     c = cfg(metric_window_seconds=60, scale_down_stabilization_seconds=300)
     hist = replace(settled(10), throughput_per_replica=4.0,

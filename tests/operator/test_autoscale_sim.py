@@ -10,8 +10,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+from autoscale.clairvoyant import ClairvoyantPolicy, fleet_sizing  # noqa: E402
 from autoscale.policies import FixedFleet, KubeInferPolicy  # noqa: E402
-from autoscale.scenarios import burst, diurnal, flash_crowd, replicas_for_rate, steady, summarize  # noqa: E402
+from autoscale.scenarios import (  # noqa: E402
+    burst,
+    diurnal,
+    flash_crowd,
+    replicas_for_rate,
+    saturation_throughput,
+    steady,
+    summarize,
+)
 from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
 
 from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
@@ -56,3 +65,42 @@ def test_goal_on_the_benchmark_traces(make_trace):
     runs = autoscale_sim.run_trace(make_trace(), ReplicaModel(), seed=0)
     line = autoscale_sim.goal_line([summarize(sim, autoscale_sim.TTFT_TARGET_S) for sim, _ in runs])
     assert "MISSED" not in line, line
+
+
+def test_clairvoyant_limit_is_at_least_as_good_as_ours_on_a_short_burst():
+    """The limit orders each replica one cold start ahead of the rate it must serve: on a burst it holds
+    the SLO that ours (which must see the queue first) cannot, with fewer GPU-hours."""
+    trace = burst(base=1.5, factor=8.0, start_s=240.0, length_s=240.0, duration_s=900.0)
+    sizing = fleet_sizing(TARGET, MODEL, 12, trace.peak_rate)
+    limit_policy = ClairvoyantPolicy(trace, sizing, MODEL.cold_start_s)
+    limit_sim = Simulation(trace, limit_policy, initial_replicas=1, model=MODEL, seed=2).run()
+    ours = KubeInferPolicy(PolicyConfig(max_replicas=12, target_ttft_p95_seconds=TARGET, initial_delay_seconds=60,
+                                        assumed_throughput_per_replica=saturation_throughput(MODEL)))
+    ours_sim = Simulation(trace, ours, initial_replicas=1, model=MODEL, seed=2).run()
+    limit, mine = summarize(limit_sim, TARGET, warmup_s=0), summarize(ours_sim, TARGET, warmup_s=0)
+    assert limit.slo_share >= mine.slo_share and limit.slo_share >= 0.98, (limit, mine)
+    assert limit.gpu_hours <= mine.gpu_hours, (limit, mine)
+    # its burst fleet is ordered exactly one cold start (and at most one tick) before the burst
+    (first_up, *_) = [t for t, a, b in limit_sim.scale_events if b > a]
+    assert trace.burst_start_s - MODEL.cold_start_s - limit_policy.tick_s <= first_up <= \
+        trace.burst_start_s - MODEL.cold_start_s
+    assert max(limit_sim.samples.replicas) == sizing.replicas_for(trace.peak_rate)
+    # ... and released when the burst is over
+    assert limit_sim.samples.replicas[-1] == 1
+
+
+def test_fleet_sizing_agrees_with_the_fixed_fleets_sizing():
+    sizing = fleet_sizing(TARGET, MODEL, 20, 12.0)
+    assert list(sizing.max_rates) == sorted(sizing.max_rates)
+    for rate in (1.0, 6.0, 12.0):  # on the 0.25 req/s grid both measure the same runs
+        assert sizing.replicas_for(rate) == replicas_for_rate(rate, TARGET, MODEL)
+
+
+def test_our_policy_in_the_simulator_learns_the_cold_start_from_its_replicas():
+    trace = burst(base=1.5, factor=8.0, start_s=120.0, length_s=180.0, duration_s=600.0)
+    policy = KubeInferPolicy(PolicyConfig(max_replicas=12, target_ttft_p95_seconds=TARGET, initial_delay_seconds=120))
+    assert policy.cold_start.seconds is None
+    Simulation(trace, policy, initial_replicas=1, model=MODEL, seed=2).run()
+    # every replica it created took the model's cold start; the replica that was there at the start is not counted
+    assert policy.cold_start.seconds == MODEL.cold_start_s and policy.cold_start.samples
+    assert all(not s.pod.endswith("-0") for s in policy.cold_start.samples)

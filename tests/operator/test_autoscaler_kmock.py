@@ -271,3 +271,33 @@ async def test_autoscaler_requests_are_allowed_by_rbac(cluster: Any, kapi: Any, 
         seen.add(key)
     assert {("", "events", "create"), ("kubeinfer.dev", "inferenceservices", "patch"),
             ("kubeinfer.dev", "inferenceservices/status", "patch")} <= seen
+
+
+async def test_cold_start_is_learned_from_pods_and_kept_in_status(cluster: Any, kapi: Any,
+                                                                  prom: FakePrometheus) -> None:
+    prom.queue, prom.running = 4.0, 8.0  # at the target: the pass only observes
+    now = time.time()
+    for i, loaded_s in enumerate((20, 35, 300)):  # one slow pod (a cold image cache) hardly moves the median
+        created = now - 3600 + 600 * i
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+        ready_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created + loaded_s))
+        await kapi.create(f"/api/v1/namespaces/{NAMESPACE}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{NAME}-{i}", "namespace": NAMESPACE, "creationTimestamp": stamp, "labels": {
+                "kubeinfer.dev/inferenceservice": NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
+            "status": {"phase": "Running", "podIP": "127.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ready_at}],
+                       "containerStatuses": [{"name": "runtime", "restartCount": 0}]}})
+    async with running_operator(cluster, config_for(prom)):
+        await kapi.create(isvc_path(NAMESPACE), manifest(replicas=3, initialDelaySeconds=120))
+        obj = await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("coldStartSeconds") is not None)
+        await asyncio.sleep(3 * INTERVAL)  # more passes: the same pods add nothing
+        prom.queue = 40.0  # the queue jumps: its growth is projected over the learned 35 s, not the 120 s guess
+        (up,) = await kapi_wait_events(kapi, "ScaleUp")
+        obj = await kapi.get(ISVC)
+        await quiesce(kapi)
+    assert "over a 35s cold start" in up["message"], up["message"]
+    st = obj["status"]
+    assert st["coldStartSeconds"] == 35
+    assert [(s["pod"], s["seconds"]) for s in st["coldStartSamples"]] == [(f"{NAME}-0", 20), (f"{NAME}-1", 35),
+                                                                          (f"{NAME}-2", 300)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kubeinfer.operator import autoscaler
@@ -120,3 +121,32 @@ def test_event_body_is_a_core_v1_event_about_the_object():
                                    "name": "x", "namespace": "ns", "uid": "u1"}
     assert (e["type"], e["reason"], len(e["message"]), e["count"]) == ("Normal", "ScaleUp", 1024, 1)
     assert e["firstTimestamp"] == e["lastTimestamp"] == autoscaler.iso(NOW)
+
+
+def loaded_pod(name: str, loaded_s: float, age: float = 3600) -> dict[str, Any]:
+    """A Ready pod that took `loaded_s` from creation to Ready."""
+    p = pod(name, age=age)
+    p["status"]["conditions"][0]["lastTransitionTime"] = autoscaler.iso(NOW - age + loaded_s)
+    return p
+
+
+def test_the_cold_start_learned_from_pods_replaces_initial_delay_in_the_projection():
+    # The queue grew from 20 to 60 in 10 s (4/s) on 2 ready replicas running 4 each, target 2 waiting.
+    history = {**ScaleHistory.from_dict(settled_status(2)["scalingHistory"]).to_dict(),
+               "queueSamples": [[NOW - 10, 20.0, 8.0, 2]]}
+    signals = Signals(NOW, queue_depth=60, num_running=8)
+    guessed = plan(body(replicas=2, status={**settled_status(2), "scalingHistory": history}, maxReplicas=100),
+                   signals, [pod("a"), pod("b")])
+    # initialDelaySeconds 60: (8 + 60 + 4 * 60) / (4 + 2) = 51.3 -> 52
+    assert guessed.decision.recommendation == 52 and "coldStartSeconds" not in guessed.status
+    pods = [loaded_pod("a", 9), loaded_pod("b", 12, age=3000), loaded_pod("c", 600, age=2000)]
+    learned = plan(body(replicas=3, status={**settled_status(3), "scalingHistory": history}, maxReplicas=100),
+                   signals, pods)
+    # median of 9, 12 and 600 s = 12 s; 3 ready replicas running 8 in all
+    assert learned.status["coldStartSeconds"] == 12
+    assert [s["pod"] for s in learned.status["coldStartSamples"]] == ["a", "b", "c"]
+    assert learned.decision.recommendation == math.ceil((8 + 60 + 4 * 12) / (8 / 3 + 2))
+    assert "over a 12s cold start" in learned.decision.message
+    # the next pass reads the record back from status and adds nothing for the same pods
+    again = plan(body(replicas=3, status={**settled_status(3), **learned.status}, maxReplicas=100), signals, pods)
+    assert again.status["coldStartSamples"] == learned.status["coldStartSamples"]

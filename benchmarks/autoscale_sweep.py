@@ -1,0 +1,64 @@
+"""Sweep the replica cold start and put every policy beside the clairvoyant limit (issue #17).
+
+    .venv/bin/python benchmarks/autoscale_sweep.py [--seed 0] [--cold-starts 60 30 15 5]
+
+For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (ours learns the cold start
+from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
+SLO share / GPU-hours per policy, then ours against the limit (points below its SLO share, share of its
+GPU-hours). Fixed seed; about 25 s per cold start on one CPU core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import autoscale_sim  # noqa: E402
+from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
+from autoscale.sim import ReplicaModel  # noqa: E402
+
+COLUMNS = ("clairvoyant", "kubeinfer, throughputPerReplica given", "kubeinfer, learning throughput",
+           "KubeAI-style", "KubeAI-style, 60 s", "KPA-style", "fixed (peak-sized)")
+
+
+def header() -> str:
+    names = " | ".join(COLUMNS)
+    return (f"| trace | cold start (s) | {names} | ours vs limit: SLO points below, GPU-hours | goal |\n"
+            f"|{'---|' * (len(COLUMNS) + 4)}")
+
+
+def row(results: list, cold_start_s: float) -> str:
+    """One markdown row: results in autoscale_sim.make_policies order (fixed, ours, ours learning,
+    KubeAI, KubeAI 60 s, KPA, clairvoyant)."""
+    fixed, ours, learning, kubeai, kubeai60, kpa, limit = results
+
+    def cell(r) -> str:
+        return f"{100 * r.slo_share:.1f}% / {r.gpu_hours:.2f}"
+
+    gap = 100 * (limit.slo_share - ours.slo_share)
+    ratio = ours.gpu_hours / limit.gpu_hours
+    slo_ok, gpu_ok = gap <= autoscale_sim.LIMIT_SLO_POINTS, ratio <= autoscale_sim.LIMIT_GPU_RATIO
+    goal = ", ".join(what for what, ok in (("SLO missed", slo_ok), ("GPU-hours missed", gpu_ok)) if not ok) or "met"
+    cells = " | ".join(cell(r) for r in (limit, ours, learning, kubeai, kubeai60, kpa, fixed))
+    return f"| {ours.trace} | {cold_start_s:g} | {cells} | {gap:+.1f}, {100 * ratio:.0f}% | {goal} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cold-starts", type=float, nargs="+", default=[60.0, 30.0, 15.0, 5.0])
+    args = ap.parse_args(argv)
+    print(header(), flush=True)
+    for cold_start in args.cold_starts:
+        model = ReplicaModel(cold_start_s=cold_start)
+        for make_trace in ALL_TRACES:
+            runs = autoscale_sim.run_trace(make_trace(), model, args.seed)
+            print(row([summarize(sim, autoscale_sim.TTFT_TARGET_S) for sim, _ in runs], cold_start), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
