@@ -1,0 +1,22 @@
+"""`kubeinfer router`: serves the router with uvicorn until SIGTERM."""
+import logging
+
+import uvicorn
+
+from kubeinfer.runtime.router.app import Router
+from kubeinfer.runtime.router.settings import RouterSettings
+
+logger = logging.getLogger(__name__)
+KEEP_ALIVE_SECONDS = 65   # longer than the usual client/load-balancer idle timeout (as `kubeinfer serve`)
+
+
+def serve(settings: RouterSettings, host: str, port: int, log_level: str = "info") -> int:
+    router = Router(settings)
+    config = uvicorn.Config(router, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                            lifespan="on", timeout_keep_alive=KEEP_ALIVE_SECONDS, timeout_graceful_shutdown=5,
+                            server_header=False, date_header=False)   # the replica's own are relayed
+    server = uvicorn.Server(config)
+    logger.info("routing to %d replicas (%s policy) on http://%s:%d/v1", len(settings.upstreams), settings.policy,
+                host, port)
+    server.run()
+    return 0 if server.started else 1
