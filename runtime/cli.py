@@ -181,6 +181,7 @@ ROUTER_FLAGS = [
     ("load-weight", float, 0.5, "score taken per share of the busiest replica's load (in flight + waiting)"),
     ("kv-weight", float, 0.25, "score taken per share of a replica's KV cache in use"),
     ("load-bound-epsilon", float, 0.25, "skip replicas above (1 + this) x the mean requests in flight"),
+    ("footprint-weight", float, 0.25, "score taken per share of the most prefix text sent to one replica"),
     ("chunk-chars", int, 64, "characters per prefix chunk"),
     ("scrape-interval", float, 0.1, "seconds between scrapes of each replica's /metrics"),
     ("stale-after", float, 1.0, "seconds after which a replica's last scrape reads as fully loaded"),
@@ -210,7 +211,8 @@ def _router(args: argparse.Namespace) -> int:
     from kubeinfer.runtime.router.settings import RouterSettings
 
     try:
-        weights = Weights(args.prefix_weight, args.load_weight, args.kv_weight, args.load_bound_epsilon)
+        weights = Weights(args.prefix_weight, args.load_weight, args.kv_weight, args.load_bound_epsilon,
+                          args.footprint_weight)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     settings = RouterSettings(args.upstream, args.policy, weights, args.chunk_chars,

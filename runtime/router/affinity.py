@@ -7,7 +7,7 @@ chain it owns. Everything here is pure or owns only its own state, so it is unit
 """
 import hashlib
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 
@@ -46,11 +46,15 @@ def prompt_text(body: dict) -> str:
 
 
 class PrefixIndex:
-    """Prefix hash -> replicas sent that prefix, least recently used first out beyond `max_entries`."""
+    """Prefix hash -> replicas sent that prefix, least recently used first out beyond `max_entries`.
+
+    It also counts, per replica, the prefix chunks it owns (its footprint): how much distinct prefix text it
+    was given to cache, so that new prefixes go where the least is kept."""
 
     def __init__(self, max_entries: int = 200_000, max_owners: int = 4):
         self.max_entries, self.max_owners = max_entries, max_owners
         self._owners: OrderedDict[int, list[str]] = OrderedDict()
+        self.footprint: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -68,14 +72,18 @@ class PrefixIndex:
             owners = self._owners.get(value)
             if owners is None:
                 self._owners[value] = [replica]
+                self.footprint[replica] += 1
+                continue
+            self._owners.move_to_end(value)
+            if replica in owners:
+                owners.remove(replica)
             else:
-                self._owners.move_to_end(value)
-                if replica in owners:
-                    owners.remove(replica)
-                owners.append(replica)   # most recent last; the oldest owner is forgotten first
-                del owners[:-self.max_owners]
+                self.footprint[replica] += 1
+            owners.append(replica)   # most recent last; the oldest owner is forgotten first
+            self.footprint.subtract(owners[:-self.max_owners])
+            del owners[:-self.max_owners]
         while len(self._owners) > self.max_entries:
-            self._owners.popitem(last=False)
+            self.footprint.subtract(self._owners.popitem(last=False)[1])
 
 
 @dataclass
@@ -94,9 +102,10 @@ class Weights:
     load: float = 0.5      # per share of the busiest candidate's load (in flight here + waiting there)
     kv: float = 0.25       # per share of the replica's KV cache in use
     epsilon: float = 0.25  # bounded load: skip replicas above (1 + epsilon) x the mean in flight
+    footprint: float = 0.25  # per share of the largest footprint (prefix chunks owned) among the candidates
 
     def __post_init__(self):
-        for name in ("prefix", "load", "kv", "epsilon"):
+        for name in ("prefix", "load", "kv", "epsilon", "footprint"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} weight must be >= 0, got {getattr(self, name)}")
 
@@ -108,22 +117,26 @@ def load_cap(in_flight: list[int], epsilon: float) -> int:
 
 
 def pick(candidates: list[Candidate], matches: dict[str, int], num_chunks: int, weights: Weights,
-         prefix_key: int | None = None) -> tuple[str, str]:
+         prefix_key: int | None = None, footprint: dict[str, int] | None = None) -> tuple[str, str]:
     """(replica name, reason): the best score among replicas under the load cap.
 
-    score = prefix x matched share - load x load share - kv x KV use; a stale replica counts as fully loaded.
+    score = prefix x matched share - load x load share - kv x KV use - footprint x footprint share; a stale
+    replica counts as fully loaded. `footprint`: prefix chunks owned per replica (`PrefixIndex.footprint`).
     Reasons: `bounded` (a replica with a longer match was over the cap), else `prefix` (the pick holds part of
     the prefix) or `load` (it holds none: load decided). `prefix_key`: the prompt's first chunk hash."""
     assert candidates, "pick needs at least one candidate"
     cap = load_cap([c.in_flight for c in candidates], weights.epsilon)
     loads = {c.name: (math.inf if c.stale else c.in_flight + c.waiting) for c in candidates}
     busiest = max((v for v in loads.values() if v != math.inf), default=0.0) or 1.0
+    footprint = footprint or {}
+    largest = max((footprint.get(c.name, 0) for c in candidates), default=0) or 1
 
     def score(c: Candidate) -> float:
         share = matches.get(c.name, 0) / num_chunks if num_chunks else 0.0
         load_share = 1.0 if c.stale else loads[c.name] / busiest
         kv = 1.0 if c.stale else c.kv_usage
-        return weights.prefix * share - weights.load * load_share - weights.kv * kv
+        kept = footprint.get(c.name, 0) / largest
+        return weights.prefix * share - weights.load * load_share - weights.kv * kv - weights.footprint * kept
 
     under_cap = [c for c in candidates if c.in_flight + 1 <= cap]
     # Equal scores (no replica holds the prefix, all idle) are broken by rendezvous hashing on the first chunk,

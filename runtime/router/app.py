@@ -102,14 +102,22 @@ class Router:
                 return await respond_error(send, 413, f"the request body is over {self.settings.max_body_bytes} bytes")
             if not message.get("more_body"):
                 break
-        work = asyncio.ensure_future(self._forward(scope, bytes(body), send, received_at))
-        left = asyncio.ensure_future(_wait_for_disconnect(receive))
-        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-        left.cancel()
-        if not work.done():   # the client went away: cancelling closes the upstream request, which aborts it
-            work.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
+        # The client may leave while the replica works: a watcher cancels this task then, which closes the
+        # upstream request, which aborts it on the replica. (One extra task, not two: this is per request.)
+        this_task, left = asyncio.current_task(), asyncio.Event()
+
+        async def watch() -> None:
+            await _wait_for_disconnect(receive)
+            left.set()
+            this_task.cancel()
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self._forward(scope, bytes(body), send, received_at)
+        except asyncio.CancelledError:
+            if not left.is_set():
+                raise
+        finally:
+            watcher.cancel()
 
     async def _forward(self, scope, body: bytes, send, received_at: float) -> None:
         try:

@@ -28,6 +28,6 @@ class Chooser:
             return by_url[best.name], "least_load"
         hashes = chunk_hashes(text, self.settings.chunk_chars, self.settings.max_chunks)
         name, reason = pick(candidates, self.index.matches(hashes), len(hashes), self.settings.weights,
-                            stable_hash(text[:self.settings.chunk_chars]))
+                            stable_hash(text[:self.settings.chunk_chars]), self.index.footprint)
         self.index.record(hashes, name)
         return by_url[name], reason

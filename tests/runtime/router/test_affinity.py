@@ -104,3 +104,20 @@ def test_new_prefixes_spread_over_idle_replicas():
 def test_weights_refuse_negative_values():
     with pytest.raises(ValueError, match="load weight"):
         Weights(load=-1)
+
+
+def test_footprint_counts_the_chunks_each_replica_owns_through_truncation_and_eviction():
+    index = PrefixIndex(max_entries=4, max_owners=1)
+    index.record(chunk_hashes("a" * 192, 64, 10), "r1")     # 3 chunks
+    index.record(chunk_hashes("a" * 64, 64, 10), "r2")      # takes over the first chunk (one owner at most)
+    assert index.footprint == {"r1": 2, "r2": 1}
+    index.record(chunk_hashes("b" * 128, 64, 10), "r2")     # 5 entries > 4: the oldest (r1's 2nd chunk) goes
+    assert len(index) == 4
+    assert index.footprint == {"r1": 1, "r2": 3}
+
+
+def test_a_new_prefix_goes_where_the_least_prefix_text_is_kept():
+    footprint = {"a": 120, "b": 30, "c": 90}
+    assert pick(idle("a", "b", "c"), {}, 4, Weights(), prefix_key=7, footprint=footprint) == ("b", "load")
+    # a full match still wins over a smaller footprint
+    assert pick(idle("a", "b", "c"), {"a": 4}, 4, Weights(), footprint=footprint) == ("a", "prefix")
