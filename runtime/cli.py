@@ -196,6 +196,10 @@ def add_router_parser(commands) -> None:
     router = commands.add_parser("router", help="route OpenAI requests to replicas by prompt-prefix affinity")
     router.add_argument("--upstream", action="append", default=[], metavar="URL",
                         help="a replica, http://HOST:PORT (repeat for each)")
+    router.add_argument("--service", help="instead of --upstream: the ready endpoints of this Kubernetes Service, "
+                                          "watched (its EndpointSlices)")
+    router.add_argument("--namespace", help="the Service's namespace [default: the pod's own, else default]")
+    router.add_argument("--service-port-name", default="http", help="the Service's port to use [default http]")
     router.add_argument("--host", default="0.0.0.0", help="address to listen on [default 0.0.0.0]")
     router.add_argument("--port", type=port_number, default=8080, help="port to listen on [default 8080]")
     for flag, kind, default, help_text in ROUTER_FLAGS:
@@ -207,6 +211,7 @@ def add_router_parser(commands) -> None:
 
 def _router(args: argparse.Namespace) -> int:
     from kubeinfer.runtime.router.affinity import Weights
+    from kubeinfer.runtime.router.discovery import default_namespace
     from kubeinfer.runtime.router.main import serve as serve_router
     from kubeinfer.runtime.router.settings import RouterSettings
 
@@ -218,7 +223,9 @@ def _router(args: argparse.Namespace) -> int:
     settings = RouterSettings(args.upstream, args.policy, weights, args.chunk_chars,
                               scrape_interval=args.scrape_interval, stale_after=args.stale_after,
                               max_queued_requests=args.max_queued_requests, max_queued_bytes=args.max_queued_bytes,
-                              queue_timeout=args.queue_timeout, served_model_name=args.served_model_name)
+                              queue_timeout=args.queue_timeout, served_model_name=args.served_model_name,
+                              service=args.service, namespace=args.namespace or default_namespace(),
+                              service_port_name=args.service_port_name)
     return serve_router(settings, args.host, args.port, args.log_level)
 
 

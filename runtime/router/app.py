@@ -12,6 +12,7 @@ import time
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kubeinfer.runtime.router.discovery import EndpointSliceWatch
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.proxy import Proxy, UpstreamFailed
@@ -46,14 +47,23 @@ class Router:
                                 settings.queue_timeout)
         self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout)
         self._scraper: asyncio.Task | None = None
+        self._watch: EndpointSliceWatch | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout)
         self.proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
         self._scraper = asyncio.ensure_future(self.replicas.scrape_forever(self.proxy.session))
+        if self.settings.service is not None:
+            loop = asyncio.get_running_loop()
+            self._watch = EndpointSliceWatch(self.settings.namespace, self.settings.service,
+                                             self.settings.service_port_name,
+                                             lambda urls: loop.call_soon_threadsafe(self.replicas.set_urls, urls))
+            self._watch.start()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         if self._scraper is not None:
             self._scraper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,7 +16,8 @@ def serve(settings: RouterSettings, host: str, port: int, log_level: str = "info
                             lifespan="on", timeout_keep_alive=KEEP_ALIVE_SECONDS, timeout_graceful_shutdown=5,
                             server_header=False, date_header=False)   # the replica's own are relayed
     server = uvicorn.Server(config)
-    logger.info("routing to %d replicas (%s policy) on http://%s:%d/v1", len(settings.upstreams), settings.policy,
-                host, port)
+    replicas = (f"the ready endpoints of service {settings.namespace}/{settings.service}" if settings.service
+                else f"{len(settings.upstreams)} replicas")
+    logger.info("routing to %s (%s policy) on http://%s:%d/v1", replicas, settings.policy, host, port)
     server.run()
     return 0 if server.started else 1

@@ -60,6 +60,17 @@ class ReplicaSet:
     def model_name(self) -> str | None:
         return next((r.model_name for r in self.replicas.values() if r.model_name), None)
 
+    def set_urls(self, urls: set[str]) -> None:
+        """The replicas are now `urls` (from discovery): new ones wait for their first scrape; requests open on a
+        removed one finish there."""
+        for url in set(self.replicas) - urls:
+            logger.info("replica %s removed", url)
+            del self.replicas[url]
+        for url in sorted(urls - set(self.replicas)):
+            logger.info("replica %s added", url)
+            self.replicas[url] = Replica(url)
+        self._update_event()
+
     def mark_down(self, replica: Replica, why: str) -> None:
         if replica.up:
             logger.warning("replica %s is down: %s", replica.url, why)
@@ -75,7 +86,7 @@ class ReplicaSet:
     async def scrape_forever(self, session: aiohttp.ClientSession) -> None:
         timeout = aiohttp.ClientTimeout(total=max(0.5, 5 * self.scrape_interval))
         while True:
-            await asyncio.gather(*(self._scrape(session, r, timeout) for r in self.replicas.values()))
+            await asyncio.gather(*(self._scrape(session, r, timeout) for r in list(self.replicas.values())))
             await asyncio.sleep(self.scrape_interval)
 
     async def _scrape(self, session: aiohttp.ClientSession, replica: Replica, timeout: aiohttp.ClientTimeout) -> None:
@@ -90,7 +101,7 @@ class ReplicaSet:
             setattr(replica, field, value)
         replica.model_name = model_name or replica.model_name
         replica.scraped_at = time.monotonic()
-        if not replica.up:
+        if not replica.up and self.replicas.get(replica.url) is replica:
             logger.info("replica %s is up", replica.url)
             replica.up = True
             self._update_event()

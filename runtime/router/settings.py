@@ -23,10 +23,16 @@ class RouterSettings:
     max_body_bytes: int = 16 << 20
     connect_timeout: float = 2.0
     served_model_name: str | None = None   # listed by /v1/models while no replica is up (else: the replicas')
+    service: str | None = None         # discover the replicas: this Service's ready endpoints (EndpointSlices)
+    namespace: str = "default"
+    service_port_name: str = "http"
 
     def __post_init__(self):
-        if not self.upstreams:
-            raise ConfigError("no replica: give at least one --upstream URL")
+        if self.service is not None:
+            if self.upstreams:
+                raise ConfigError("give --upstream URLs or --service, not both")
+        elif not self.upstreams:
+            raise ConfigError("no replica: give at least one --upstream URL, or --service")
         cleaned = []
         for url in self.upstreams:
             parts = urlsplit(url)

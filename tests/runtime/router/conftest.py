@@ -19,7 +19,7 @@ class RouterProcess:
         self.log = log
         self._log_file = log.open("w")
         upstream_args = [arg for url in upstreams for arg in ("--upstream", url)]
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("KUBEINFER_")}
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("KUBEINFER_")}   # KUBECONFIG stays
         self.proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "router", *upstream_args, "--host", "127.0.0.1",
              "--port", str(self.port), *args], env=environment, stdout=self._log_file, stderr=subprocess.STDOUT)
