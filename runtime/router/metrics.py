@@ -26,12 +26,12 @@ class RouterMetrics:
         self.picks = Counter("kubeinfer_router_picks", "Requests sent to a replica, by replica and reason",
                              ["replica", "reason"], registry=r)
         self.upstream_errors = Counter("kubeinfer_router_upstream_errors",
-                                       "Failures talking to a replica: connect (retried elsewhere), "
-                                       "disconnect (mid-request), timeout", ["kind"], registry=r)
+                                       "Failures talking to a replica: connect and draining (both retried "
+                                       "elsewhere), disconnect (mid-request), timeout", ["kind"], registry=r)
         self.refused = Counter("kubeinfer_router_refused", "Requests the router answered itself with an error",
                                ["status_code"], registry=r)
         self.added = Histogram("kubeinfer_router_added_latency_seconds",
                                "Router time before a request is on its way to a replica (reading, parsing, "
                                "picking; waiting for a replica excluded)", buckets=ADDED_BUCKETS, registry=r)
-        for kind in ("connect", "disconnect", "timeout"):
+        for kind in ("connect", "draining", "disconnect", "timeout"):
             self.upstream_errors.labels(kind)

@@ -1,7 +1,9 @@
 """Forwarding one request: wait for a replica, pick one, relay its answer byte for byte.
 
-- A connection refused (or any failure to connect) never reached a replica: that replica is marked down and
+- A connection refused (or any failure or timeout to connect) never reached a replica: that replica is marked down and
   the request goes to another (or waits for one), within the request's deadline.
+- A replica that answers 503 `draining` (it is shutting down; the request never reached its engine) is
+  treated the same way, and left out of the pick for `DRAINING_HOLD_SECONDS`.
 - Once the request reached a replica it is not retried (generation has effects: quota, tokens spent). A
   replica that dies mid-stream ends the stream with an OpenAI-style error event, as the runtime's own streams
   end when its engine dies; before the response started, the client gets a 502.
@@ -25,6 +27,7 @@ logger = logging.getLogger(__name__)
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
               b"proxy-authenticate", b"trailer", b"host", b"content-length"}
 REPLICA_HEADER = "x-kubeinfer-replica"
+DRAINING_HOLD_SECONDS = 5.0
 
 
 class UpstreamFailed(Exception):
@@ -70,9 +73,10 @@ class Proxy:
             replica.in_flight += 1
             try:
                 response = await self.session.post(replica.url + scope["path"], data=body, headers=headers)
-            except aiohttp.ClientConnectorError as error:   # never reached it: try another replica
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:   # never reached it
                 replica.in_flight -= 1
-                self.metrics.upstream_errors.labels("connect").inc()
+                timed_out = isinstance(error, aiohttp.ConnectionTimeoutError)
+                self.metrics.upstream_errors.labels("timeout" if timed_out else "connect").inc()
                 self.replicas.mark_down(replica, f"connect failed: {error}")
                 if time.monotonic() >= deadline:
                     raise Refused(503, "no replica could be reached; retry later", "no_replica",
@@ -85,19 +89,34 @@ class Proxy:
             except BaseException:   # cancelled (the client left) while waiting for the response to start
                 replica.in_flight -= 1
                 raise
+            prefetched = None
+            if response.status == 503:   # small JSON error: read it to tell draining from other refusals
+                prefetched = await response.read()
+                if b'"draining"' in prefetched:
+                    replica.in_flight -= 1
+                    response.release()
+                    self.metrics.upstream_errors.labels("draining").inc()
+                    self.replicas.mark_down(replica, "draining", DRAINING_HOLD_SECONDS)
+                    if time.monotonic() >= deadline:
+                        raise Refused(503, "no replica could take the request; retry later", "no_replica",
+                                      self.queue_timeout)
+                    continue
             break
         if waited:
             self.metrics.queue_wait.observe(waited)
         self.metrics.picks.labels(replica.url, reason).inc()
-        await self._relay(response, replica, send)
+        await self._relay(response, replica, send, prefetched)
 
-    async def _relay(self, response: aiohttp.ClientResponse, replica, send) -> None:
+    async def _relay(self, response: aiohttp.ClientResponse, replica, send, prefetched: bytes | None) -> None:
         finished = False
         try:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": response_headers(response, replica.url)})
-            async for chunk in response.content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if prefetched is not None:
+                await send({"type": "http.response.body", "body": prefetched, "more_body": True})
+            else:
+                async for chunk in response.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             finished = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             self.metrics.upstream_errors.labels("disconnect").inc()

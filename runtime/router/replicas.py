@@ -42,6 +42,7 @@ class Replica:
     up: bool = False            # last scrape succeeded and no request was refused since
     scraped_at: float = -1e9    # time.monotonic() of the last successful scrape
     model_name: str | None = None
+    down_until: float = 0.0     # a draining replica still answers scrapes: it stays down until then
 
     def is_stale(self, now: float, stale_after: float) -> bool:
         return now - self.scraped_at > stale_after
@@ -71,10 +72,12 @@ class ReplicaSet:
             self.replicas[url] = Replica(url)
         self._update_event()
 
-    def mark_down(self, replica: Replica, why: str) -> None:
+    def mark_down(self, replica: Replica, why: str, hold_s: float = 0.0) -> None:
+        """Out of the pick until a scrape succeeds, and at least `hold_s` seconds."""
         if replica.up:
             logger.warning("replica %s is down: %s", replica.url, why)
         replica.up = False
+        replica.down_until = time.monotonic() + hold_s
         self._update_event()
 
     def _update_event(self) -> None:
@@ -101,7 +104,7 @@ class ReplicaSet:
             setattr(replica, field, value)
         replica.model_name = model_name or replica.model_name
         replica.scraped_at = time.monotonic()
-        if not replica.up and self.replicas.get(replica.url) is replica:
+        if not replica.up and self.replicas.get(replica.url) is replica and replica.scraped_at >= replica.down_until:
             logger.info("replica %s is up", replica.url)
             replica.up = True
             self._update_event()

@@ -1,5 +1,6 @@
 """The router when replicas fail or are missing: errors, retries, waiting, scale from zero."""
 import json
+import signal
 import threading
 import time
 
@@ -38,6 +39,32 @@ def test_replica_killed_mid_stream_ends_with_an_error_and_refused_connections_go
             assert response.headers["x-kubeinfer-replica"] == replicas[0].url
         assert router.metric("kubeinfer_router_upstream_errors_total", kind="connect") == 1
         assert router.metric("kubeinfer_router_upstream_errors_total", kind="disconnect") == 1
+    finally:
+        victim.stop()
+
+
+def test_a_draining_replica_is_retried_elsewhere_and_finishes_what_it_holds(
+        llama_dir, replicas, start_router, tmp_path):
+    victim = RuntimeServer(llama_dir, tmp_path / "draining.log", "--max-model-len", "512", "--cpu-threads", "1")
+    try:
+        victim.wait_ready()
+        router = start_router([victim.url, replicas[0].url], "--policy", "round-robin",
+                              "--scrape-interval", "60", "--stale-after", "120").wait_up(2)
+        stream = BODY | {"max_tokens": 480, "stream": True}
+        with httpx.stream("POST", router.url + "/v1/completions", json=stream, timeout=60) as held:
+            assert held.headers["x-kubeinfer-replica"] == victim.url
+            lines = held.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            victim.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: not victim.is_ready(), 10, "the victim to start draining")
+            # the next turn goes to the healthy replica; the one after to the draining one: 503, so retried
+            for _ in range(2):
+                response = httpx.post(router.url + "/v1/completions", json=BODY, timeout=30)
+                assert response.status_code == 200, response.text
+                assert response.headers["x-kubeinfer-replica"] == replicas[0].url
+            assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+        assert router.metric("kubeinfer_router_upstream_errors_total", kind="draining") == 1
+        assert victim.proc.wait(timeout=30) == 0
     finally:
         victim.stop()
 
