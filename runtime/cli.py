@@ -189,6 +189,7 @@ ROUTER_FLAGS = [
     ("max-queued-bytes", int, 64 << 20, "bytes of request bodies that may wait before 429"),
     ("queue-timeout", float, 60.0, "seconds a request may wait for a ready replica before 503"),
     ("served-model-name", str, None, "model /v1/models lists while no replica is up (default: the replicas')"),
+    ("drain-timeout-seconds", float, 30.0, "on SIGTERM, how long open requests and streams may finish"),
 ]
 
 
@@ -226,7 +227,9 @@ def _router(args: argparse.Namespace) -> int:
                               queue_timeout=args.queue_timeout, served_model_name=args.served_model_name,
                               service=args.service, namespace=args.namespace or default_namespace(),
                               service_port_name=args.service_port_name)
-    return serve_router(settings, args.host, args.port, args.log_level)
+    if not args.drain_timeout_seconds >= 0:
+        raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
+    return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)
 
 
 def main(argv: list[str] | None = None) -> None:

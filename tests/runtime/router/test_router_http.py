@@ -1,4 +1,6 @@
 """`kubeinfer router` in front of two real replicas, with the official openai client as the reference client."""
+import json
+import signal
 import threading
 import time
 
@@ -96,3 +98,17 @@ def test_client_disconnect_aborts_the_request_on_the_replica(replicas, start_rou
                                    model_name="tiny")
     wait_for(lambda: running() == 0, 5, "nothing running on the replica")
     assert router.metric("kubeinfer_router_requests_in_flight", replica=replica.url) == 0
+
+
+def test_sigterm_lets_open_streams_finish_then_the_router_exits(replicas, start_router):
+    router = start_router([replicas[0].url]).wait_up(1)
+    body = {"model": "tiny", "prompt": "drain", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        router.proc.send_signal(signal.SIGTERM)
+        data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"   # all 200 tokens came
+    # uvicorn re-raises the signal once its graceful shutdown is over: the process ends "by SIGTERM"
+    assert router.proc.wait(timeout=30) in (0, -signal.SIGTERM)
