@@ -91,7 +91,14 @@ class Proxy:
                 raise
             prefetched = None
             if response.status == 503:   # small JSON error: read it to tell draining from other refusals
-                prefetched = await response.read()
+                try:
+                    prefetched = await response.read()
+                except BaseException as error:   # failed or cancelled while reading it
+                    replica.in_flight -= 1
+                    response.close()
+                    if isinstance(error, (aiohttp.ClientError, asyncio.TimeoutError)):
+                        raise UpstreamFailed(f"replica {replica.url} failed: {type(error).__name__}") from None
+                    raise
                 if b'"draining"' in prefetched:
                     replica.in_flight -= 1
                     response.release()
