@@ -1,0 +1,160 @@
+"""The router's ASGI application: OpenAI routes proxied, `/v1/models`, health, readiness and metrics.
+
+A plain ASGI callable rather than a framework: the router adds as little as it can to every request, and
+it needs the raw receive/send pair anyway to pass streams through and see clients leave.
+"""
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+import aiohttp
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kubeinfer.runtime.router.discovery import EndpointSliceWatch
+from kubeinfer.runtime.router.metrics import RouterMetrics
+from kubeinfer.runtime.router.policies import Chooser
+from kubeinfer.runtime.router.proxy import Proxy, UpstreamFailed
+from kubeinfer.runtime.router.replicas import ReplicaSet
+from kubeinfer.runtime.router.settings import RouterSettings
+from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
+from kubeinfer.runtime.server.errors import error_body
+
+logger = logging.getLogger(__name__)
+PROXIED = {"/v1/completions", "/v1/chat/completions"}
+
+
+async def respond(send, status: int, body: bytes, content_type: bytes = b"application/json",
+                  extra: list[tuple[bytes, bytes]] = ()) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_error(send, status: int, message: str, code: str | None = None,
+                        retry_after: float | None = None) -> None:
+    extra = [(b"retry-after", str(max(1, round(retry_after))).encode())] if retry_after is not None else []
+    await respond(send, status, json.dumps(error_body(status, message, None, code)).encode(), extra=extra)
+
+
+class Router:
+    def __init__(self, settings: RouterSettings):
+        self.settings = settings
+        self.metrics = RouterMetrics()
+        self.replicas = ReplicaSet(settings.upstreams, settings.scrape_interval, settings.stale_after)
+        self.room = WaitingRoom(self.replicas, settings.max_queued_requests, settings.max_queued_bytes,
+                                settings.queue_timeout)
+        self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout)
+        self._scraper: asyncio.Task | None = None
+        self._watch: EndpointSliceWatch | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout)
+        self.proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        self._scraper = asyncio.ensure_future(self.replicas.scrape_forever(self.proxy.session))
+        if self.settings.service is not None:
+            loop = asyncio.get_running_loop()
+            self._watch = EndpointSliceWatch(self.settings.namespace, self.settings.service,
+                                             self.settings.service_port_name,
+                                             lambda urls: loop.call_soon_threadsafe(self.replicas.set_urls, urls))
+            self._watch.start()
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        if self._scraper is not None:
+            self._scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scraper
+        if self.proxy.session is not None:
+            await self.proxy.session.close()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path in PROXIED and method == "POST":
+            return await self._proxy(scope, receive, send)
+        if method != "GET":
+            return await respond_error(send, 405 if path in PROXIED else 404, f"{method} {path} is not served here")
+        if path in ("/health", "/ready"):
+            return await respond(send, 200, b'{"status":"ok"}')
+        if path == "/metrics":
+            return await respond(send, 200, self._metrics_text(), CONTENT_TYPE_LATEST.encode())
+        if path == "/v1/models":
+            return await respond(send, 200, json.dumps(self._models()).encode())
+        await respond_error(send, 404, f"{path} is not served here")
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _proxy(self, scope, receive, send) -> None:
+        received_at = time.perf_counter()
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.settings.max_body_bytes:
+                return await respond_error(send, 413, f"the request body is over {self.settings.max_body_bytes} bytes")
+            if not message.get("more_body"):
+                break
+        # The client may leave while the replica works: a watcher cancels this task then, which closes the
+        # upstream request, which aborts it on the replica. (One extra task, not two: this is per request.)
+        this_task, left = asyncio.current_task(), asyncio.Event()
+
+        async def watch() -> None:
+            await _wait_for_disconnect(receive)
+            left.set()
+            this_task.cancel()
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self._forward(scope, bytes(body), send, received_at)
+        except asyncio.CancelledError:
+            if not left.is_set():
+                raise
+        finally:
+            watcher.cancel()
+
+    async def _forward(self, scope, body: bytes, send, received_at: float) -> None:
+        try:
+            await self.proxy.forward(scope, body, send, received_at)
+        except Refused as refused:
+            self.metrics.refused.labels(str(refused.status)).inc()
+            await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
+        except UpstreamFailed as failed:
+            self.metrics.refused.labels("502").inc()
+            await respond_error(send, 502, str(failed), "replica_failed")
+
+    def _models(self) -> dict:
+        name = self.settings.served_model_name or self.replicas.model_name
+        data = [] if name is None else [{"id": name, "object": "model", "created": int(time.time()),
+                                         "owned_by": "kubeinfer"}]
+        return {"object": "list", "data": data}
+
+    def _metrics_text(self) -> bytes:
+        m = self.metrics
+        m.queue_requests.set(self.room.num_waiting)
+        m.queue_bytes.set(self.room.num_bytes)
+        m.replicas_up.set(len(self.replicas.available()))
+        for replica in self.replicas.replicas.values():
+            m.in_flight.labels(replica.url).set(replica.in_flight)
+        return generate_latest(m.registry)
+
+
+async def _wait_for_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,28 @@
+"""`kubeinfer router`: serves the router with uvicorn until SIGTERM.
+
+On SIGTERM uvicorn stops accepting connections and lets open requests (streams included) finish for up to
+`drain_timeout` seconds, as a replica drains; the replicas themselves are not touched.
+"""
+import logging
+
+import uvicorn
+
+from kubeinfer.runtime.router.app import Router
+from kubeinfer.runtime.router.settings import RouterSettings
+
+logger = logging.getLogger(__name__)
+KEEP_ALIVE_SECONDS = 65   # longer than the usual client/load-balancer idle timeout (as `kubeinfer serve`)
+
+
+def serve(settings: RouterSettings, host: str, port: int, log_level: str = "info", drain_timeout: float = 30.0) -> int:
+    router = Router(settings)
+    config = uvicorn.Config(router, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                            lifespan="on", timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                            timeout_graceful_shutdown=drain_timeout,
+                            server_header=False, date_header=False)   # the replica's own are relayed
+    server = uvicorn.Server(config)
+    replicas = (f"the ready endpoints of service {settings.namespace}/{settings.service}" if settings.service
+                else f"{len(settings.upstreams)} replicas")
+    logger.info("routing to %s (%s policy) on http://%s:%d/v1", replicas, settings.policy, host, port)
+    server.run()
+    return 0 if server.started else 1

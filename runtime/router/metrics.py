@@ -1,0 +1,37 @@
+"""The router's own Prometheus metrics (`kubeinfer_router_*`), served at its `/metrics`.
+
+`kubeinfer_router_queue_requests` is the number the autoscaler needs to scale from zero: requests held here
+because no replica is ready, which no replica can report.
+"""
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025,
+                 0.05, 0.1, 0.25)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class RouterMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_requests = Gauge("kubeinfer_router_queue_requests", "Requests waiting for a ready replica",
+                                    registry=r)
+        self.queue_bytes = Gauge("kubeinfer_router_queue_bytes", "Bytes of request bodies waiting for a replica",
+                                 registry=r)
+        self.queue_wait = Histogram("kubeinfer_router_queue_wait_seconds", "Time requests waited for a ready replica",
+                                    buckets=WAIT_BUCKETS, registry=r)
+        self.replicas_up = Gauge("kubeinfer_router_replicas_up", "Replicas that can be picked", registry=r)
+        self.in_flight = Gauge("kubeinfer_router_requests_in_flight", "Requests open on each replica", ["replica"],
+                               registry=r)
+        self.picks = Counter("kubeinfer_router_picks", "Requests sent to a replica, by replica and reason",
+                             ["replica", "reason"], registry=r)
+        self.upstream_errors = Counter("kubeinfer_router_upstream_errors",
+                                       "Failures talking to a replica: connect and draining (both retried "
+                                       "elsewhere), disconnect (mid-request), timeout", ["kind"], registry=r)
+        self.refused = Counter("kubeinfer_router_refused", "Requests the router answered itself with an error",
+                               ["status_code"], registry=r)
+        self.added = Histogram("kubeinfer_router_added_latency_seconds",
+                               "Router time before a request is on its way to a replica (reading, parsing, "
+                               "picking; waiting for a replica excluded)", buckets=ADDED_BUCKETS, registry=r)
+        for kind in ("connect", "draining", "disconnect", "timeout"):
+            self.upstream_errors.labels(kind)

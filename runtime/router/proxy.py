@@ -1,0 +1,140 @@
+"""Forwarding one request: wait for a replica, pick one, relay its answer byte for byte.
+
+- A connection refused (or any failure or timeout to connect) never reached a replica: that replica is marked down and
+  the request goes to another (or waits for one), within the request's deadline.
+- A replica that answers 503 `draining` (it is shutting down; the request never reached its engine) is
+  treated the same way, and left out of the pick for `DRAINING_HOLD_SECONDS`.
+- Once the request reached a replica it is not retried (generation has effects: quota, tokens spent). A
+  replica that dies mid-stream ends the stream with an OpenAI-style error event, as the runtime's own streams
+  end when its engine dies; before the response started, the client gets a 502.
+- The caller cancels `forward` when the client goes away; closing the upstream connection then makes the
+  replica abort the request and free its KV blocks.
+"""
+import asyncio
+import json
+import logging
+import time
+
+import aiohttp
+
+from kubeinfer.runtime.router.affinity import prompt_text
+from kubeinfer.runtime.router.metrics import RouterMetrics
+from kubeinfer.runtime.router.policies import Chooser
+from kubeinfer.runtime.router.replicas import ReplicaSet
+from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
+
+logger = logging.getLogger(__name__)
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
+              b"proxy-authenticate", b"trailer", b"host", b"content-length"}
+REPLICA_HEADER = "x-kubeinfer-replica"
+DRAINING_HOLD_SECONDS = 5.0
+
+
+class UpstreamFailed(Exception):
+    """The replica failed after the request reached it, before its response started."""
+
+
+def request_headers(scope: dict) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP}
+
+
+def response_headers(response: aiohttp.ClientResponse, replica_url: str) -> list[tuple[bytes, bytes]]:
+    headers = [(k.lower(), v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP - {b"content-length"}]
+    return headers + [(REPLICA_HEADER.encode(), replica_url.encode())]
+
+
+def sse_error(message: str) -> bytes:
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+class Proxy:
+    def __init__(self, replicas: ReplicaSet, chooser: Chooser, room: WaitingRoom, metrics: RouterMetrics,
+                 queue_timeout: float):
+        self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
+        self.queue_timeout = queue_timeout
+        self.session: aiohttp.ClientSession | None = None   # set at start-up (it needs the running loop)
+
+    async def forward(self, scope: dict, body: bytes, send, received_at: float) -> None:
+        """Sends the request to a replica and relays the response to `send`. Raises `Refused`/`UpstreamFailed`
+        before anything was sent to the client."""
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None   # the replica answers bad JSON with its own 400
+        text = prompt_text(parsed) if isinstance(parsed, dict) else ""
+        headers = request_headers(scope)
+        deadline = time.monotonic() + self.queue_timeout
+        waited = 0.0
+        while True:
+            waited += await self.room.wait_until_up(len(body), deadline)
+            replica, reason = self.chooser.choose(self.replicas.available(), text)
+            self.metrics.added.observe(time.perf_counter() - received_at - waited)
+            replica.in_flight += 1
+            try:
+                response = await self.session.post(replica.url + scope["path"], data=body, headers=headers)
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:   # never reached it
+                replica.in_flight -= 1
+                timed_out = isinstance(error, aiohttp.ConnectionTimeoutError)
+                self.metrics.upstream_errors.labels("timeout" if timed_out else "connect").inc()
+                self.replicas.mark_down(replica, f"connect failed: {error}")
+                if time.monotonic() >= deadline:
+                    raise Refused(503, "no replica could be reached; retry later", "no_replica",
+                                  self.queue_timeout) from None
+                continue
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                replica.in_flight -= 1
+                self.metrics.upstream_errors.labels("disconnect").inc()
+                raise UpstreamFailed(f"replica {replica.url} failed: {type(error).__name__} {error}".strip()) from None
+            except BaseException:   # cancelled (the client left) while waiting for the response to start
+                replica.in_flight -= 1
+                raise
+            prefetched = None
+            if response.status == 503:   # small JSON error: read it to tell draining from other refusals
+                try:
+                    prefetched = await response.read()
+                except BaseException as error:   # failed or cancelled while reading it
+                    replica.in_flight -= 1
+                    response.close()
+                    if isinstance(error, (aiohttp.ClientError, asyncio.TimeoutError)):
+                        raise UpstreamFailed(f"replica {replica.url} failed: {type(error).__name__}") from None
+                    raise
+                if b'"draining"' in prefetched:
+                    replica.in_flight -= 1
+                    response.release()
+                    self.metrics.upstream_errors.labels("draining").inc()
+                    self.replicas.mark_down(replica, "draining", DRAINING_HOLD_SECONDS)
+                    if time.monotonic() >= deadline:
+                        raise Refused(503, "no replica could take the request; retry later", "no_replica",
+                                      self.queue_timeout)
+                    continue
+            break
+        if waited:
+            self.metrics.queue_wait.observe(waited)
+        self.metrics.picks.labels(replica.url, reason).inc()
+        await self._relay(response, replica, send, prefetched)
+
+    async def _relay(self, response: aiohttp.ClientResponse, replica, send, prefetched: bytes | None) -> None:
+        finished = False
+        try:
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": response_headers(response, replica.url)})
+            if prefetched is not None:
+                await send({"type": "http.response.body", "body": prefetched, "more_body": True})
+            else:
+                async for chunk in response.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            finished = True
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            self.metrics.upstream_errors.labels("disconnect").inc()
+            logger.warning("replica %s failed mid-response: %s %s", replica.url, type(error).__name__, error)
+            if response.content_type == "text/event-stream":
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": sse_error(f"the replica serving this request failed: {type(error).__name__}")})
+        finally:
+            replica.in_flight -= 1
+            if finished:
+                response.release()
+            else:
+                response.close()   # the replica sees the connection close and aborts the request
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,110 @@
+"""The replicas behind the router and what their `/metrics` last said.
+
+Each replica is scraped every `scrape_interval` seconds (the three gauges the pick reads). A failed scrape, or a
+connection refused to a request, takes a replica out of the pick until a scrape succeeds again; data older
+than `stale_after` seconds still lets it be picked, but as a fully loaded replica (stale data = busy).
+"""
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+GAUGES = {"kubeinfer_num_requests_waiting": "waiting", "kubeinfer_num_requests_running": "running",
+          "kubeinfer_kv_cache_usage_ratio": "kv_usage"}
+
+
+def parse_gauges(text: str) -> tuple[dict[str, float], str | None]:
+    """The pick's gauges from a Prometheus text exposition (summed over model names), and the model name."""
+    values: dict[str, float] = {}
+    model_name = None
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        field = GAUGES.get(name)
+        if field is None:
+            continue
+        labels, _, value = rest.rpartition("}")
+        values[field] = values.get(field, 0.0) + float(value.split()[0])
+        if model_name is None and 'model_name="' in labels:
+            model_name = labels.split('model_name="', 1)[1].split('"', 1)[0]
+    return values, model_name
+
+
+@dataclass
+class Replica:
+    url: str
+    in_flight: int = 0          # requests this router has open on it (exact, instant)
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    up: bool = False            # last scrape succeeded and no request was refused since
+    scraped_at: float = -1e9    # time.monotonic() of the last successful scrape
+    model_name: str | None = None
+    down_until: float = 0.0     # a draining replica still answers scrapes: it stays down until then
+
+    def is_stale(self, now: float, stale_after: float) -> bool:
+        return now - self.scraped_at > stale_after
+
+
+class ReplicaSet:
+    def __init__(self, urls: list[str], scrape_interval: float = 0.1, stale_after: float = 1.0):
+        self.replicas = {url: Replica(url) for url in urls}
+        self.scrape_interval, self.stale_after = scrape_interval, stale_after
+        self.any_up = asyncio.Event()   # set while some replica is up: the waiting room waits on it
+
+    def available(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.up]
+
+    @property
+    def model_name(self) -> str | None:
+        return next((r.model_name for r in self.replicas.values() if r.model_name), None)
+
+    def set_urls(self, urls: set[str]) -> None:
+        """The replicas are now `urls` (from discovery): new ones wait for their first scrape; requests open on a
+        removed one finish there."""
+        for url in set(self.replicas) - urls:
+            logger.info("replica %s removed", url)
+            del self.replicas[url]
+        for url in sorted(urls - set(self.replicas)):
+            logger.info("replica %s added", url)
+            self.replicas[url] = Replica(url)
+        self._update_event()
+
+    def mark_down(self, replica: Replica, why: str, hold_s: float = 0.0) -> None:
+        """Out of the pick until a scrape succeeds, and at least `hold_s` seconds."""
+        if replica.up:
+            logger.warning("replica %s is down: %s", replica.url, why)
+        replica.up = False
+        replica.down_until = time.monotonic() + hold_s
+        self._update_event()
+
+    def _update_event(self) -> None:
+        if any(r.up for r in self.replicas.values()):
+            self.any_up.set()
+        else:
+            self.any_up.clear()
+
+    async def scrape_forever(self, session: aiohttp.ClientSession) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(0.5, 5 * self.scrape_interval))
+        while True:
+            await asyncio.gather(*(self._scrape(session, r, timeout) for r in list(self.replicas.values())))
+            await asyncio.sleep(self.scrape_interval)
+
+    async def _scrape(self, session: aiohttp.ClientSession, replica: Replica, timeout: aiohttp.ClientTimeout) -> None:
+        try:
+            async with session.get(replica.url + "/metrics", timeout=timeout) as response:
+                response.raise_for_status()
+                values, model_name = parse_gauges(await response.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+            self.mark_down(replica, f"scrape failed: {type(error).__name__} {error}".strip())
+            return
+        for field, value in values.items():
+            setattr(replica, field, value)
+        replica.model_name = model_name or replica.model_name
+        replica.scraped_at = time.monotonic()
+        if not replica.up and self.replicas.get(replica.url) is replica and replica.scraped_at >= replica.down_until:
+            logger.info("replica %s is up", replica.url)
+            replica.up = True
+            self._update_event()

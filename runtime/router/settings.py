@@ -1,0 +1,56 @@
+"""The router's settings: one typed object, checked once, handed down unchanged."""
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from kubeinfer.runtime.errors import ConfigError
+from kubeinfer.runtime.router.affinity import Weights
+
+POLICIES = ("prefix", "round-robin", "least-load")
+
+
+@dataclass
+class RouterSettings:
+    upstreams: list[str]
+    policy: str = "prefix"
+    weights: Weights = field(default_factory=Weights)
+    chunk_chars: int = 64              # characters per prefix chunk (about a 16-token KV block of English text)
+    max_chunks: int = 512              # prefix hashed at most this far (32 KiB of text by default)
+    scrape_interval: float = 0.1       # seconds between two scrapes of each replica's /metrics
+    stale_after: float = 1.0           # older scrape data reads as a fully loaded replica
+    max_queued_requests: int = 1024    # requests that may wait for a ready replica ...
+    max_queued_bytes: int = 64 << 20   # ... and their bodies' bytes
+    queue_timeout: float = 60.0        # seconds a request may wait for a ready replica
+    max_body_bytes: int = 16 << 20
+    connect_timeout: float = 2.0
+    served_model_name: str | None = None   # listed by /v1/models while no replica is up (else: the replicas')
+    service: str | None = None         # discover the replicas: this Service's ready endpoints (EndpointSlices)
+    namespace: str = "default"
+    service_port_name: str = "http"
+
+    def __post_init__(self):
+        if self.service is not None:
+            if self.upstreams:
+                raise ConfigError("give --upstream URLs or --service, not both")
+        elif not self.upstreams:
+            raise ConfigError("no replica: give at least one --upstream URL, or --service")
+        cleaned = []
+        for url in self.upstreams:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ConfigError(f"--upstream {url!r}: expected http://HOST:PORT (no path)")
+            try:
+                parts.port   # noqa: B018 - raises on a bad port
+            except ValueError:
+                raise ConfigError(f"--upstream {url!r}: bad port") from None
+            cleaned.append(url.rstrip("/"))
+        if len(set(cleaned)) != len(cleaned):
+            raise ConfigError("the same --upstream is given twice")
+        self.upstreams = cleaned
+        if self.policy not in POLICIES:
+            raise ConfigError(f"--policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
+        for name in ("chunk_chars", "max_chunks", "max_queued_requests", "max_queued_bytes", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("scrape_interval", "stale_after", "queue_timeout", "connect_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")

@@ -1,0 +1,38 @@
+"""The three policies over replica state as the scrapes left it (no network)."""
+import time
+
+from kubeinfer.runtime.router.policies import Chooser
+from kubeinfer.runtime.router.replicas import Replica
+from kubeinfer.runtime.router.settings import RouterSettings
+
+URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+LONG = "You are a helpful assistant that knows Kubernetes. " * 10
+
+
+def fresh(url: str, **state) -> Replica:
+    return Replica(url, up=True, scraped_at=time.monotonic(), **state)
+
+
+def test_round_robin_cycles_over_the_available_replicas():
+    chooser = Chooser(RouterSettings(URLS, policy="round-robin"))
+    replicas = [fresh(url) for url in URLS]
+    assert [chooser.choose(replicas, LONG)[0].url for _ in range(6)] == URLS * 2
+
+
+def test_least_load_takes_the_fewest_in_flight_and_waiting_and_avoids_stale_data():
+    chooser = Chooser(RouterSettings(URLS, policy="least-load"))
+    replicas = [fresh(URLS[0], in_flight=1, waiting=3), fresh(URLS[1], in_flight=2), Replica(URLS[2], up=True)]
+    assert chooser.choose(replicas, LONG) == (replicas[1], "least_load")   # the third was never scraped: stale
+
+
+def test_prefix_policy_follows_a_prefix_it_placed_and_records_at_pick_time():
+    chooser = Chooser(RouterSettings(URLS))
+    replicas = [fresh(url) for url in URLS]
+    first, reason = chooser.choose(replicas, LONG + "question one")
+    assert reason == "load"
+    again, reason = chooser.choose(replicas, LONG + "question two")   # nothing told it the first one finished
+    assert (again, reason) == (first, "prefix")
+    # while it runs, a second request of that prefix is over the bound with 1 of 1 in flight: it goes elsewhere
+    first.in_flight = 1
+    other, reason = chooser.choose(replicas, LONG + "question three")
+    assert other is not first and reason == "bounded"

@@ -1,0 +1,113 @@
+"""`kubeinfer router` in front of two real replicas, with the official openai client as the reference client."""
+import json
+import signal
+import threading
+
+import httpx
+import openai
+import pytest
+
+from support import metric_value, scrape_metrics, wait_for
+
+SYSTEMS = [f"System prompt number {i}: you answer questions about Kubernetes clusters, pods and GPUs. " * 2
+           for i in range(6)]   # each about 190 characters: two full 64-character chunks and more
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def complete(url: str, prompt: str, max_tokens: int = 4, **fields) -> httpx.Response:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return httpx.post(url + "/v1/completions", json=body | fields, timeout=60)
+
+
+def test_completions_and_streamed_chat_through_the_router_equal_direct(replicas, start_router):
+    router = start_router([r.url for r in replicas]).wait_up(2)
+    direct, routed = client(replicas[0].url), client(router.url)
+    ask = dict(model="tiny", prompt="Kubernetes schedules pods", max_tokens=12, temperature=0)
+    assert routed.completions.create(**ask).choices[0].text == direct.completions.create(**ask).choices[0].text
+    chat = dict(model="tiny", messages=[{"role": "user", "content": "What is a pod?"}], max_tokens=12, temperature=0)
+    direct_text = direct.chat.completions.create(**chat).choices[0].message.content
+    chunks = list(routed.chat.completions.create(**chat, stream=True))
+    assert len(chunks) > 3   # passed through chunk by chunk, not as one body
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == direct_text
+    assert [m.id for m in routed.models.list().data] == ["tiny"]
+    with pytest.raises(openai.NotFoundError) as refused:   # a replica's own error passes through unchanged
+        routed.completions.create(model="nope", prompt="x", max_tokens=1)
+    assert refused.value.body["code"] == "model_not_found"
+
+
+def test_same_prefix_goes_to_the_same_replica_and_prefixes_spread(replicas, start_router):
+    router = start_router([r.url for r in replicas]).wait_up(2)
+    served: dict[int, set[str]] = {}
+    for turn in range(3):
+        for i, system in enumerate(SYSTEMS):
+            response = complete(router.url, system + f" User {turn} asks question {i}.")
+            assert response.status_code == 200, response.text
+            served.setdefault(i, set()).add(response.headers["x-kubeinfer-replica"])
+    assert all(len(urls) == 1 for urls in served.values()), served
+    assert set.union(*served.values()) == {r.url for r in replicas}
+    picks = scrape_metrics(router.url)
+    assert sum(v for (name, labels), v in picks.items()
+               if name == "kubeinfer_router_picks_total" and ("reason", "prefix") in labels) == 12
+
+
+def test_one_hot_prefix_is_spread_within_the_load_bound(replicas, start_router):
+    router = start_router([r.url for r in replicas]).wait_up(2)
+    num_streams, opened, served = 8, threading.Barrier(8, timeout=30), []
+    body = {"model": "tiny", "prompt": SYSTEMS[0] + " the same hot question", "max_tokens": 300, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+
+    def stream():
+        with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60) as response:
+            served.append(response.headers["x-kubeinfer-replica"])
+            opened.wait()   # every stream is open (in flight) before any is read to its end
+            for _ in response.iter_lines():
+                pass
+
+    threads = [threading.Thread(target=stream) for _ in range(num_streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    counts = [served.count(r.url) for r in replicas]
+    assert sum(counts) == num_streams
+    assert max(counts) <= 5, counts   # ceil(1.25 x 8 / 2)
+    assert router.metric("kubeinfer_router_requests_in_flight", replica=replicas[0].url) == 0
+
+
+def test_client_disconnect_aborts_the_request_on_the_replica(replicas, start_router):
+    router = start_router([replicas[0].url]).wait_up(1)
+    replica = replicas[0]
+    aborted = lambda: metric_value(scrape_metrics(replica.url), "kubeinfer_request_success_total",   # noqa: E731
+                                   model_name="tiny", finished_reason="abort")
+    before = aborted()
+    body = {"model": "tiny", "prompt": "a long answer please", "max_tokens": 480, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60) as response:
+        next(line for line in response.iter_lines() if line.startswith("data: "))
+    wait_for(lambda: aborted() == before + 1, 10, "the replica to abort the streamed request")
+    try:   # not streamed: the client gives up while the replica generates
+        httpx.post(router.url + "/v1/completions", timeout=0.3,
+                   json={"model": "tiny", "prompt": "another long one", "max_tokens": 480, "ignore_eos": True})
+    except httpx.ReadTimeout:
+        pass
+    wait_for(lambda: aborted() == before + 2, 10, "the replica to abort the non-streamed request")
+    running = lambda: metric_value(scrape_metrics(replica.url), "kubeinfer_num_requests_running",   # noqa: E731
+                                   model_name="tiny")
+    wait_for(lambda: running() == 0, 5, "nothing running on the replica")
+    assert router.metric("kubeinfer_router_requests_in_flight", replica=replica.url) == 0
+
+
+def test_sigterm_lets_open_streams_finish_then_the_router_exits(replicas, start_router):
+    router = start_router([replicas[0].url]).wait_up(1)
+    body = {"model": "tiny", "prompt": "drain", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        router.proc.send_signal(signal.SIGTERM)
+        data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"   # all 200 tokens came
+    # uvicorn re-raises the signal once its graceful shutdown is over: the process ends "by SIGTERM"
+    assert router.proc.wait(timeout=30) in (0, -signal.SIGTERM)
