@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kubeinfer.kernels.metadata import AttentionMetadata
+from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 
 _LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 256
@@ -40,7 +40,7 @@ def _decode_split_kernel(
     stride_bt,
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
-    sm_scale_log2, sliding_window, num_splits, head_dim,
+    sm_scale_log2, v_scale, sliding_window, num_splits, head_dim,
     GROUP: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -84,7 +84,7 @@ def _decode_split_kernel(
         in_page = offs_n % PAGE_SIZE
 
         k = tl.load(K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh
-                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_H, BLOCK_N]
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
 
@@ -94,13 +94,13 @@ def _decode_split_kernel(
         denominator = denominator * rescale + tl.sum(probs, axis=1)
 
         v = tl.load(V_Cache + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh
-                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         running_max = new_max
 
     # An empty split leaves denominator 0 and running_max -inf: it writes 0 and lse -inf (weight 0).
     has_keys = denominator > 0.0
-    out = acc / tl.where(has_keys, denominator, 1.0)[:, None]
+    out = acc * v_scale / tl.where(has_keys, denominator, 1.0)[:, None]
     lse = tl.where(has_keys, running_max + tl.log2(tl.where(has_keys, denominator, 1.0)), float("-inf"))
     mid = Mid_Out + seq * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
     tl.store(mid, out, mask=mask_h[:, None] & mask_d[None, :])
@@ -150,9 +150,12 @@ def _num_splits(device: torch.device, num_programs: int, max_seqlen_k: int) -> i
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, sliding_window: int | None = None, *,
+                     scale: float, sliding_window: int | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0,
                      num_kv_splits: int | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Attention of each sequence's one query token over its paged KV; returns `[num_seqs, H, D]`.
+
+    An FP8 cache holds K / k_scale and V / v_scale: its tiles are converted to q's dtype as they are read,
+    k_scale is folded into the softmax scale and v_scale into the partial outputs.
 
     `num_kv_splits` overrides the split heuristic, `config` the split kernel's `(BLOCK_N, num_warps,
     num_stages)` (tests and benchmarks' sweeps).
@@ -162,7 +165,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert v_cache.shape == k_cache.shape, "k_cache and v_cache must have the same shape"
     assert cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query head_dim {head_dim}"
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads"
-    assert q.dtype == k_cache.dtype == v_cache.dtype, "q and the caches must share a dtype"
+    assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, FP8_DTYPE), \
+        f"the caches must be in q's dtype or {FP8_DTYPE}, got {k_cache.dtype} / {v_cache.dtype}"
     assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "need unit stride on head_dim"
     assert meta.seq_lens.shape == (num_seqs,) and meta.block_tables.shape[0] == num_seqs
@@ -191,7 +195,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         meta.block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        scale * _LOG2E, sliding_window or 0, num_splits, head_dim,
+        scale * k_scale * _LOG2E, v_scale, sliding_window or 0, num_splits, head_dim,
         GROUP=group,
         PAGE_SIZE=page_size,
         HAS_WINDOW=sliding_window is not None,

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kubeinfer.kernels.metadata import AttentionMetadata
+from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 
 _LOG2E = 1.4426950408889634
 
@@ -46,6 +46,7 @@ def _attend_tile(q, acc, running_max, denominator, start, query_pos, kv_end, sli
         k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
+    k = k.to(q.dtype)   # an FP8 cache's tile, in q's dtype (a no-op for a 16/32-bit cache)
     scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_M, BLOCK_N]
     if MASKED:
         visible = mask_n[None, :] & (offs_n[None, :] <= query_pos[:, None])
@@ -64,6 +65,7 @@ def _attend_tile(q, acc, running_max, denominator, start, query_pos, kv_end, sli
         v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     else:
         v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+    v = v.to(q.dtype)
     acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, new_max, denominator
 
@@ -76,7 +78,7 @@ def _extend_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_bt,
-    sm_scale_log2, sliding_window, head_dim,
+    sm_scale_log2, v_scale, sliding_window, head_dim,
     GROUP: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -134,7 +136,7 @@ def _extend_kernel(
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
             PAGE_SIZE, True, HAS_WINDOW, BLOCK_N, DOT_PRECISION)
 
-    out = acc / tl.where(denominator > 0.0, denominator, 1.0)[:, None]
+    out = acc * v_scale / tl.where(denominator > 0.0, denominator, 1.0)[:, None]
     tl.store(Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -155,10 +157,12 @@ def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, sliding_window: int | None = None, *,
+                     scale: float, sliding_window: int | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0,
                      config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """Causal attention of variable-length query chunks over their paged KV; returns `[num_tokens, H, D]`.
 
+    An FP8 cache holds K / k_scale and V / v_scale; its tiles are converted to q's dtype in the kernel, k_scale
+    is folded into the softmax scale and v_scale into the output.
     `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages)` (benchmarks' sweeps)."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -166,7 +170,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert v_cache.shape == k_cache.shape, "k_cache and v_cache must have the same shape"
     assert cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query head_dim {head_dim}"
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads"
-    assert q.dtype == k_cache.dtype == v_cache.dtype, "q and the caches must share a dtype"
+    assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, FP8_DTYPE), \
+        f"the caches must be in q's dtype or {FP8_DTYPE}, got {k_cache.dtype} / {v_cache.dtype}"
     assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "need unit stride on head_dim"
     assert meta.cu_seqlens_q.shape == (num_seqs + 1,) and meta.block_tables.shape[0] == num_seqs
@@ -187,7 +192,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0),
-        scale * _LOG2E, sliding_window or 0, head_dim,
+        scale * k_scale * _LOG2E, v_scale, sliding_window or 0, head_dim,
         GROUP=num_heads // num_kv_heads,
         PAGE_SIZE=page_size,
         HAS_WINDOW=sliding_window is not None,

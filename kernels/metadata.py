@@ -3,6 +3,11 @@ from dataclasses import dataclass
 
 import torch
 
+# The 8-bit KV cache's element type (`--kv-cache-dtype fp8_e4m3`): 4 exponent bits, 3 of mantissa, finite
+# up to 448. The cache holds K / k_scale (V / v_scale), saturated to that range (see `store_kv`).
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
 
 @dataclass
 class AttentionMetadata:

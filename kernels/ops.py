@@ -10,22 +10,25 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     if use_triton(key):
         from kubeinfer.kernels.kv_store import store_kv as triton_store_kv
-        return triton_store_kv(key, value, k_cache, v_cache, slot_mapping)
-    return references.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        return triton_store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return references.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                    scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
+    """`k_scale`/`v_scale`: what an FP8 cache's values are multiplied by when read (1.0 otherwise)."""
     if use_triton(q):
         if meta.is_decode_only:
             from kubeinfer.kernels.decode_attention import decode_attention
-            return decode_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+            return decode_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale=k_scale,
+                                    v_scale=v_scale)
         from kubeinfer.kernels.extend_attention import extend_attention
-        return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window)
-    return references.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+        return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale=k_scale, v_scale=v_scale)
+    return references.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale, v_scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):

@@ -6,19 +6,34 @@ Layouts: activations are flattened along tokens (`[num_tokens, num_heads, head_d
 import torch
 import torch.nn.functional as F
 
-from kubeinfer.kernels.metadata import AttentionMetadata
+from kubeinfer.kernels.metadata import FP8_DTYPE, FP8_MAX, AttentionMetadata
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write each token's K/V into its slot; tokens with slot -1 are skipped."""
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Write each token's K/V into its slot; tokens with slot -1 are skipped. An FP8 cache gets K / k_scale
+    and V / v_scale, saturated to +-FP8_MAX (the scales apply to it only)."""
     slots = slot_mapping.long()
     keep = slots >= 0
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
     row = k_cache.shape[2] * k_cache.shape[3]   # one slot's K (or V) of every KV head, as one row
-    k_cache.view(-1, row).index_copy_(0, slots, key.reshape(-1, row))
-    v_cache.view(-1, row).index_copy_(0, slots, value.reshape(-1, row))
+    for cache, new, scale in ((k_cache, key, k_scale), (v_cache, value, v_scale)):
+        rows = new.reshape(-1, row)
+        if cache.dtype == FP8_DTYPE:   # index_copy_ has no FP8 kernel on the CPU: copy the bytes
+            cache, rows = cache.view(torch.uint8), quantize_fp8(rows, scale).view(torch.uint8)
+        cache.view(-1, row).index_copy_(0, slots, rows)
+
+
+def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _read_cache(tiles: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Cache tiles in the compute dtype: an FP8 cache's values times their scale."""
+    if tiles.dtype != FP8_DTYPE:
+        return tiles
+    return (tiles.float() * scale).to(dtype)
 
 
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -48,13 +63,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                     scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     """One query token per sequence (q `[num_seqs, H, D]`), all sequences in one batched gather."""
     block_size = k_cache.shape[1]
     max_blocks = -(-meta.max_seqlen_k // block_size)
     tables = meta.block_tables[:, :max_blocks].long()
-    k = k_cache[tables].flatten(1, 2)                       # [B, L, KVH, D]
-    v = v_cache[tables].flatten(1, 2)
+    k = _read_cache(k_cache[tables].flatten(1, 2), q.dtype, k_scale)    # [B, L, KVH, D]
+    v = _read_cache(v_cache[tables].flatten(1, 2), q.dtype, v_scale)
     key_pos = torch.arange(k.shape[1], device=q.device)
     query_pos = (meta.seq_lens.long() - 1).view(-1, 1, 1)   # [B, 1 query, 1]
     mask = _visible(query_pos, key_pos.view(1, 1, -1), sliding_window)
@@ -62,14 +78,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                     scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     """Variable-length query chunks with a causal offset (prefill, chunked prefill, prefix hits, decode)."""
     out = torch.empty_like(q)
     starts = meta.cu_seqlens_q.tolist()
     for i, seq_len in enumerate(meta.seq_lens.tolist()):
         begin, end = starts[i], starts[i + 1]
-        k = _gather_kv(k_cache, meta.block_tables[i], seq_len)
-        v = _gather_kv(v_cache, meta.block_tables[i], seq_len)
+        k = _read_cache(_gather_kv(k_cache, meta.block_tables[i], seq_len), q.dtype, k_scale)
+        v = _read_cache(_gather_kv(v_cache, meta.block_tables[i], seq_len), q.dtype, v_scale)
         key_pos = torch.arange(seq_len, device=q.device)
         query_pos = key_pos[seq_len - (end - begin):].unsqueeze(-1)
         mask = _visible(query_pos, key_pos.unsqueeze(0), sliding_window)
@@ -78,10 +95,11 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                    scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     if meta.is_decode_only:
-        return decode_attention(q, k_cache, v_cache, meta, scale, sliding_window)
-    return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+        return decode_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale, v_scale)
+    return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale, v_scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

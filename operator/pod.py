@@ -78,6 +78,8 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args += ["--max-waiting-requests", str(rt.max_waiting_requests)]
     if rt.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(rt.gpu_memory_utilization)]
+    if rt.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", rt.kv_cache_dtype]
     if (kv_gib := kv_cache_memory_gib(spec)) is not None:
         args += ["--kv-cache-memory-gib", str(kv_gib)]
     if spec.on_cpu:

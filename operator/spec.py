@@ -102,6 +102,9 @@ class RuntimeSpec(_Model):
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
+    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
+        default="auto", description="auto: the model's dtype; fp8_e4m3: 8-bit K/V, twice the tokens of a 16-bit "
+                                    "cache in the same memory (docs/runtime.md: its precision).")
     drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
     startup_timeout_seconds: int = Field(
         default=1800, ge=60, le=86400,

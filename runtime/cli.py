@@ -25,6 +25,7 @@ ENGINE_FLAGS = [
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
+    ("kv_cache_dtype", str, "auto | fp8_e4m3 (8-bit K/V: twice the tokens of a 16-bit cache in the same memory)"),
     ("cpu_threads", int, "torch threads on CPU (none: the CPUs this process may use, from its cgroup quota "
                          "and affinity; OMP_NUM_THREADS also works)"),
 ]

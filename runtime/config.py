@@ -14,6 +14,7 @@ from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtype
 
 LOAD_FORMATS = ("auto", "dummy")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
 @dataclass
@@ -36,6 +37,7 @@ class EngineConfig:
     enforce_eager: bool = False            # no CUDA graphs for decode
     cuda_graph_max_batch_size: int = 256   # largest decode batch replayed from a CUDA graph
     load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights
+    kv_cache_dtype: str = "auto"           # auto = the model's dtype; fp8_e4m3 = 8 bits (twice the tokens of 16)
     cpu_threads: int | None = None         # torch threads on CPU; None = the CPUs this process may use
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
@@ -65,6 +67,8 @@ class EngineConfig:
                  f"cuda_graph_max_batch_size must be >= 1, got {self.cuda_graph_max_batch_size}")
         _require(self.cpu_threads is None or self.cpu_threads >= 1,
                  f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _require(self.load_format in LOAD_FORMATS,
                  f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from kubeinfer.kernels import set_backend
+from kubeinfer.kernels.metadata import FP8_DTYPE
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -72,6 +73,7 @@ class ModelRunner:
             if threads is not None:
                 logger.info("CPU: %d torch threads (--cpu-threads, else the CPUs this process may use)", threads)
         self.dtype = config.torch_dtype
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else FP8_DTYPE
         set_backend(config.kernel_backend)
         torch.manual_seed(config.seed)   # draws of requests without a seed
         self.startup_phases: dict[str, float] = {}
@@ -130,7 +132,7 @@ class ModelRunner:
                            config.max_model_len, fits)
             config.max_model_len = fits
         self.kv_cache = torch.zeros(2, model_config.num_layers, self.num_blocks, config.block_size,
-                                    self.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device)
+                                    self.num_kv_heads, model_config.head_dim, dtype=self.kv_dtype, device=self.device)
         attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         for layer, module in enumerate(attention_layers):
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
@@ -180,7 +182,7 @@ class ModelRunner:
     def _num_kv_blocks(self) -> int:
         config, model_config = self.config, self.config.model_config
         block_bytes = (2 * model_config.num_layers * config.block_size * self.num_kv_heads
-                       * model_config.head_dim * self.dtype.itemsize)
+                       * model_config.head_dim * self.kv_dtype.itemsize)
         if config.num_kvcache_blocks is not None:
             return config.num_kvcache_blocks
         if config.kv_cache_memory_gib is not None:

@@ -16,8 +16,11 @@ class PagedAttention(nn.Module):
         self.sliding_window = sliding_window
         # Views into the runner's KV pool, `[num_blocks, block_size, num_kv_heads, head_dim]`, bound at start-up.
         self.k_cache = self.v_cache = torch.empty(0)
+        # What an FP8 cache's values are multiplied by when read (it stores K / k_scale, V / v_scale).
+        self.k_scale = self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = get_context().attn
-        ops.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        return ops.paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)
+        ops.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        return ops.paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window,
+                                   self.k_scale, self.v_scale)

@@ -1,0 +1,88 @@
+"""The FP8 (e4m3) KV cache: store, decode and extend kernels against their references, and the references
+against attention over the unquantized K/V.
+
+A kernel reads the same FP8 bytes as its reference and dequantizes them the same way, so kernel vs reference
+keeps the tight tolerances of the 16/32-bit cache; the cost of 8 bits shows only against full precision.
+"""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kubeinfer.kernels import references  # noqa: E402
+from kubeinfer.kernels.decode_attention import decode_attention  # noqa: E402
+from kubeinfer.kernels.extend_attention import extend_attention  # noqa: E402
+from kubeinfer.kernels.kv_store import store_kv  # noqa: E402
+from kubeinfer.kernels.metadata import FP8_DTYPE, FP8_MAX  # noqa: E402
+
+K_SCALE, V_SCALE = 0.5, 0.25   # not 1.0, so that a scale applied twice, or not at all, shows
+
+
+def fp8_caches(k_cache, v_cache):
+    return references.quantize_fp8(k_cache, K_SCALE), references.quantize_fp8(v_cache, V_SCALE)
+
+
+@pytest.mark.parametrize("num_kv_heads,head_dim", [(1, 64), (2, 80), (8, 128)])
+def test_store_kv_fp8_matches_reference_and_saturates(device, dtype, num_kv_heads, head_dim):
+    gen = torch.Generator().manual_seed(head_dim)
+    num_tokens, num_blocks, block_size = 29, 4, 16
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[:3] = -1
+    key = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen) * 3
+    value = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    key[5, 0, 0], value[6, 0, 1] = 1e4, -1e4            # beyond FP8_MAX * scale: saturates, never NaN
+    key, value = key.to(device, dtype), value.to(device, dtype)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(shape, dtype=FP8_DTYPE, device=device), torch.zeros(shape, dtype=FP8_DTYPE,
+                                                                                       device=device)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    slot_mapping = slots.to(device)
+
+    store_kv(key, value, k_cache, v_cache, slot_mapping, K_SCALE, V_SCALE)
+    references.store_kv(key, value, k_ref, v_ref, slot_mapping, K_SCALE, V_SCALE)
+
+    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), v_ref.view(torch.uint8))
+    assert not k_cache.float().isnan().any() and not v_cache.float().isnan().any()
+    s = int(slots[5])
+    assert float(k_cache[s // block_size, s % block_size, 0, 0]) == FP8_MAX
+    s = int(slots[6])
+    assert float(v_cache[s // block_size, s % block_size, 0, 1]) == -FP8_MAX
+    # What is stored is K / k_scale to e4m3's precision (3 mantissa bits: relative error <= 2^-4).
+    t = 10
+    s = int(slots[t])
+    stored = k_cache[s // block_size, s % block_size].float() * K_SCALE
+    torch.testing.assert_close(stored, key[t].float(), atol=2 ** -9, rtol=2 ** -4)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("sliding_window", [None, 20])
+def test_decode_fp8_matches_reference(device, dtype, tol, make_paged, num_heads, num_kv_heads, sliding_window):
+    q, k_cache, v_cache, meta, _, _ = make_paged([1, 16, 33, 80, 47], [1] * 5, num_heads, num_kv_heads, 64, 16,
+                                                 dtype, device, seed=11)
+    k8, v8 = fp8_caches(k_cache, v_cache)
+    got = decode_attention(q, k8, v8, meta, 0.125, sliding_window, k_scale=K_SCALE, v_scale=V_SCALE)
+    want = references.decode_attention(q, k8, v8, meta, 0.125, sliding_window, K_SCALE, V_SCALE)
+    torch.testing.assert_close(got, want, **tol(dtype, "attention"))
+
+
+@pytest.mark.parametrize("q_lens", [[5, 1, 16], [33, 8, 2]])
+def test_extend_fp8_matches_reference(device, dtype, tol, make_paged, q_lens):
+    q, k_cache, v_cache, meta, _, _ = make_paged([40, 17, 70], q_lens, 8, 2, 64, 16, dtype, device, seed=5)
+    k8, v8 = fp8_caches(k_cache, v_cache)
+    got = extend_attention(q, k8, v8, meta, 0.125, k_scale=K_SCALE, v_scale=V_SCALE)
+    want = references.extend_attention(q, k8, v8, meta, 0.125, None, K_SCALE, V_SCALE)
+    torch.testing.assert_close(got, want, **tol(dtype, "attention"))
+
+
+def test_fp8_attention_stays_close_to_full_precision(make_paged):
+    """The price of 8 bits, on the reference path: attention over the FP8 cache against attention over the
+    cache it was quantized from. Scores of random unit-variance K/V move by a few percent; the bound stated
+    here (0.08 absolute on outputs of unit scale) is what docs/runtime.md quotes."""
+    q, k_cache, v_cache, meta, _, _ = make_paged([64, 200, 31], [1, 1, 1], 8, 2, 64, 16, torch.float32, "cpu",
+                                                 seed=2)
+    k8, v8 = references.quantize_fp8(k_cache, 1.0), references.quantize_fp8(v_cache, 1.0)
+    exact = references.decode_attention(q, k_cache, v_cache, meta, 0.125)
+    approx = references.decode_attention(q, k8, v8, meta, 0.125)
+    error = (approx - exact).abs().max().item()
+    assert 0 < error < 0.08, error
