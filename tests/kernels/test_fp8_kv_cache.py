@@ -86,3 +86,27 @@ def test_fp8_attention_stays_close_to_full_precision(make_paged):
     approx = references.decode_attention(q, k8, v8, meta, 0.125)
     error = (approx - exact).abs().max().item()
     assert 0 < error < 0.08, error
+
+
+def test_a_model_over_the_fp8_cache_with_the_triton_kernels_matches_the_reference_path(tmp_path):
+    """The whole path: a small Llama on the Triton kernels (interpreter) and on the PyTorch references, both
+    over an FP8 cache, with prefix caching and a chunked prefill: same greedy tokens, logprobs equal to
+    fp32 summation order. The FP8 path through every kernel the model calls (the scales' arithmetic, with
+    values other than the engine's 1.0, is the kernel tests' above)."""
+    from kubeinfer.runtime.demo import train_tokenizer, write_llama_model
+    from kubeinfer.runtime.llm import LLM
+    from kubeinfer.runtime.sampling_params import SamplingParams
+    write_llama_model(tmp_path, train_tokenizer(256), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    prompts = ["a paged cache of keys and values " * 3, "a paged cache of keys"]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=3)
+    runs = []
+    for backend in ("triton", "torch"):
+        llm = LLM(str(tmp_path), kernel_backend=backend, kv_cache_dtype="fp8_e4m3", num_kvcache_blocks=32,
+                  max_num_batched_tokens=16, max_model_len=256)
+        runs.append(llm.generate(prompts, params))
+    for triton_out, torch_out in zip(*runs):
+        assert triton_out.token_ids == torch_out.token_ids
+        for a, b in zip(triton_out.logprobs, torch_out.logprobs):
+            torch.testing.assert_close(torch.tensor([v for _, v in a.top]), torch.tensor([v for _, v in b.top]),
+                                       atol=1e-4, rtol=0)
