@@ -51,14 +51,39 @@ def histogram_sums(metrics_text: str) -> dict[str, list[float]]:
     return sums
 
 
+def itl_buckets(metrics_text: str) -> dict[float, float]:
+    """The server's inter-token latency histogram: `{upper bound: cumulative count}`."""
+    out = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("kubeinfer_inter_token_latency_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def like_for_like_medians(client_itl: list[float], before: dict, after: dict) -> tuple[float, float] | None:
+    """Median ITL of the client and of the server (the API process, before HTTP) estimated the same way:
+    both binned into the server's histogram buckets and interpolated as PromQL does, so that the bucket
+    error cancels in their difference."""
+    from kubeinfer.operator.metrics_histogram import cumulative_counts, histogram_quantile
+    server = [(bound, after[bound] - before.get(bound, 0.0)) for bound in after]
+    client = cumulative_counts(client_itl, sorted(after))   # the bounds end with +Inf
+    if not server or not client_itl:
+        return None
+    return histogram_quantile(0.5, client), histogram_quantile(0.5, server)
+
+
 def mean_between(before: dict, after: dict, name: str) -> float:
     count = after[name][1] - before[name][1]
     return (after[name][0] - before[name][0]) / count if count else float("nan")
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+async def one_request(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
+                      per_token: bool = False) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "temperature": 0}
+    if per_token:   # every token gets its chunk (its logprob), text or not: times are per token
+        body["logprobs"] = 0
     start = time.perf_counter()
     times = []
     async with session.post(url + "/v1/completions", json=body) as response:
@@ -66,7 +91,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
         async for raw in response.content:   # one SSE line per iteration
             line = raw.decode().strip()
             if line.startswith("data: ") and line != "data: [DONE]":
-                if json.loads(line[6:])["choices"][0]["text"] or not times:
+                if json.loads(line[6:])["choices"][0]["text"] or not times or per_token:
                     times.append(time.perf_counter())
     return {"ttft": times[0] - start, "itl": [b - a for a, b in zip(times, times[1:])],
             "e2e": times[-1] - start, "tokens": max_tokens}
@@ -75,6 +100,11 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
 async def server_histograms(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
     async with session.get(url + "/metrics") as response:
         return histogram_sums(await response.text())
+
+
+async def server_itl_buckets(session: aiohttp.ClientSession, url: str) -> dict[float, float]:
+    async with session.get(url + "/metrics") as response:
+        return itl_buckets(await response.text())
 
 
 async def run(args, url: str, model: str) -> None:
@@ -88,23 +118,26 @@ async def run(args, url: str, model: str) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
         server_before = await server_histograms(session, url)
+        itl_before = await server_itl_buckets(session, url)
         started = time.perf_counter()
         if args.concurrency:
             work = iter(zip(prompts, outputs))
 
             async def worker():
-                return [await one_request(session, url, model, prompt, max_tokens) for prompt, max_tokens in work]
+                return [await one_request(session, url, model, prompt, max_tokens, args.per_token)
+                        for prompt, max_tokens in work]
             results = [r for batch in await asyncio.gather(*(worker() for _ in range(args.concurrency)))
                        for r in batch]
         else:
             tasks = []
             for prompt, max_tokens in zip(prompts, outputs):
-                tasks.append(asyncio.create_task(one_request(session, url, model, prompt, max_tokens)))
+                tasks.append(asyncio.create_task(one_request(session, url, model, prompt, max_tokens, args.per_token)))
                 if not args.burst:
                     await asyncio.sleep(rng.expovariate(args.request_rate))
             results = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - started
         server_after = await server_histograms(session, url)
+        itl_after = await server_itl_buckets(session, url)
     itl = [value for r in results for value in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
     arrivals = (f"{args.concurrency} concurrent streams" if args.concurrency else
@@ -134,6 +167,9 @@ async def run(args, url: str, model: str) -> None:
         interval = elapsed / steps * 1e3
         print(f"{'median ITL vs interval':<22}{statistics.median(itl) * 1e3:8.2f} {interval:8.2f} "
               f"{statistics.median(itl) * 1e3 - interval:8.2f}   (engine: run time / {steps:.0f} steps)")
+    if medians := like_for_like_medians(itl, itl_before, itl_after):
+        print(f"{'median ITL (binned)':<22}{medians[0] * 1e3:8.2f} {medians[1] * 1e3:8.2f} "
+              f"{(medians[0] - medians[1]) * 1e3:8.2f}   (client vs server, same buckets)")
     print(f"{'median ITL vs step':<22}{statistics.median(itl) * 1e3 if itl else float('nan'):8.2f} {step:8.2f} "
           f"{(statistics.median(itl) * 1e3 if itl else float('nan')) - step:8.2f}")
 
@@ -167,6 +203,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--request-rate", type=float, default=20.0, help="Poisson arrivals per second")
     parser.add_argument("--burst", action="store_true", help="send every request at once")
+    parser.add_argument("--per-token", action="store_true",
+                        help="ask for logprobs=0 so that every token is a chunk: TTFT and ITL per token, not per "
+                             "visible text (a random-weight model writes bytes that are held back as incomplete)")
     parser.add_argument("--concurrency", type=int, default=0, help="keep N streams in flight (closed loop)")
     parser.add_argument("--engine-modes", nargs="+", choices=("thread", "process"),
                         help="start one server per engine mode, same workload (default: the server's default)")
