@@ -34,6 +34,7 @@ import logging
 import time
 from typing import Any
 
+import httpx
 import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
@@ -43,7 +44,9 @@ from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILAB
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
 from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
-from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+from kubeinfer.operator.metrics_source import (
+    PodSelector, PrometheusSource, ScrapeSource, router_queue, with_router_queue,
+)
 from kubeinfer.operator.reconcile import _own_pods
 from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
 
@@ -195,10 +198,12 @@ class Autoscaler:
         self.ctx, self.namespace, self.name = ctx, namespace, name
         url = ctx.config.prometheus_url
         self.source: PrometheusSource | ScrapeSource = PrometheusSource(url) if url else ScrapeSource()
+        self.router_client = httpx.AsyncClient(timeout=3.0)
         self.path = resource_path(API_VERSION, KIND, namespace, name)
 
     async def aclose(self) -> None:
         await self.source.aclose()
+        await self.router_client.aclose()
 
     def _read(self) -> tuple[dict[str, Any] | None, InferenceServiceSpec | None, list[dict[str, Any]]]:
         body = self.ctx.kube.get(self.path)
@@ -213,6 +218,14 @@ class Autoscaler:
         return body, spec, _own_pods(self.ctx.kube, builders.Owner.from_body(body))
 
     async def _signals(self, spec: InferenceServiceSpec, body: dict[str, Any], pods: list[dict[str, Any]]) -> Signals:
+        assert spec.autoscaling is not None
+        signals = await self._pod_signals(spec, body, pods)
+        if url := spec.autoscaling.router_metrics_url:
+            signals = with_router_queue(signals, await router_queue(self.router_client, url), len(pods))
+        return signals
+
+    async def _pod_signals(self, spec: InferenceServiceSpec, body: dict[str, Any],
+                           pods: list[dict[str, Any]]) -> Signals:
         assert spec.autoscaling is not None
         window = spec.autoscaling.metric_window_seconds
         served = builders.served_name(spec, builders.Owner.from_body(body))

@@ -16,7 +16,7 @@ import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,6 +29,38 @@ log = logging.getLogger(__name__)
 WAITING = "kubeinfer_num_requests_waiting"
 RUNNING = "kubeinfer_num_requests_running"
 TTFT = "kubeinfer_time_to_first_token_seconds"
+
+
+ROUTER_QUEUE = "kubeinfer_router_queue_requests"
+
+
+async def router_queue(client: httpx.AsyncClient, url: str) -> float | None:
+    """Requests waiting at a `kubeinfer router` for a replica (its /metrics at `url`); None when it cannot
+    be read (logged): the autoscaler then decides on the pods' signals alone."""
+    try:
+        response = await client.get(url)
+        response.raise_for_status()
+        for family in text_string_to_metric_families(response.text):
+            if family.name == ROUTER_QUEUE:
+                return sum(sample.value for sample in family.samples)
+        log.warning("router metrics %s: no %s", url, ROUTER_QUEUE)
+    except (httpx.HTTPError, ValueError) as error:
+        log.warning("router metrics %s: %s", url, error)
+    return None
+
+
+def with_router_queue(signals: Signals, waiting: float | None, num_pods: int) -> Signals:
+    """The pods' signals plus the requests waiting at the router. With no pod at all (scaled to zero, or
+    the first one not yet created) the router's queue is the whole measurement; with pods whose metrics
+    failed, the failure stands (the router alone would hide it)."""
+    if waiting is None:
+        return signals
+    if signals.available:
+        return replace(signals, queue_depth=(signals.queue_depth or 0.0) + waiting)
+    if num_pods == 0:
+        return Signals(timestamp=signals.timestamp, queue_depth=waiting, num_running=0.0, request_rate=0.0,
+                       num_pods_reporting=0)
+    return signals
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,11 @@ class Autoscaling(_Model):
     max_scale_up_step: int = Field(default=4, ge=1)
     max_scale_down_step: int = Field(default=1, ge=1)
     scale_to_zero_idle_seconds: int = Field(default=600, ge=0)
+    router_metrics_url: str | None = Field(
+        default=None, pattern=r"^https?://[^\s]+$",
+        description="The /metrics of a `kubeinfer router` in front of this service. Requests waiting there for "
+                    "a replica (kubeinfer_router_queue_requests) count as queued: with minReplicas 0, one request "
+                    "at the router starts a replica.")
     initial_delay_seconds: int = Field(default=120, ge=0)
     tolerance: float = Field(default=0.1, ge=0)
     throughput_per_replica: float | None = Field(

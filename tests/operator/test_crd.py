@@ -104,7 +104,7 @@ def test_autoscaling_fields_match_the_contract() -> None:
     assert fields == {
         "minReplicas", "maxReplicas", "targetQueueDepthPerReplica", "targetTTFTP95Seconds", "metricWindowSeconds",
         "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "maxScaleUpStep", "maxScaleDownStep",
-        "scaleToZeroIdleSeconds", "initialDelaySeconds", "tolerance", "throughputPerReplica"}
+        "scaleToZeroIdleSeconds", "initialDelaySeconds", "tolerance", "throughputPerReplica", "routerMetricsUrl"}
 
 
 def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
