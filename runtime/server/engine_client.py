@@ -69,7 +69,17 @@ class EngineClient:
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self) -> EngineInfo:
-        """Starts the core and waits until it has loaded the model (blocking; before the event loop runs)."""
+        """Starts the core and waits until it has loaded the model (blocking; before the event loop runs). A
+        start that fails or is interrupted (SIGTERM while loading) leaves no engine process behind."""
+        try:
+            return self._start()
+        except BaseException:
+            if self._process is not None and self._process.is_alive():
+                self._process.kill()   # it ignores SIGTERM, and is not reading its channel while it loads
+                self._process.join(5)
+            raise
+
+    def _start(self) -> EngineInfo:
         eos = eos_token_ids(self.config.model_config.eos_token_ids, self.processor.tokenizer)
         if self.mode == "process":
             context = multiprocessing.get_context("spawn")

@@ -2,11 +2,13 @@
 
 Drain: the first SIGTERM (or SIGINT) turns `/ready` to 503 and refuses new requests with 503, lets the
 requests in flight finish for up to `--drain-timeout-seconds`, then stops the server; the process exits 0.
-A second signal stops at once.
+A second signal stops at once. A signal before the server listens stops start-up (`StartupSignals`).
 """
 import asyncio
 import gc
 import logging
+import signal
+import threading
 import time
 
 import uvicorn
@@ -24,6 +26,42 @@ logger = logging.getLogger(__name__)
 # that closes first races the client's next request on that connection (seen: a ReadError in a benchmark
 # client with uvicorn's default of 5 s).
 KEEP_ALIVE_SECONDS = 65
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT while the model loads."""
+
+
+class StartupSignals:
+    """SIGTERM/SIGINT before uvicorn's own handlers exist. Without a handler, a container's PID 1 ignores
+    them: a pod deleted while its model loaded went on loading, then served, until the SIGKILL at the end of
+    its grace period (130 s seen on the real cluster). While the engine starts, a signal raises StopRequested
+    (the engine process is killed, the server exits 0 without serving); after that and until the server
+    listens, it is remembered, and the server drains at once when it listens."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.pending: list[int] = []
+        self.active = threading.current_thread() is threading.main_thread()   # handlers: main thread only
+
+    def __enter__(self) -> "StartupSignals":
+        self._set(self._raise)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._set(self._remember)
+
+    def _set(self, handler) -> None:
+        if self.active:
+            for sig in self.SIGNALS:
+                signal.signal(sig, handler)
+
+    def _raise(self, signum, frame) -> None:
+        raise StopRequested(signal.Signals(signum).name)
+
+    def _remember(self, signum, frame) -> None:
+        self.pending.append(signum)
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,7 +122,14 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
     the start-up phases (`imports` is the time before this call)."""
     entered = time.monotonic()
     started_at = entered if started_at is None else started_at
-    state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode, log_level, vllm_metrics)
+    startup_signals = StartupSignals()
+    try:
+        with startup_signals:
+            state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode, log_level,
+                                vllm_metrics)
+    except StopRequested as stop:
+        logger.info("%s while starting: stopped before serving", stop)
+        return 0
     phases = {"imports": entered - started_at, **state.engine.info.startup_phases}
     gc.collect()
     gc.freeze()   # start-up objects are never garbage: keep them out of the collections on the serving path
@@ -98,6 +143,8 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
         state.metrics.observe_startup(phases)
         logger.info("ready in %.2f s: %s", phases["ready"],
                     ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items() if name != "ready"))
+        if startup_signals.pending:   # asked to stop before uvicorn could hear it: drain (nothing in flight)
+            server.handle_exit(startup_signals.pending[0], None)
 
     def engine_died() -> None:   # exit non-zero, so that Kubernetes restarts the pod
         server.should_exit = True

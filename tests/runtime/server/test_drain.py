@@ -58,3 +58,26 @@ def test_sigterm_drains_streams_then_exits_zero(llama_dir, tmp_path):
         assert '"completion_tokens": 300' in lines[-2]
     assert code == 0, output
     assert "drained" in output
+
+
+def test_sigterm_while_the_model_loads_stops_start_up_and_the_engine_process(llama_dir, tmp_path):
+    """A pod deleted while it starts: SIGTERM before the server listens ends start-up at once, exit 0, and the
+    engine process (which ignores SIGTERM itself) is gone too. Without a handler a container's PID 1 ignores
+    the signal, and the pod ran until the SIGKILL at the end of its grace period."""
+    import os
+    from pathlib import Path
+    server = RuntimeServer(llama_dir, tmp_path / "serve.log", cache=tmp_path)
+    children_file = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children")
+    try:
+        engine = wait_for(lambda: children_file.read_text().split(), 60, "the engine process spawned", 0.01)
+        assert not server.is_ready()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(20)
+        output = server.output()
+        assert code == 0, output
+        assert "SIGTERM while starting: stopped before serving" in output and "ready in" not in output
+        for pid in map(int, engine):   # gone (or a zombie of a parent that has exited: reaped by init)
+            stat = Path(f"/proc/{pid}/stat")
+            assert not stat.exists() or stat.read_text().split()[2] == "Z", f"engine process {pid} still runs"
+    finally:
+        server.stop()
