@@ -98,5 +98,7 @@ def core_process_main(config: EngineConfig, eos_token_ids: tuple[int, ...], conn
     from kubeinfer.runtime.engine.channels import PipeEnd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The API process blocks these while it spawns this one (EngineClient.start); a mask survives exec.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
     sys.exit(run_core(config, eos_token_ids, PipeEnd(conn)))

@@ -13,6 +13,7 @@ server then exits non-zero, so Kubernetes restarts it).
 import asyncio
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -86,7 +87,13 @@ class EngineClient:
             api_conn, core_conn = context.Pipe(duplex=True)
             self._process = context.Process(target=core_process_main, name="kubeinfer-engine", daemon=False,
                                             args=(self.config, eos, core_conn, self.log_level))
-            self._process.start()
+            # A SIGTERM inside start() (after the fork, before it knows the pid) would leave a process that
+            # nobody kills: hold it until start() returns.
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                self._process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             core_conn.close()
             self._channel = PipeEnd(api_conn)
         else:
