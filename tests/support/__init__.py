@@ -25,6 +25,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawned_children(parent: int) -> list[int]:
+    """Processes `parent` started with multiprocessing's spawn (not its resource tracker)."""
+    pids = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                pids.append(int(child))
+    return pids
+
+
 def scrape_metrics(url: str) -> dict[tuple[str, tuple], float]:
     """Every sample of a server's `/metrics`, keyed by (name, sorted labels)."""
     from prometheus_client.parser import text_string_to_metric_families

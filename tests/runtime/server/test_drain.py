@@ -5,7 +5,7 @@ import time
 
 import httpx
 
-from support import RuntimeServer, wait_for
+from support import RuntimeServer, spawned_children, wait_for
 
 
 def admitted(server: RuntimeServer) -> float:
@@ -64,16 +64,10 @@ def test_sigterm_while_the_model_loads_stops_start_up_and_the_engine_process(lla
     """A pod deleted while it starts: SIGTERM before the server listens ends start-up at once, exit 0, and the
     engine process (which ignores SIGTERM itself) is gone too. Without a handler a container's PID 1 ignores
     the signal, and the pod ran until the SIGKILL at the end of its grace period."""
-    import os
     from pathlib import Path
     server = RuntimeServer(llama_dir, tmp_path / "serve.log", cache=tmp_path)
-    children_file = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children")
-
-    def engine_pids() -> list[int]:   # not multiprocessing's resource tracker, also a child
-        pids = [int(pid) for pid in children_file.read_text().split()]
-        return [pid for pid in pids if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     try:
-        engine = wait_for(engine_pids, 60, "the engine process spawned", 0.01)
+        engine = wait_for(lambda: spawned_children(server.proc.pid), 60, "the engine process spawned", 0.01)
         assert not server.is_ready()
         server.proc.send_signal(signal.SIGTERM)
         code = server.proc.wait(20)

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from support import metric_value, scrape_metrics as scrape, wait_for
+from support import metric_value, scrape_metrics as scrape, spawned_children, wait_for
 
 PROMPT = "Kubernetes runs containers"
 EXTRA = {"ignore_eos": True}
@@ -68,9 +68,9 @@ def test_startup_phases_and_the_gateway_metric_names(llama_dir, tmp_path):
         assert phases["ready"] >= sum(v for k, v in phases.items() if k != "ready") - 0.01
         assert "ready in" in server.output()
         if Path("/proc/self/maps").is_file():   # the API process never loads torch; the engine process does
-            children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+            [engine] = spawned_children(server.proc.pid)
             assert "libtorch" not in Path(f"/proc/{server.proc.pid}/maps").read_text()
-            assert any("libtorch" in Path(f"/proc/{child}/maps").read_text() for child in children)
+            assert "libtorch" in Path(f"/proc/{engine}/maps").read_text()
         for ours, theirs in (("kubeinfer_num_requests_running", "vllm:num_requests_running"),
                              ("kubeinfer_num_requests_waiting", "vllm:num_requests_waiting"),
                              ("kubeinfer_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc")):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
-from support import RuntimeServer
+from support import RuntimeServer, spawned_children
 
 PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the attention state"]
 
@@ -14,17 +14,6 @@ PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the
 def start(model_dir: Path, tmp_path: Path, tp: int) -> RuntimeServer:
     return RuntimeServer(model_dir, tmp_path / f"serve-tp{tp}.log", "--tensor-parallel-size", str(tp),
                          cache=tmp_path).wait_ready(90)
-
-
-def spawned_children(parent: int) -> list[int]:
-    """Processes `parent` started with multiprocessing's spawn (not its resource tracker)."""
-    pids = []
-    for task in Path(f"/proc/{parent}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"spawn_main" in cmdline:
-                pids.append(int(child))
-    return pids
 
 
 def worker_pids(server_pid: int) -> list[int]:
