@@ -35,9 +35,9 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autoscale.policies import KubeInferPolicy  # noqa: E402
 from autoscale.sim import CPU_DEMO_MODEL, Request, Simulation, Trace  # noqa: E402
+from serve import histogram_sums  # noqa: E402
 
 from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
-from kubeinfer.operator.cold_start import parse_time  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE, NAME = "kubeinfer-burst-bench", "burst"
@@ -164,13 +164,10 @@ def token_intervals(core) -> dict[str, float]:
     pods still up, from their own /metrics: what one engine step really costs on this node under this load."""
     sums = {"kubeinfer_inter_token_latency_seconds": [0.0, 0.0], "kubeinfer_engine_step_seconds": [0.0, 0.0]}
     for pod in ready_pods(core):
-        text = httpx.get(f"http://{pod.status.pod_ip}:8000/metrics", timeout=5).text
-        for line in text.splitlines():
-            for name, total in sums.items():
-                if line.startswith(name + "_sum"):
-                    total[0] += float(line.rsplit(" ", 1)[1])
-                elif line.startswith(name + "_count"):
-                    total[1] += float(line.rsplit(" ", 1)[1])
+        pod_sums = histogram_sums(httpx.get(f"http://{pod.status.pod_ip}:8000/metrics", timeout=5).text)
+        for name, total in sums.items():
+            total[0] += pod_sums[name][0]
+            total[1] += pod_sums[name][1]
     return {name: total[0] / total[1] if total[1] else float("nan") for name, total in sums.items()}
 
 

@@ -97,14 +97,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
             "e2e": times[-1] - start, "tokens": max_tokens}
 
 
-async def server_histograms(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
+async def server_metrics(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url + "/metrics") as response:
-        return histogram_sums(await response.text())
-
-
-async def server_itl_buckets(session: aiohttp.ClientSession, url: str) -> dict[float, float]:
-    async with session.get(url + "/metrics") as response:
-        return itl_buckets(await response.text())
+        return await response.text()
 
 
 async def run(args, url: str, model: str) -> None:
@@ -117,8 +112,8 @@ async def run(args, url: str, model: str) -> None:
     # to the tail of the TTFT it measured (P95 5.4 s while a probe beside it saw 0.18 s).
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        server_before = await server_histograms(session, url)
-        itl_before = await server_itl_buckets(session, url)
+        text = await server_metrics(session, url)
+        server_before, itl_before = histogram_sums(text), itl_buckets(text)
         started = time.perf_counter()
         if args.concurrency:
             work = iter(zip(prompts, outputs))
@@ -136,8 +131,8 @@ async def run(args, url: str, model: str) -> None:
                     await asyncio.sleep(rng.expovariate(args.request_rate))
             results = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - started
-        server_after = await server_histograms(session, url)
-        itl_after = await server_itl_buckets(session, url)
+        text = await server_metrics(session, url)
+        server_after, itl_after = histogram_sums(text), itl_buckets(text)
     itl = [value for r in results for value in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
     arrivals = (f"{args.concurrency} concurrent streams" if args.concurrency else
