@@ -76,7 +76,7 @@ def measure(core: client.CoreV1Api, image: str, startup_period: int | None, inde
     log = core.read_namespaced_pod_log(name, NAMESPACE)
     if match := READY_LINE.search(log):
         for part in match.group(2).split(", "):
-            phase, seconds = part.rsplit(" ", 2)[0], part.rsplit(" ", 2)[1]
+            phase, seconds, _unit = part.rsplit(" ", 2)
             marks["runtime " + phase] = float(seconds)
         marks["runtime ready"] = float(match.group(1))
     core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
