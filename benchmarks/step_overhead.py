@@ -30,7 +30,7 @@ def main() -> None:
         scheduler.add(Sequence(str(i), [(i * 7 + j) % 500 + 1 for j in range(args.prompt_len)],
                                SamplingParams(max_tokens=10**6, ignore_eos=True)))
     batch = scheduler.schedule()          # the whole prefill in one step, not timed
-    scheduler.postprocess(batch, [1] * len(batch))
+    scheduler.postprocess(batch, [[1]] * len(batch))
     timings = {"schedule": [], "prepare inputs": [], "postprocess": []}
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -38,7 +38,7 @@ def main() -> None:
         t1 = time.perf_counter()
         runner.prepare(batch, manager)
         t2 = time.perf_counter()
-        scheduler.postprocess(batch, [step % 400 + 1] * len(batch))
+        scheduler.postprocess(batch, [[step % 400 + 1]] * len(batch))
         t3 = time.perf_counter()
         assert len(batch) == args.num_seqs and batch.num_tokens == args.num_seqs
         for name, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2)):

@@ -15,6 +15,7 @@ from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtyp
 
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+SPECULATIVE_METHODS = ("ngram",)
 
 
 @dataclass
@@ -39,6 +40,10 @@ class EngineConfig:
     load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights
     kv_cache_dtype: str = "auto"           # auto = the model's dtype; fp8_e4m3 = 8 bits (twice the tokens of 16)
     cpu_threads: int | None = None         # torch threads on CPU; None = the CPUs this process may use
+    speculative_method: str | None = None  # None = off; ngram = prompt lookup (docs/runtime.md)
+    speculative_tokens: int = 4            # tokens proposed per sequence and step, verified in one forward
+    speculative_ngram_min: int = 2         # shortest and longest suffix of the context looked up earlier in it
+    speculative_ngram_max: int = 4
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
 
@@ -69,6 +74,16 @@ class EngineConfig:
                  f"cpu_threads must be >= 1, got {self.cpu_threads}")
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.speculative_method in ("", "none"):
+            self.speculative_method = None
+        _require(self.speculative_method in (None, *SPECULATIVE_METHODS),
+                 f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)} (or unset), "
+                 f"got {self.speculative_method!r}")
+        _require(self.speculative_tokens >= 1,
+                 f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
+        _require(1 <= self.speculative_ngram_min <= self.speculative_ngram_max,
+                 f"speculative_ngram_min and speculative_ngram_max must satisfy 1 <= min <= max, got "
+                 f"{self.speculative_ngram_min} and {self.speculative_ngram_max}")
         _require(self.load_format in LOAD_FORMATS,
                  f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")

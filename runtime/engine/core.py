@@ -1,7 +1,7 @@
 """The engine core: token ids in, token ids out, one scheduler step at a time. Owns the device.
 
 `step()` = `scheduler.schedule()` -> `model_runner.run()` -> `scheduler.postprocess()`; it returns one
-`TokenDelta` per sequence that got a token. Text (detokenization, stop strings) is the output processor's
+`TokenDelta` per new token (a sequence gets several in a step where its draft tokens were accepted). Text (detokenization, stop strings) is the output processor's
 job, so the core can run in a process of its own and send one small message per step (see
 `kubeinfer.runtime.server.engine_client`); `LLMEngine` puts both together in one process for offline use.
 """
@@ -30,7 +30,8 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}
         self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
                                config.model_config.vocab_size, eos_token_ids,
-                               dict(self.model_runner.startup_phases))
+                               dict(self.model_runner.startup_phases),
+                               config.speculative_tokens if config.speculative_method else 0)
 
     def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
             arrival_time: float | None = None) -> None:
@@ -59,26 +60,30 @@ class EngineCore:
         if not batch.seqs:
             return []
         sampled, logprobs = self.model_runner.run(batch, self.block_manager)
-        self.scheduler.postprocess(batch, sampled)
+        kept = self.scheduler.postprocess(batch, sampled)
         now = time.monotonic()
         deltas = []
-        for seq, token, token_logprobs in zip(batch.seqs, sampled, logprobs):
-            if token is None:
+        for seq, tokens, token_logprobs in zip(batch.seqs, kept, logprobs):
+            if not tokens:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            deltas.append(TokenDelta(seq.request_id, token, token_logprobs, seq.finish_reason,
-                                     seq.stop_reason if seq.is_finished else None, seq.num_cached_tokens,
-                                     seq.first_token_time))
+            for position, (token, lp) in enumerate(zip(tokens, token_logprobs), 1):
+                last = position == len(tokens)   # only the last token of a step can end the sequence
+                deltas.append(TokenDelta(seq.request_id, token, lp, seq.finish_reason if last else None,
+                                         seq.stop_reason if last and seq.is_finished else None,
+                                         seq.num_cached_tokens, seq.first_token_time))
             if seq.is_finished:
                 del self.seqs[seq.request_id]
         return deltas
 
     def stats(self) -> EngineStats:
         scheduler = self.scheduler
+        stats = scheduler.stats
         return EngineStats(len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
-                           scheduler.stats.num_preemptions, scheduler.stats.prefix_cache_hits,
-                           scheduler.stats.prefix_cache_queries)
+                           stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
+                           stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+                           tuple(stats.accepted_per_position))
 
     def shutdown(self) -> None:
         """Stops the other tensor-parallel ranks, if any. Idempotent."""

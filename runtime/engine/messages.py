@@ -35,6 +35,10 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_hits: int
     prefix_cache_queries: int
+    spec_num_drafts: int = 0                          # speculation: sequence-steps that carried drafts
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()  # accepted drafts by position 0..k-1
 
 
 @dataclass
@@ -46,6 +50,7 @@ class EngineInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     startup_phases: dict[str, float]
+    speculative_tokens: int = 0     # draft tokens per step at most (0: speculation off)
 
 
 def check_prompt(token_ids: list[int], info: EngineInfo) -> None:

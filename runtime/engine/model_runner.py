@@ -215,18 +215,20 @@ class ModelRunner:
         cu_seqlens_q, seq_lens, rows, sample_rows, sample_seqs = [0], [], [], [], []
         for index, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            drafts = seq.draft_token_ids
             if num_new == 1:
                 input_ids.append(seq.token_ids[start])
                 positions.append(start)
             else:
                 input_ids.extend(seq.token_ids[start:end])
+                input_ids.extend(drafts)   # a decoding sequence's last token, then its drafts
                 positions.extend(range(start, end))
             cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
             seq_lens.append(end)
             rows.append(block_manager.row(seq))
-            if end == seq.num_tokens:
-                sample_rows.append(cu_seqlens_q[-1] - 1)
-                sample_seqs.append(index)
+            if end == seq.num_tokens + len(drafts):   # the last known token, and each draft, is sampled
+                sample_rows.extend(range(cu_seqlens_q[-1] - 1 - len(drafts), cu_seqlens_q[-1]))
+                sample_seqs.extend([index] * (1 + len(drafts)))
         block_size = self.config.block_size
         max_seqlen_k = max(seq_lens)
         tables = torch.from_numpy(block_manager.tables[rows, :-(-max_seqlen_k // block_size)])
@@ -270,8 +272,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager
-            ) -> tuple[list[int | None], list[TokenLogprobs | None]]:
-        """Runs one step; returns, per scheduled sequence, its sampled token (None mid-prefill) and logprobs."""
+            ) -> tuple[list[list[int]], list[list[TokenLogprobs | None]]]:
+        """Runs one step; returns, per scheduled sequence, its new tokens (none mid-prefill; several when
+        drafts were accepted) and their logprobs."""
         step = self.prepare_host(batch, block_manager)
         if self.workers is None:
             logits = self.execute(step)
@@ -279,11 +282,18 @@ class ModelRunner:
             self.workers.send(step)
             with self.workers.guard():
                 logits = self.execute(step)
-        sampled: list[int | None] = [None] * len(batch)
-        logprobs: list[TokenLogprobs | None] = [None] * len(batch)
+        sampled: list[list[int]] = [[] for _ in batch.seqs]
+        logprobs: list[list[TokenLogprobs | None]] = [[] for _ in batch.seqs]
         if logits is None:
             return sampled, logprobs
-        tokens, token_logprobs = self.sampler(logits, [batch.seqs[i] for i in step.sample_seqs])
-        for i, token, lp in zip(step.sample_seqs, tokens, token_logprobs):
-            sampled[i], logprobs[i] = token, lp
+        if len(step.sample_seqs) == len(set(step.sample_seqs)):   # no drafts: one row per sequence
+            tokens, token_logprobs = self.sampler(logits, [batch.seqs[i] for i in step.sample_seqs])
+            for i, token, lp in zip(step.sample_seqs, tokens, token_logprobs):
+                sampled[i], logprobs[i] = [token], [lp]
+            return sampled, logprobs
+        indices = list(dict.fromkeys(step.sample_seqs))
+        seqs = [batch.seqs[i] for i in indices]
+        tokens, token_logprobs = self.sampler.verify(logits, seqs, [seq.draft_token_ids for seq in seqs])
+        for i, seq_tokens, lps in zip(indices, tokens, token_logprobs):
+            sampled[i], logprobs[i] = seq_tokens, lps
         return sampled, logprobs

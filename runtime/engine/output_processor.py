@@ -68,11 +68,13 @@ class OutputProcessor:
         return len(self.requests)
 
     def process(self, deltas: list[TokenDelta]) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
-        """The outputs of one step, and `(request_id, stop string)` of the requests a stop string ended."""
-        outputs, stopped = [], []
+        """The outputs of one step, one per request (with all the tokens it got: several under speculation),
+        and `(request_id, stop string)` of the requests a stop string ended."""
+        touched: dict[str, _Request] = {}
+        stopped = []
         for delta in deltas:
             request = self.requests.get(delta.request_id)
-            if request is None:   # ended here already (a stop string, an abort)
+            if request is None or request.finish_reason is not None:   # ended already (stop string, abort)
                 continue
             request.token_ids.append(delta.token_id)
             request.num_cached_tokens = delta.num_cached_tokens
@@ -84,9 +86,12 @@ class OutputProcessor:
             stop = self._detokenize(request)
             if stop is not None:
                 stopped.append((delta.request_id, stop))
-            outputs.append(self._output(delta.request_id, request))
+            touched[delta.request_id] = request
+        outputs = []
+        for request_id, request in touched.items():
+            outputs.append(self._output(request_id, request))
             if request.finish_reason is not None:
-                del self.requests[delta.request_id]
+                del self.requests[request_id]
         return outputs, stopped
 
     def abort(self, request_id: str) -> RequestOutput | None:

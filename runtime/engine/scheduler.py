@@ -8,12 +8,19 @@ Policy, per step, within `max_num_batched_tokens`:
 2. Then waiting sequences, in arrival order, while the budget, `max_num_seqs` and the pool allow; none are
    admitted in a step that preempted. A waiting sequence starts after its prefix-cache hits.
 A sequence is sampled in the step that computes its last known token.
+
+Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
+and verified by the same forward; they take budget and KV slots like any token. Drafts never cause a
+preemption: a sequence that cannot fit its drafts runs without them. After the step, the computed tokens are
+the last known one and the accepted drafts; the slots written for rejected drafts lie beyond them and are
+overwritten later, and a block grown for them stays the sequence's (freed with it).
 """
 from collections import deque
 from dataclasses import dataclass, field
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
 
 
@@ -35,6 +42,10 @@ class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0   # prompt tokens looked up at first admission
     prefix_cache_hits: int = 0      # of those, tokens served from the cache
+    num_drafts: int = 0             # speculation: sequence-steps that carried draft tokens
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)   # accepted drafts by position 0..k-1
 
 
 class Scheduler:
@@ -44,9 +55,12 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.block_manager = block_manager
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.speculative_method = config.speculative_method
+        self.speculative_tokens = config.speculative_tokens
+        self.ngram_range = (config.speculative_ngram_min, config.speculative_ngram_max)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
 
     @property
     def num_unfinished(self) -> int:
@@ -62,6 +76,11 @@ class Scheduler:
         while index < len(running) and budget > 0:
             seq = running[index]
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if self.speculative_method is not None and num_new == seq.num_uncomputed_tokens == 1:
+                seq.draft_token_ids = self._propose(seq, budget - 1)
+                if not block_manager.can_append(seq, 1 + len(seq.draft_token_ids)):
+                    seq.draft_token_ids = []
+                num_new += len(seq.draft_token_ids)
             while not block_manager.can_append(seq, num_new):
                 victim = running.pop()
                 self._preempt(victim)
@@ -93,29 +112,60 @@ class Scheduler:
             budget -= num_new
         return batch
 
+    def _propose(self, seq: Sequence, room: int) -> list[int]:
+        """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may
+        still output after this step's own, or the positions left before max_model_len."""
+        limit = min(self.speculative_tokens, room, seq.params.max_tokens - seq.num_output_tokens - 1,
+                    self.max_model_len - seq.num_tokens)
+        if limit < 1:
+            return []
+        return propose_ngram(seq.token_ids, limit, *self.ngram_range)
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
+        seq.draft_token_ids = []
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> None:
-        """Records the computed tokens and the sampled ones; finishes sequences at EOS, a stop id or a limit."""
-        finished = False
-        for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, sampled):
-            seq.num_computed_tokens += num_new
+    def postprocess(self, batch: ScheduledBatch, sampled: list[list[int]]) -> list[list[int]]:
+        """Records the computed tokens and the sampled ones (several where drafts were accepted); finishes
+        sequences at EOS, a stop id or a limit. Returns the tokens each sequence kept: those after the one
+        that finished it are dropped."""
+        kept_all, finished = [], False
+        for seq, num_new, tokens in zip(batch.seqs, batch.num_new_tokens, sampled):
+            drafts = seq.draft_token_ids
+            if drafts:
+                seq.draft_token_ids = []
+                self._count_accepted(len(drafts), len(tokens) - 1)
+                num_new -= len(drafts) - (len(tokens) - 1)   # rejected drafts' slots are not computed
+            kept, reason = [], None
+            for token in tokens:
+                seq.append_token(token)
+                kept.append(token)
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    break
+            # Capped: when a token ended the sequence, the accepted drafts after it are not its tokens.
+            seq.num_computed_tokens = min(seq.num_computed_tokens + num_new, seq.num_tokens)
             self.block_manager.cache_full_blocks(seq)
-            if token is None:   # a prefill chunk that did not reach the end of the prompt
-                continue
-            seq.append_token(token)
-            reason = self._stop_reason(seq, token)
             if reason is not None:
-                self._finish(seq, reason, token if token in seq.params.stop_token_ids else None)
+                self._finish(seq, reason, kept[-1] if kept[-1] in seq.params.stop_token_ids else None)
                 finished = True
+            kept_all.append(kept)
         if finished:
             self.running = [seq for seq in self.running if not seq.is_finished]
+        return kept_all
+
+    def _count_accepted(self, num_drafts: int, num_accepted: int) -> None:
+        stats = self.stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += num_drafts
+        stats.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            stats.accepted_per_position[position] += 1
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

@@ -35,6 +35,7 @@ class Sequence:
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
         self.generator = None          # torch.Generator when the request has a seed (made by the sampler)
+        self.draft_token_ids: list[int] = []   # proposed for this step, verified by its forward (speculation)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -4,6 +4,16 @@ Order: min_tokens (EOS and stop ids masked), penalties, then greedy argmax or te
 top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) noise), which picks token
 i with probability p_i; a request with a seed draws its noise from its own generator, so its tokens do not
 depend on what else shares the batch. Logprobs are those of the model's raw distribution.
+
+`verify` is the speculative step: each sequence brings the logits of its last known token and of its k
+draft tokens (k + 1 rows). Row j is processed as if drafts 1..j were already output (min_tokens and
+penalties see them), so it is the exact distribution p_j that plain decoding would sample there. Draft j is
+accepted with probability p_j(draft) (the proposer's distribution is one-hot: min(1, p/q) = p), else the
+token is drawn from p_j with the draft removed and renormalised, and the sequence stops there; if all k
+are accepted, row k gives one more token. The result has plain sampling's distribution (Leviathan et al.
+2023, Chen et al. 2023); greedy rows accept a draft iff it is the argmax, so greedy output is plain greedy
+output. A seeded request draws a row's noise from its own generator exactly as plain sampling does, and a
+uniform for each draft row only, so a sequence without drafts in a step draws what plain decoding draws.
 """
 
 import torch
@@ -23,46 +33,85 @@ class Sampler:
         if any(seq.params.logprobs is not None for seq in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
-        tokens = self._choose(logits, seqs)
+        greedy = logits.argmax(dim=-1)
+        if all(seq.params.is_greedy for seq in seqs):
+            tokens = greedy
+        else:
+            probs = _probabilities(logits, seqs)
+            sampled = (probs / self._noise(probs, seqs)).argmax(dim=-1)
+            tokens = torch.where(_is_greedy(seqs, logits.device), greedy, sampled)
         token_list = tokens.tolist()
         return token_list, self._logprobs(raw_logprobs, token_list, seqs)
 
-    def _apply_min_tokens_and_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]
+               ) -> tuple[list[list[int]], list[list[TokenLogprobs | None]]]:
+        """The speculative step (see the module's doc). `logits` has len(drafts[i]) + 1 rows per sequence, in
+        order; returns each sequence's tokens (its accepted drafts, then one drawn token) and their logprobs."""
+        logits, device = logits.float(), logits.device
+        row_seqs = [seq for seq, draft in zip(seqs, drafts) for _ in range(len(draft) + 1)]
+        extras = [draft[:j] for draft in drafts for j in range(len(draft) + 1)]
+        raw_logprobs = None
+        if any(seq.params.logprobs is not None for seq in seqs):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
+        draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
+                                  for j in range(len(draft) + 1)], device=device)
+        greedy = logits.argmax(dim=-1)
+        accepted, chosen = greedy == draft_ids, greedy
+        if not all(seq.params.is_greedy for seq in seqs):
+            probs = _probabilities(logits, row_seqs)
+            is_draft = draft_ids >= 0
+            index = draft_ids.clamp(min=0).unsqueeze(1)
+            draft_probs = probs.gather(1, index).squeeze(1)
+            noise, uniform = self._noise(probs, row_seqs, is_draft.tolist())
+            residual = probs.scatter(1, index, torch.where(is_draft, 0.0, draft_probs).unsqueeze(1))
+            is_greedy = _is_greedy(row_seqs, device)
+            accepted = torch.where(is_greedy, accepted, uniform < draft_probs)
+            chosen = torch.where(is_greedy, greedy, (residual / noise).argmax(dim=-1))
+        accepted_list, chosen_list = accepted.tolist(), chosen.tolist()
+        tokens, rows, row = [], [], 0
+        for draft in drafts:
+            kept = 0
+            while kept < len(draft) and accepted_list[row + kept]:
+                kept += 1
+            tokens.append(draft[:kept] + [chosen_list[row + kept]])
+            rows.append(range(row, row + kept + 1))
+            row += len(draft) + 1
+        if raw_logprobs is None:
+            return tokens, [[None] * len(t) for t in tokens]
+        logprobs = []
+        for seq, seq_tokens, seq_rows in zip(seqs, tokens, rows):
+            logprobs.append(self._logprobs(raw_logprobs[list(seq_rows)], seq_tokens, [seq] * len(seq_tokens)))
+        return tokens, logprobs
+
+    def _apply_min_tokens_and_penalties(self, logits: torch.Tensor, seqs: list[Sequence],
+                                        extras: list[list[int]] | None = None) -> torch.Tensor:
+        """`extras[row]`: tokens taken as output after the sequence's own (the drafts before a verified row)."""
         for row, seq in enumerate(seqs):
-            params = seq.params
-            if seq.num_output_tokens < params.min_tokens:
+            params, extra = seq.params, extras[row] if extras else ()
+            if seq.num_output_tokens + len(extra) < params.min_tokens:
                 banned = params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids)
                 if banned:
                     logits[row, banned] = float("-inf")
             if params.has_penalties:
-                _apply_penalties(logits[row], seq)
+                _apply_penalties(logits[row], seq, extra)
         return logits
 
-    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
-        if all(seq.params.is_greedy for seq in seqs):
-            return greedy
-        device = logits.device
-        temperature = torch.tensor([seq.params.temperature or 1.0 for seq in seqs], device=device)
-        logits = logits / temperature.unsqueeze(1)
-        top_k = [seq.params.top_k for seq in seqs]
-        top_p = [seq.params.top_p for seq in seqs]
-        if any(k != -1 for k in top_k) or any(p < 1 for p in top_p):
-            logits = _top_k_top_p(logits, top_k, top_p)
-        probs = torch.softmax(logits, dim=-1)
-        min_p = [seq.params.min_p for seq in seqs]
-        if any(min_p):
-            threshold = torch.tensor(min_p, device=device).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
-            probs = probs.masked_fill(probs < threshold, 0.0)
+    @staticmethod
+    def _noise(probs: torch.Tensor, seqs: list[Sequence], draft_rows: list[bool] | None = None):
+        """Exp(1) noise per row (and, given `draft_rows`, a uniform per row for acceptance); a seeded
+        sequence's rows are drawn from its own generator, the uniform only for its draft rows."""
         noise = torch.empty_like(probs).exponential_()
+        uniform = None if draft_rows is None else torch.rand(len(seqs), device=probs.device)
         for row, seq in enumerate(seqs):
             if seq.params.seed is not None:
                 if seq.generator is None:
-                    seq.generator = torch.Generator(device=device).manual_seed(seq.params.seed)
+                    seq.generator = torch.Generator(device=probs.device).manual_seed(seq.params.seed)
                 noise[row].exponential_(generator=seq.generator)
-        sampled = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([seq.params.is_greedy for seq in seqs], device=device)
-        return torch.where(is_greedy, greedy, sampled)
+                if draft_rows is not None and draft_rows[row]:
+                    uniform[row] = torch.rand((), generator=seq.generator, device=probs.device)
+        return noise if draft_rows is None else (noise, uniform)
 
     @staticmethod
     def _logprobs(raw: torch.Tensor | None, tokens: list[int], seqs: list[Sequence]) -> list[TokenLogprobs | None]:
@@ -82,16 +131,39 @@ class Sampler:
         return results
 
 
-def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
+def _probabilities(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """What a draw picks from, per row: temperature, then top-k, top-p and min-p (unnormalised after min-p)."""
+    device = logits.device
+    temperature = torch.tensor([seq.params.temperature or 1.0 for seq in seqs], device=device)
+    logits = logits / temperature.unsqueeze(1)
+    top_k = [seq.params.top_k for seq in seqs]
+    top_p = [seq.params.top_p for seq in seqs]
+    if any(k != -1 for k in top_k) or any(p < 1 for p in top_p):
+        logits = _top_k_top_p(logits, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    min_p = [seq.params.min_p for seq in seqs]
+    if any(min_p):
+        threshold = torch.tensor(min_p, device=device).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)   # acceptance compares a uniform with these
+    return probs
+
+
+def _is_greedy(seqs: list[Sequence], device) -> torch.Tensor:
+    return torch.tensor([seq.params.is_greedy for seq in seqs], device=device)
+
+
+def _apply_penalties(logits: torch.Tensor, seq: Sequence, extra: list[int] | tuple = ()) -> None:
     """Repetition penalty (transformers' semantics, over prompt and output); presence and frequency
-    penalties (OpenAI's semantics, over the output only)."""
+    penalties (OpenAI's semantics, over the output only). `extra`: output tokens after the sequence's own."""
     params, vocab = seq.params, logits.shape[-1]
     if params.repetition_penalty != 1:
-        seen = torch.tensor(seq.token_ids, device=logits.device).unique()
+        seen = torch.tensor(seq.token_ids + list(extra), device=logits.device).unique()
         values = logits[seen]
         logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
-    if (params.presence_penalty or params.frequency_penalty) and seq.num_output_tokens:
-        counts = torch.bincount(torch.tensor(seq.output_token_ids, device=logits.device), minlength=vocab)[:vocab]
+    output = seq.output_token_ids + list(extra)
+    if (params.presence_penalty or params.frequency_penalty) and output:
+        counts = torch.bincount(torch.tensor(output, device=logits.device), minlength=vocab)[:vocab]
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
 
 

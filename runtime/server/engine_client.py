@@ -118,7 +118,8 @@ class EngineClient:
                     # Before the engine's own phases: spawning its process and importing torch there.
                     spent = time.monotonic() - started - sum(self.info.startup_phases.values())
                     self.info.startup_phases = {"engine_spawn": max(spent, 0.0), **self.info.startup_phases}
-                    self.metrics.observe_engine(self.info.block_size, self.info.num_blocks)
+                    self.metrics.observe_engine(self.info.block_size, self.info.num_blocks,
+                                                self.info.speculative_tokens)
                     return self.info
             if not worker.is_alive():
                 raise EngineStartError(f"the engine {self.mode} ended while starting (exit code "

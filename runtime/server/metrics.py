@@ -46,6 +46,14 @@ class EngineMetrics:
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])
         self.errors = metric(Counter, "kubeinfer_request_errors", "Refused or failed requests", ["status_code"])
         self.startup = metric(Gauge, "kubeinfer_startup_phase_seconds", "Seconds each start-up phase took", ["phase"])
+        # Speculative decoding, under vLLM's names (with our prefix); acceptance rate = accepted / draft tokens.
+        self.spec = {
+            "drafts": metric(Counter, "kubeinfer_spec_decode_num_drafts", "Sequence-steps that verified drafts"),
+            "draft_tokens": metric(Counter, "kubeinfer_spec_decode_num_draft_tokens", "Draft tokens proposed"),
+            "accepted": metric(Counter, "kubeinfer_spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+            "per_position": metric(Counter, "kubeinfer_spec_decode_num_accepted_tokens_per_pos",
+                                   "Draft tokens accepted, by position in the draft", ["position"]),
+        }
         self.model_name = model_name
         # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
         # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
@@ -58,17 +66,25 @@ class EngineMetrics:
                 "cache_config": metric(Gauge, "vllm:cache_config_info", "KV cache settings (vLLM name)",
                                        ["block_size", "num_gpu_blocks"]),
             }
+            self.vllm_spec = {
+                "drafts": metric(Counter, "vllm:spec_decode_num_drafts", "Draft steps (vLLM name)"),
+                "draft_tokens": metric(Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens (vLLM name)"),
+                "accepted": metric(Counter, "vllm:spec_decode_num_accepted_tokens", "Accepted (vLLM name)"),
+                "per_position": metric(Counter, "vllm:spec_decode_num_accepted_tokens_per_pos",
+                                       "Accepted by position (vLLM name)", ["position"]),
+            }
             for gauge in ("running", "waiting", "kv_usage"):
                 self.vllm[gauge].labels(model_name)
         # Every series exists from start-up (at 0), so a fresh server is not read as "no data".
         for unlabelled in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.step,
                            self.prompt_tokens, self.generation_tokens, self.prefix_hits, self.prefix_queries,
-                           self.preemptions):
+                           self.preemptions, self.spec["drafts"], self.spec["draft_tokens"], self.spec["accepted"]):
             unlabelled.labels(model_name)
         for reason in ("stop", "length", "abort"):
             self.success.labels(model_name, reason)
         self._last_token_time: dict[str, float] = {}
         self._seen = (0, 0, 0)   # scheduler stats already counted: preemptions, hits, queries
+        self._seen_spec: tuple = (0, 0, 0, ())   # drafts, draft tokens, accepted, accepted per position
 
     def labels(self, metric, *values):
         """The child of `metric` for this model (and `values`), looked up once: prometheus_client's own lookup
@@ -88,6 +104,7 @@ class EngineMetrics:
             if new > old:
                 self.labels(counter).inc(new - old)
         self._seen = seen
+        self._observe_speculation(stats)
         self.labels(self.running).set(stats.num_running)
         self.labels(self.waiting).set(stats.num_waiting)
         self.labels(self.kv_usage).set(stats.kv_cache_usage)
@@ -96,8 +113,29 @@ class EngineMetrics:
             self.labels(self.vllm["waiting"]).set(stats.num_waiting)
             self.labels(self.vllm["kv_usage"]).set(stats.kv_cache_usage)
 
-    def observe_engine(self, block_size: int, num_blocks: int) -> None:
-        """The KV cache's settings, once the engine is up."""
+    def _observe_speculation(self, stats: EngineStats) -> None:
+        seen = (stats.spec_num_drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens,
+                stats.spec_accepted_per_position)
+        if seen == self._seen_spec:
+            return
+        families = [self.spec] + ([self.vllm_spec] if self.vllm is not None else [])
+        for name, new, old in zip(("drafts", "draft_tokens", "accepted"), seen, self._seen_spec):
+            if new > old:
+                for family in families:
+                    self.labels(family[name]).inc(new - old)
+        old_positions = self._seen_spec[3] or (0,) * len(seen[3])
+        for position, (new, old) in enumerate(zip(seen[3], old_positions)):
+            if new > old:
+                for family in families:
+                    self.labels(family["per_position"], str(position)).inc(new - old)
+        self._seen_spec = seen
+
+    def observe_engine(self, block_size: int, num_blocks: int, speculative_tokens: int = 0) -> None:
+        """The KV cache's settings, once the engine is up; the per-position acceptance series at 0."""
+        families = [self.spec] + ([self.vllm_spec] if self.vllm is not None else [])
+        for position in range(speculative_tokens):
+            for family in families:
+                self.labels(family["per_position"], str(position))
         if self.vllm is not None:
             self.labels(self.vllm["cache_config"], str(block_size), str(num_blocks)).set(1)
 
@@ -113,8 +151,10 @@ class EngineMetrics:
             if last is None:   # as the API side sees it: arrival here to the first token here
                 self.labels(self.ttft).observe(now - output.arrival_time)
                 self.labels(self.prompt_tokens).inc(len(output.prompt_token_ids))
-            else:
-                self.labels(self.itl).observe(now - last)
+            else:   # per token: a step that accepted drafts brings several, sharing the interval
+                count = len(output.new_token_ids)
+                for _ in range(count):
+                    self.labels(self.itl).observe((now - last) / count)
             self._last_token_time[request_id] = now
         if output.finished:
             self._last_token_time.pop(request_id, None)

@@ -3,14 +3,7 @@ import random
 
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
-
-
-def assert_no_leak(llm: LLM) -> None:
-    manager = llm.engine.block_manager
-    assert manager.num_free_blocks == manager.num_blocks
-    assert not any(manager.ref_counts)
-    assert not manager.rows
-    assert llm.engine.scheduler.num_unfinished == 0 and not llm.engine.requests
+from support.blocks import assert_no_leak
 
 
 def test_every_block_is_free_after_a_mixed_workload(llama_dir):

@@ -14,7 +14,7 @@ def make(llama_dir, num_blocks=64, block_size=4, **settings):
 
 def step(scheduler):
     batch = scheduler.schedule()
-    sampled = [7 if seq.num_computed_tokens + n == seq.num_tokens else None
+    sampled = [[7] if seq.num_computed_tokens + n == seq.num_tokens else []
                for seq, n in zip(batch.seqs, batch.num_new_tokens)]
     scheduler.postprocess(batch, sampled)
     return batch
