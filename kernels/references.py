@@ -77,10 +77,35 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
 
 
+def short_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                           scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
+    """A few query tokens per sequence (speculative verification: the last token and its drafts), all
+    sequences in one batched gather as in decode: queries padded to `max_seqlen_q`, the padding dropped."""
+    block_size = k_cache.shape[1]
+    tables = meta.block_tables[:, :-(-meta.max_seqlen_k // block_size)].long()
+    k = _read_cache(k_cache[tables].flatten(1, 2), q.dtype, k_scale)    # [B, L, KVH, D]
+    v = _read_cache(v_cache[tables].flatten(1, 2), q.dtype, v_scale)
+    starts = meta.cu_seqlens_q.long()
+    q_lens = (starts[1:] - starts[:-1]).unsqueeze(1)                   # [B, 1]
+    offsets = torch.arange(meta.max_seqlen_q, device=q.device).unsqueeze(0)
+    real = offsets < q_lens                                            # [B, Q]: not padding
+    rows = torch.where(real, starts[:-1].unsqueeze(1) + offsets, 0)
+    query_pos = meta.seq_lens.long().unsqueeze(1) - q_lens + offsets   # [B, Q]
+    key_pos = torch.arange(k.shape[1], device=q.device).view(1, 1, -1)
+    mask = _visible(query_pos.unsqueeze(-1), key_pos, sliding_window)
+    return _attend(q[rows], k, v, mask, scale)[real]
+
+
+SHORT_QUERIES = 8   # at most this many query tokens per sequence: one batched gather instead of a loop
+
+
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                      scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
                      v_scale: float = 1.0) -> torch.Tensor:
     """Variable-length query chunks with a causal offset (prefill, chunked prefill, prefix hits, decode)."""
+    if meta.max_seqlen_q <= SHORT_QUERIES:
+        return short_extend_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale, v_scale)
     out = torch.empty_like(q)
     starts = meta.cu_seqlens_q.tolist()
     for i, seq_len in enumerate(meta.seq_lens.tolist()):

@@ -48,6 +48,21 @@ def test_extend_reference_vs_sdpa(make_paged, num_heads, num_kv_heads, sliding_w
                                **TOL)
 
 
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("sliding_window", [None, 3])
+def test_short_queries_take_the_batched_path_and_match_sdpa(make_paged, num_heads, num_kv_heads, sliding_window):
+    """A speculative step's shape: one to five queries per sequence (a decode token, or one and its drafts)."""
+    seq_lens, q_lens = [5, 40, 1, 33, 17], [5, 2, 1, 4, 1]
+    q, k_cache, v_cache, meta, dense_k, dense_v = make_paged(seq_lens, q_lens, num_heads, num_kv_heads, 32, 16,
+                                                             torch.float32, "cpu", seed=5)
+    assert 1 < meta.max_seqlen_q <= references.SHORT_QUERIES and not meta.is_decode_only
+    want = _sdpa_reference(q, dense_k, dense_v, meta.cu_seqlens_q.tolist(), 0.2, sliding_window)
+    torch.testing.assert_close(references.short_extend_attention(q, k_cache, v_cache, meta, 0.2, sliding_window),
+                               want, **TOL)
+    torch.testing.assert_close(references.extend_attention(q, k_cache, v_cache, meta, 0.2, sliding_window), want,
+                               **TOL)
+
+
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 1), (10, 2)])
 @pytest.mark.parametrize("sliding_window", [None, 1, 20])
 def test_decode_reference_vs_sdpa(make_paged, num_heads, num_kv_heads, sliding_window):
