@@ -110,6 +110,19 @@ def test_tp2_sampling_with_a_seed_matches_tp1(model_dirs):
         [o.token_ids for o in single]
 
 
+def test_tp2_speculative_greedy_matches_tp1_plain_greedy(model_dirs):
+    """Drafts are verified by the sharded forward and accepted on rank 0: the tokens of plain TP=1 decoding."""
+    prompts = [[7, 8, 9, 10] * 6, list(range(0, 380, 3)), [5, 6] * 10 + [1]]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=TOP_N)
+    plain = tp_outputs(model_dirs["llama"], 1, prompts, params)
+    with LLM(str(model_dirs["llama"]), tensor_parallel_size=2, max_num_batched_tokens=64, num_kvcache_blocks=64,
+             speculative_method="ngram", speculative_ngram_min=1) as llm:
+        ours = llm.generate(prompts, params)
+        stats = llm.engine.scheduler.stats
+    assert_same_outputs(ours, plain)
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens   # drafts accepted and rejected
+
+
 def test_one_tensor_parallel_engine_per_process(llama_dir):
     with LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16):
         with pytest.raises(RuntimeError, match="one tensor-parallel engine per process"):
