@@ -5,7 +5,8 @@ when the files on disk differ from what the models produce.
 
 pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3.0 schema, so
 this module inlines ``$ref``, folds ``anyOf [X, null]`` into ``X``, turns ``int | str`` into
-``x-kubernetes-int-or-string``, rewrites numeric ``exclusiveMinimum`` into the v3.0 boolean form,
+``x-kubernetes-int-or-string``, rewrites numeric ``exclusiveMinimum`` into the v3.0 boolean form and
+``const`` into a one-value ``enum``,
 and drops what a structural schema forbids (titles, ``additionalProperties: false``, null defaults).
 """
 
@@ -65,6 +66,8 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
             return structural(out, defs)
         else:
             raise ValueError(f"cannot express anyOf {options} in a structural schema")
+    if "const" in out:   # a one-value Literal; OpenAPI v3.0 has no const
+        out["enum"] = [out.pop("const")]
     if isinstance(out.get("exclusiveMinimum"), (int, float)) and not isinstance(out["exclusiveMinimum"], bool):
         out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
     if out.get("x-kubernetes-preserve-unknown-fields"):

@@ -90,6 +90,32 @@ class EnvVar(_Model):
     value_from: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
 
 
+class Speculative(_Model):
+    """Speculative decoding: drafts proposed each step and verified by one forward of the model (docs/runtime.md)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid",
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            "(has(self.ngramMin) ? self.ngramMin : 2) <= (has(self.ngramMax) ? self.ngramMax : 4)",
+            "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax",
+        )]},
+    )
+
+    method: Literal["ngram"] = Field(
+        description="ngram: prompt lookup, no extra weights; proposes what followed the latest earlier occurrence "
+                    "of the context's last tokens. Greedy output is unchanged; sampled output keeps its "
+                    "distribution.")
+    num_tokens: int = Field(default=4, ge=1, le=16, description="Draft tokens per sequence and step, at most.")
+    ngram_min: int = Field(default=2, ge=1, le=16, description="Shortest suffix looked up.")
+    ngram_max: int = Field(default=4, ge=1, le=16, description="Longest suffix looked up.")
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> "Speculative":
+        if self.ngram_min > self.ngram_max:
+            raise ValueError("runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax")
+        return self
+
+
 class RuntimeSpec(_Model):
     image: str | None = Field(default=None, description="Runtime image; the operator's default when unset.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
@@ -105,6 +131,7 @@ class RuntimeSpec(_Model):
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
         default="auto", description="auto: the model's dtype; fp8_e4m3: 8-bit K/V, twice the tokens of a 16-bit "
                                     "cache in the same memory (docs/runtime.md: its precision).")
+    speculative: Speculative | None = Field(default=None, description="Off when unset.")
     drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
     startup_timeout_seconds: int = Field(
         default=1800, ge=60, le=86400,

@@ -70,6 +70,8 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"resources": {"gpus": 2}}, "resources.gpus must be 0 (run on CPU) or equal parallelism.tensor"),
     ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
     ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}}, "gpuMemoryUtilization applies to GPUs"),
+    ({"runtime": {"speculative": {"method": "ngram", "ngramMin": 5}}}, "ngramMin must not exceed"),
+    ({"runtime": {"speculative": {"method": "eagle"}}}, "supported values: \"ngram\""),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException

@@ -113,6 +113,15 @@ def test_runtime_fields_map_to_the_contract_flags() -> None:
     assert c["args"][-2:] == ["--seed", "7"]
 
 
+def test_speculative_decoding_maps_to_its_flags() -> None:
+    dep = build(runtime={"speculative": {"method": "ngram", "numTokens": 6, "ngramMax": 3}})
+    assert {k: flag(dep, k) for k in ("--speculative-method", "--speculative-tokens", "--speculative-ngram-min",
+                                      "--speculative-ngram-max")} == {
+        "--speculative-method": "ngram", "--speculative-tokens": "6", "--speculative-ngram-min": "2",
+        "--speculative-ngram-max": "3"}
+    assert "--speculative-method" not in container(build())["args"]
+
+
 def test_defaults_leave_optional_flags_out_and_name_the_model_after_the_owner() -> None:
     dep = build()
     args = container(dep)["args"]

@@ -116,6 +116,7 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "resources.gpus must be 0 (run on CPU)" in messages
     assert "resources.gpuProduct needs GPUs" in messages
     assert "runtime.gpuMemoryUtilization applies to GPUs" in messages
+    assert "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax" in messages
     for rule in _rules(_schema()):
         assert rule["rule"] and rule["message"]
 
@@ -141,6 +142,8 @@ BAD_SPECS = {
     "gpu product on cpu": ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
     "gpu memory on cpu": ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}},
                           "runtime.gpuMemoryUtilization applies to GPUs"),
+    "ngram range upside down": ({"runtime": {"speculative": {"method": "ngram", "ngramMin": 5}}},
+                                "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax"),
 }
 
 
