@@ -36,6 +36,9 @@ GENERATION_TOKENS = "kubeinfer_generation_tokens_total"
 PREFIX_HITS = "kubeinfer_prefix_cache_hits_total"
 PREFIX_QUERIES = "kubeinfer_prefix_cache_queries_total"
 PREEMPTIONS = "kubeinfer_num_preemptions_total"
+SPEC_DRAFT_TOKENS = "kubeinfer_spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "kubeinfer_spec_decode_num_accepted_tokens_total"
+SPEC_DRAFTS = "kubeinfer_spec_decode_num_drafts_total"
 SUCCESS = "kubeinfer_request_success_total"
 ERRORS = "kubeinfer_request_errors_total"
 
@@ -191,6 +194,11 @@ PANELS: list[Panel] = [
           "Share of prompt tokens served from cached KV blocks."),
     Panel("Preemptions per second", "short", [(_rate(PREEMPTIONS), "{{service}}")],
           "Sequences evicted for recompute when the KV cache runs out."),
+    Panel("Speculative decoding: acceptance", "short",
+          [(f"{_rate(SPEC_ACCEPTED)} / {_rate(SPEC_DRAFT_TOKENS)}", "accepted share of drafts {{service}}"),
+           (f"1 + {_rate(SPEC_ACCEPTED)} / {_rate(SPEC_DRAFTS)}", "tokens per verify step {{service}}")],
+          "With spec.runtime.speculative: the share of draft tokens the model accepted, and the tokens a sequence "
+          "gains per step where it verified drafts (1 = speculation gains nothing)."),
     Panel("Desired vs ready replicas", "short",
           [(f"sum by (inferenceservice) ({ISVC_SPEC_REPLICAS}{{{ISVC_SEL}}})", "desired {{inferenceservice}}"),
            (f"sum by (inferenceservice) ({ISVC_READY_REPLICAS}{{{ISVC_SEL}}})", "ready {{inferenceservice}}"),

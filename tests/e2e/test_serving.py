@@ -161,8 +161,9 @@ def test_spec_change_rolls_out_under_20_streams_with_none_cut(kube: Any, scene: 
     # Admitted, not all running: each pod runs 4 at a time (maxNumSeqs) and queues the rest.
     eventually(lambda: sum(held(p) for p in pods) == ROLLOUT_STREAMS, 60, "all 20 streams admitted", 0.1)
     started = time.monotonic()
-    kube.request("PATCH", isvc_path(scene.ns, NAME), body={"spec": {"runtime": {"maxNumSeqs": 6}}},
-                 content_type=MERGE)
+    # The new pods also speculate (prompt lookup): the next test checks what they serve.
+    kube.request("PATCH", isvc_path(scene.ns, NAME), body={"spec": {"runtime": {
+        "maxNumSeqs": 6, "speculative": {"method": "ngram", "ngramMin": 1}}}}, content_type=MERGE)
     draining = in_flight_after_sigterm(kube, scene, old, 180)
     results = pool.join(300)
     new = eventually(lambda: (r := ready_pods(kube, scene.ns, NAME)) and len(r) == 2
@@ -171,7 +172,25 @@ def test_spec_change_rolls_out_under_20_streams_with_none_cut(kube: Any, scene: 
     assert draining > 0, "no request was in flight on the old pod after its SIGTERM: the drain was not exercised"
     assert len(results) == ROLLOUT_STREAMS and pool.cut() == [], pool.cut()
     assert all("6" == c["args"][c["args"].index("--max-num-seqs") + 1] for p in new for c in p["spec"]["containers"])
+    assert all("--speculative-method" in c["args"] for p in new for c in p["spec"]["containers"])
     timings["rollout: requests held by a terminating pod after its SIGTERM (count)"] = draining
+
+
+def test_speculating_pods_serve_plain_greedy_text_through_the_service(kube: Any, scene: Scene) -> None:
+    """The pods rolled out above verify drafts; what they stream is the demo model's plain greedy text, as the
+    offline engine writes it on this machine (one CPU thread, as the pods' 250m gives them)."""
+    from kubeinfer.runtime.llm import LLM
+    from kubeinfer.runtime.sampling_params import SamplingParams
+    prompt, max_tokens = "pods pods pods serve serve serve pods pods pods serve", 48
+    [expected] = LLM("demo", max_model_len=2048, cpu_threads=1).generate(
+        prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    pods = ready_pods(kube, scene.ns, NAME)
+    accepted_before = sum(pod_counter(p, "kubeinfer_spec_decode_num_accepted_tokens_total") for p in pods)
+    for _ in range(2):   # kube-proxy picks a pod at random: likely both serve once
+        result = streams.stream_completion(api(kube, scene), NAME, prompt, max_tokens)
+        assert result.whole(max_tokens) and result.text == expected.text
+    accepted = sum(pod_counter(p, "kubeinfer_spec_decode_num_accepted_tokens_total") for p in pods)
+    assert accepted > accepted_before
 
 
 def test_deleted_pod_is_replaced(kube: Any, scene: Scene, timings: dict[str, float]) -> None:
