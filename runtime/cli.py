@@ -26,7 +26,9 @@ ENGINE_FLAGS = [
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
     ("kv_cache_dtype", str, "auto | fp8_e4m3 (8-bit K/V: twice the tokens of a 16-bit cache in the same memory)"),
-    ("speculative_method", str, "ngram: speculative decoding by prompt lookup (none: off)"),
+    ("speculative_method", str, "ngram: speculative decoding by prompt lookup; draft: by a small draft model "
+                                "(--speculative-model); none: off"),
+    ("speculative_model", str, "the draft model's folder (same tokenizer as the model), for speculative_method draft"),
     ("speculative_tokens", int, "tokens proposed per sequence and step, verified in one forward"),
     ("speculative_ngram_min", int, "shortest suffix of the context looked up earlier in it (ngram)"),
     ("speculative_ngram_max", int, "longest suffix of the context looked up earlier in it (ngram)"),

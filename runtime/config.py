@@ -15,7 +15,7 @@ from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtyp
 
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @dataclass
@@ -44,8 +44,10 @@ class EngineConfig:
     speculative_tokens: int = 4            # tokens proposed per sequence and step, verified in one forward
     speculative_ngram_min: int = 2         # shortest and longest suffix of the context looked up earlier in it
     speculative_ngram_max: int = 4
+    speculative_model: str | None = None   # the draft model's folder (speculative_method draft)
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
+    draft_model_config: ModelConfig | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self):
         from kubeinfer.runtime.demo import resolve_model_dir
@@ -84,6 +86,7 @@ class EngineConfig:
         _require(1 <= self.speculative_ngram_min <= self.speculative_ngram_max,
                  f"speculative_ngram_min and speculative_ngram_max must satisfy 1 <= min <= max, got "
                  f"{self.speculative_ngram_min} and {self.speculative_ngram_max}")
+        self._validate_draft_model()
         _require(self.load_format in LOAD_FORMATS,
                  f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
@@ -94,6 +97,29 @@ class EngineConfig:
         _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,
                  f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
         self._validate_tensor_parallel()
+
+    def _validate_draft_model(self) -> None:
+        """The draft model of `speculative_method draft`: there, readable, and speaking the target's vocabulary."""
+        self.speculative_model = self.speculative_model or None
+        if self.speculative_method != "draft":
+            _require(self.speculative_model is None,
+                     "speculative_model is only used with speculative_method draft")
+            return
+        _require(self.speculative_model is not None,
+                 "speculative_method draft needs speculative_model, the draft model's folder")
+        from kubeinfer.runtime.demo import resolve_model_dir
+        self.speculative_model = str(resolve_model_dir(self.speculative_model))
+        _check_model_dir(self.speculative_model)
+        draft = self.draft_model_config = ModelConfig.from_dir(self.speculative_model)
+        _require(draft.vocab_size == self.model_config.vocab_size,
+                 f"the draft model's vocabulary has {draft.vocab_size} tokens and the model's "
+                 f"{self.model_config.vocab_size}: a draft model must share the model's tokenizer")
+        _require(draft.max_position_embeddings >= self.max_model_len,
+                 f"the draft model reaches {draft.max_position_embeddings} positions, fewer than max_model_len "
+                 f"{self.max_model_len}; lower --max-model-len or pick another draft model")
+        _require(self.tensor_parallel_size == 1,
+                 "a draft model runs with tensor_parallel_size 1 only (use speculative_method ngram with "
+                 "tensor parallelism)")
 
     def resolve_device(self) -> None:
         """Turns device "auto" into cuda or cpu, and checks that a CUDA device asked for exists (imports torch)."""

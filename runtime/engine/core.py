@@ -59,6 +59,8 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        if self.model_runner.draft is not None:
+            self.model_runner.draft.propose(batch, self.block_manager)
         sampled, logprobs = self.model_runner.run(batch, self.block_manager)
         kept = self.scheduler.postprocess(batch, sampled)
         now = time.monotonic()

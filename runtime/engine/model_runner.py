@@ -15,6 +15,7 @@ from kubeinfer.runtime.context import ForwardContext, set_context
 from kubeinfer.runtime.cpu_threads import configure_torch_threads
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
+from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.engine.messages import TokenLogprobs
@@ -26,6 +27,23 @@ from kubeinfer.runtime.parallel import min_over_ranks, tp_size
 
 logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_GIB = 0.5
+
+
+def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.dtype, device: torch.device,
+                dummy_seed: int | None = None) -> torch.nn.Module:
+    """The model of `model_config` on `device`, its weights read from `model_dir` (or random, given a seed)."""
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = MODEL_CLASSES[model_config.architecture](model_config, max_model_len)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    if dummy_seed is not None:
+        init_dummy_weights(model, dummy_seed)
+    else:
+        load_weights(model, model_dir)
+    return model.eval()
 
 
 @dataclass
@@ -79,6 +97,12 @@ class ModelRunner:
         self.startup_phases: dict[str, float] = {}
         with self._phase("weights"):
             self._load_model(config)
+        self.draft: DraftModel | None = None
+        if config.speculative_method == "draft":
+            with self._phase("draft_weights"):
+                self.draft = DraftModel(build_model(config.draft_model_config, config.speculative_model,
+                                                    config.max_model_len, self.dtype, self.device),
+                                        config.draft_model_config, config.block_size, self.device)
         with self._phase("kv_cache"):
             self._allocate_kv_cache(config)
         self.sampler = Sampler(config.model_config.eos_token_ids)
@@ -101,18 +125,8 @@ class ModelRunner:
 
     def _load_model(self, config: EngineConfig) -> None:
         model_config = config.model_config
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with torch.device(self.device):
-                self.model = MODEL_CLASSES[model_config.architecture](model_config, config.max_model_len)
-        finally:
-            torch.set_default_dtype(default_dtype)
-        if config.load_format == "dummy":
-            init_dummy_weights(self.model, config.seed)
-        else:
-            load_weights(self.model, config.model)
-        self.model.eval()
+        self.model = build_model(model_config, config.model, config.max_model_len, self.dtype, self.device,
+                                 dummy_seed=config.seed if config.load_format == "dummy" else None)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
                     model_config.architecture, self.dtype, ", dummy weights" if config.load_format == "dummy" else "",
@@ -133,6 +147,8 @@ class ModelRunner:
             config.max_model_len = fits
         self.kv_cache = torch.zeros(2, model_config.num_layers, self.num_blocks, config.block_size,
                                     self.num_kv_heads, model_config.head_dim, dtype=self.kv_dtype, device=self.device)
+        if self.draft is not None:   # the same blocks, addressed by the same tables
+            self.draft.allocate_kv_cache(self.num_blocks, self.kv_dtype)
         attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         for layer, module in enumerate(attention_layers):
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
@@ -183,6 +199,8 @@ class ModelRunner:
         config, model_config = self.config, self.config.model_config
         block_bytes = (2 * model_config.num_layers * config.block_size * self.num_kv_heads
                        * model_config.head_dim * self.kv_dtype.itemsize)
+        if self.draft is not None:   # a block of the draft's pool comes with each block of ours
+            block_bytes += self.draft.block_bytes(self.kv_dtype)
         if config.num_kvcache_blocks is not None:
             return config.num_kvcache_blocks
         if config.kv_cache_memory_gib is not None:

@@ -119,12 +119,15 @@ class Scheduler:
                     self.max_model_len - seq.num_tokens)
         if limit < 1:
             return []
+        if self.speculative_method == "draft":   # slots reserved; the draft model fills them before the forward
+            return [-1] * limit
         return propose_ngram(seq.token_ids, limit, *self.ngram_range)
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.draft_token_ids = []
+        seq.num_draft_computed = 0
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.stats.num_preemptions += 1
@@ -150,6 +153,7 @@ class Scheduler:
                     break
             # Capped: when a token ended the sequence, the accepted drafts after it are not its tokens.
             seq.num_computed_tokens = min(seq.num_computed_tokens + num_new, seq.num_tokens)
+            seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(seq)
             if reason is not None:
                 self._finish(seq, reason, kept[-1] if kept[-1] in seq.params.stop_token_ids else None)

@@ -36,6 +36,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.generator = None          # torch.Generator when the request has a seed (made by the sampler)
         self.draft_token_ids: list[int] = []   # proposed for this step, verified by its forward (speculation)
+        self.num_draft_computed = 0            # tokens whose K/V are in the draft model's cache (draft method)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -1,6 +1,7 @@
-"""Speculative decoding by prompt lookup: greedy output is plain greedy output, token for token, on every
-architecture and through chunked prefill, prefix caching, preemption, aborts, stops and logprobs; seeded
-sampling stays reproducible and batch-independent; no KV block is lost."""
+"""Speculative decoding, by prompt lookup and by a draft model: greedy output is plain greedy output, token for
+token, on every architecture and through chunked prefill, prefix caching, preemption, aborts, stops and
+logprobs; seeded sampling stays reproducible and batch-independent; no KV block is lost."""
+import json
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
+from support.models import perturbed_copy
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 LOGPROB_ATOL = 1e-4
@@ -160,3 +162,52 @@ def test_a_seeded_request_gives_the_same_tokens_alone_or_in_any_batch(llama_dir)
     assert together[0].token_ids == alone[0].token_ids
     _, again = generate(llama_dir, [prompts[0]], seeded, **settings)
     assert again[0].token_ids == alone[0].token_ids
+
+
+# -- a draft model ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_a_draft_model_gives_plain_greedy_output(model_dirs, arch, tmp_path):
+    """The target with noisy weights drafts: it often agrees and sometimes not, so acceptance and rejection
+    both run; the output is the target's plain greedy output all the same."""
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, logprobs=3)
+    prompts = repetitive_prompts(7, LLM_VOCAB)
+    _, plain = generate(model_dirs[arch], prompts, params)
+    draft = perturbed_copy(model_dirs[arch], tmp_path / "draft", noise=0.5)
+    llm, ours = generate(model_dirs[arch], prompts, params, speculative_method="draft", speculative_model=str(draft))
+    assert_same(ours, plain)
+    stats = llm.engine.scheduler.stats
+    assert stats.num_accepted_tokens > 0
+    if arch not in TIED:   # a tied random model repeats its last token, which the draft always gets right
+        assert stats.num_accepted_tokens < stats.num_draft_tokens
+    assert_no_leak(llm)
+
+
+def test_the_model_drafting_for_itself_is_accepted_and_survives_preemption(llama_dir):
+    params = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    prompts = repetitive_prompts(8, LLM_VOCAB) * 2
+    _, plain = generate(llama_dir, prompts, params)
+    llm, ours = generate(llama_dir, prompts, params, speculative_method="draft", speculative_model=str(llama_dir),
+                         num_kvcache_blocks=40)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in plain]
+    stats = llm.engine.scheduler.stats
+    assert stats.num_preemptions > 0
+    assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens > 0   # its own argmax, but for rounding
+    assert_no_leak(llm)
+
+
+def test_draft_model_settings_are_checked_in_one_line(llama_dir, tmp_path):
+    with pytest.raises(ConfigError, match="needs speculative_model"):
+        EngineConfig(model=str(llama_dir), speculative_method="draft")
+    with pytest.raises(ConfigError, match="only used with speculative_method draft"):
+        EngineConfig(model=str(llama_dir), speculative_method="ngram", speculative_model=str(llama_dir))
+    with pytest.raises(ConfigError, match="does not exist"):
+        EngineConfig(model=str(llama_dir), speculative_method="draft", speculative_model=str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="tensor_parallel_size 1 only"):
+        EngineConfig(model=str(llama_dir), speculative_method="draft", speculative_model=str(llama_dir),
+                     tensor_parallel_size=2)
+    other_vocab = tmp_path / "other"
+    other_vocab.mkdir()
+    config = json.loads((llama_dir / "config.json").read_text())
+    (other_vocab / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    with pytest.raises(ConfigError, match="must share the model's tokenizer"):
+        EngineConfig(model=str(llama_dir), speculative_method="draft", speculative_model=str(other_vocab))

@@ -18,6 +18,7 @@ from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.layers.sampler import Sampler
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
+from support.models import perturbed_copy
 
 ALPHA = 1e-3
 VOCAB = 6
@@ -114,14 +115,16 @@ def exact_joint_of_second_and_third(model) -> torch.Tensor:
     return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
 
 
-def test_the_engine_samples_the_models_distribution_with_and_without_speculation(tiny_vocab_model):
+def test_the_engine_samples_the_models_distribution_with_and_without_speculation(tiny_vocab_model, tmp_path):
     path, model = tiny_vocab_model
     exact = exact_joint_of_second_and_third(model)
+    draft = perturbed_copy(path, tmp_path / "draft", noise=0.5)
     n = 3000
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=seed, ignore_eos=True) for seed in range(n)]
     counts = {}
-    for method in (None, "ngram"):
-        llm = LLM(str(path), speculative_method=method, speculative_ngram_min=1, block_size=4)
+    for method in (None, "ngram", "draft"):
+        llm = LLM(str(path), speculative_method=method, speculative_ngram_min=1, block_size=4,
+                  speculative_model=str(draft) if method == "draft" else None)
         outputs = llm.generate([PROMPT] * n, params)
         counts[method] = _pair_counts_of(outputs)
         if method:
@@ -130,6 +133,7 @@ def test_the_engine_samples_the_models_distribution_with_and_without_speculation
             assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert chi_square_p_value(counts[None], exact) > ALPHA        # the harness: plain sampling fits
     assert chi_square_p_value(counts["ngram"], exact) > ALPHA
+    assert chi_square_p_value(counts["draft"], exact) > ALPHA
     # Control: the model's tokens with the third one shifted by one do not fit.
     assert chi_square_p_value(counts["ngram"].roll(1, dims=1), exact) < ALPHA
 
