@@ -81,9 +81,12 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
     if rt.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", rt.kv_cache_dtype]
     if (spec_decode := rt.speculative) is not None:
-        args += ["--speculative-method", spec_decode.method, "--speculative-tokens", str(spec_decode.num_tokens),
-                 "--speculative-ngram-min", str(spec_decode.ngram_min),
-                 "--speculative-ngram-max", str(spec_decode.ngram_max)]
+        args += ["--speculative-method", spec_decode.method, "--speculative-tokens", str(spec_decode.num_tokens)]
+        if spec_decode.method == "ngram":
+            args += ["--speculative-ngram-min", str(spec_decode.ngram_min),
+                     "--speculative-ngram-max", str(spec_decode.ngram_max)]
+        else:
+            args += ["--speculative-model", spec_decode.draft_model_path]
     if (kv_gib := kv_cache_memory_gib(spec)) is not None:
         args += ["--kv-cache-memory-gib", str(kv_gib)]
     if spec.on_cpu:

@@ -90,29 +90,43 @@ class EnvVar(_Model):
     value_from: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
 
 
+NGRAM_RANGE = cel(
+    "(has(self.ngramMin) ? self.ngramMin : 2) <= (has(self.ngramMax) ? self.ngramMax : 4)",
+    "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax",
+)
+DRAFT_NEEDS_MODEL = cel(
+    "(self.method == 'draft') == has(self.draftModelPath)",
+    "runtime.speculative.draftModelPath is needed with method draft, and only there",
+)
+
+
 class Speculative(_Model):
     """Speculative decoding: drafts proposed each step and verified by one forward of the model (docs/runtime.md)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [cel(
-            "(has(self.ngramMin) ? self.ngramMin : 2) <= (has(self.ngramMax) ? self.ngramMax : 4)",
-            "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax",
-        )]},
+        json_schema_extra={"x-kubernetes-validations": [NGRAM_RANGE, DRAFT_NEEDS_MODEL]},
     )
 
-    method: Literal["ngram"] = Field(
+    method: Literal["ngram", "draft"] = Field(
         description="ngram: prompt lookup, no extra weights; proposes what followed the latest earlier occurrence "
-                    "of the context's last tokens. Greedy output is unchanged; sampled output keeps its "
+                    "of the context's last tokens. draft: a small model with the same tokenizer proposes "
+                    "(draftModelPath). Either way greedy output is unchanged and sampled output keeps its "
                     "distribution.")
     num_tokens: int = Field(default=4, ge=1, le=16, description="Draft tokens per sequence and step, at most.")
-    ngram_min: int = Field(default=2, ge=1, le=16, description="Shortest suffix looked up.")
-    ngram_max: int = Field(default=4, ge=1, le=16, description="Longest suffix looked up.")
+    ngram_min: int = Field(default=2, ge=1, le=16, description="Shortest suffix looked up (ngram).")
+    ngram_max: int = Field(default=4, ge=1, le=16, description="Longest suffix looked up (ngram).")
+    draft_model_path: str | None = Field(
+        default=None, max_length=4096, pattern=r"^/",
+        description="The draft model's folder inside the runtime container (method draft): baked into the image, "
+                    "or inside the model's volume (pvc://: under /models). Needs parallelism.tensor 1.")
 
     @model_validator(mode="after")
-    def _ngram_range(self) -> "Speculative":
+    def _consistent(self) -> "Speculative":
         if self.ngram_min > self.ngram_max:
-            raise ValueError("runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax")
+            raise ValueError(NGRAM_RANGE["message"])
+        if (self.method == "draft") != (self.draft_model_path is not None):
+            raise ValueError(DRAFT_NEEDS_MODEL["message"])
         return self
 
 
@@ -257,6 +271,12 @@ CPU_HAS_NO_GPU_MEMORY = cel(
     "runtime.gpuMemoryUtilization applies to GPUs; with resources.gpus 0 the KV cache is sized from "
     "resources.memory or runtime.kvCacheMemoryGib",
 )
+DRAFT_WITHOUT_TENSOR_PARALLELISM = cel(
+    "!has(self.runtime) || !has(self.runtime.speculative) || self.runtime.speculative.method != 'draft' || "
+    "!has(self.parallelism) || !has(self.parallelism.tensor) || self.parallelism.tensor == 1",
+    "runtime.speculative method draft runs with parallelism.tensor 1 only; use method ngram with tensor "
+    "parallelism",
+)
 REPLICAS_IN_BOUNDS = cel(
     "!has(self.autoscaling) || !has(self.replicas) || "
     "(self.replicas >= (has(self.autoscaling.minReplicas) ? self.autoscaling.minReplicas : 1) "
@@ -270,7 +290,8 @@ class InferenceServiceSpec(_Model):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid",
         json_schema_extra={"x-kubernetes-validations": [
-            REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY]},
+            REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
+            DRAFT_WITHOUT_TENSOR_PARALLELISM]},
     )
 
     model: ModelSource
@@ -304,6 +325,9 @@ class InferenceServiceSpec(_Model):
             raise ValueError(CPU_HAS_NO_GPU_PRODUCT["message"])
         if gpus == 0 and self.runtime.gpu_memory_utilization is not None:
             raise ValueError(CPU_HAS_NO_GPU_MEMORY["message"])
+        speculative = self.runtime.speculative
+        if speculative is not None and speculative.method == "draft" and self.parallelism.tensor != 1:
+            raise ValueError(DRAFT_WITHOUT_TENSOR_PARALLELISM["message"])
         return self
 
     @property

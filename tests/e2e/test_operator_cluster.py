@@ -71,7 +71,10 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
     ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}}, "gpuMemoryUtilization applies to GPUs"),
     ({"runtime": {"speculative": {"method": "ngram", "ngramMin": 5}}}, "ngramMin must not exceed"),
-    ({"runtime": {"speculative": {"method": "eagle"}}}, "supported values: \"ngram\""),
+    ({"runtime": {"speculative": {"method": "eagle"}}}, "supported values: \"ngram\", \"draft\""),
+    ({"runtime": {"speculative": {"method": "draft"}}}, "draftModelPath is needed with method draft"),
+    ({"parallelism": {"tensor": 2}, "runtime": {"speculative": {"method": "draft", "draftModelPath": "/m"}}},
+     "method draft runs with parallelism.tensor 1 only"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException

@@ -120,6 +120,9 @@ def test_speculative_decoding_maps_to_its_flags() -> None:
         "--speculative-method": "ngram", "--speculative-tokens": "6", "--speculative-ngram-min": "2",
         "--speculative-ngram-max": "3"}
     assert "--speculative-method" not in container(build())["args"]
+    draft = build(runtime={"speculative": {"method": "draft", "draftModelPath": "/models/draft"}})
+    assert (flag(draft, "--speculative-method"), flag(draft, "--speculative-model")) == ("draft", "/models/draft")
+    assert "--speculative-ngram-min" not in container(draft)["args"]
 
 
 def test_defaults_leave_optional_flags_out_and_name_the_model_after_the_owner() -> None:

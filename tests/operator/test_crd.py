@@ -117,6 +117,8 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "resources.gpuProduct needs GPUs" in messages
     assert "runtime.gpuMemoryUtilization applies to GPUs" in messages
     assert "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax" in messages
+    assert "draftModelPath is needed with method draft" in messages
+    assert "method draft runs with parallelism.tensor 1 only" in messages
     for rule in _rules(_schema()):
         assert rule["rule"] and rule["message"]
 
@@ -144,6 +146,12 @@ BAD_SPECS = {
                           "runtime.gpuMemoryUtilization applies to GPUs"),
     "ngram range upside down": ({"runtime": {"speculative": {"method": "ngram", "ngramMin": 5}}},
                                 "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax"),
+    "draft without its model": ({"runtime": {"speculative": {"method": "draft"}}},
+                                "runtime.speculative.draftModelPath is needed with method draft"),
+    "draft path with ngram": ({"runtime": {"speculative": {"method": "ngram", "draftModelPath": "/models/d"}}},
+                              "runtime.speculative.draftModelPath is needed with method draft"),
+    "draft with tensor parallelism": ({"parallelism": {"tensor": 2}, "runtime": {"speculative": {
+        "method": "draft", "draftModelPath": "/models/d"}}}, "method draft runs with parallelism.tensor 1 only"),
 }
 
 
