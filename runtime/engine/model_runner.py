@@ -1,5 +1,6 @@
 """Owns the device: builds the model and its KV pool, turns a scheduled batch into tensors, runs, samples."""
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, fields
@@ -157,10 +158,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
-        """One prefill and one decode forward before the first request, so that the kernels compile (or load
-        from Triton's cache) at start-up rather than inside someone's time to first token. Slots are -1:
-        nothing is written to the KV cache."""
-        for num_tokens in (min(16, self.config.max_model_len), 1):
+        """One prefill and one decode forward before the first request (of the draft model too), so that the
+        kernels compile (or load from Triton's cache) at start-up rather than inside someone's time to first
+        token. Slots are -1: nothing is written to the KV cache."""
+        models = [self.model] + ([self.draft.model] if self.draft is not None else [])
+        for model, num_tokens in itertools.product(models, (min(16, self.config.max_model_len), 1)):
             meta = AttentionMetadata(
                 cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
                 seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
@@ -169,11 +171,11 @@ class ModelRunner:
                 slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device))
             set_context(ForwardContext(meta))
             try:
-                hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
-                                    torch.arange(num_tokens, device=self.device))
+                hidden = model(torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
+                               torch.arange(num_tokens, device=self.device))
             finally:
                 set_context(None)
-            self.model.compute_logits(hidden[-1:])
+            model.compute_logits(hidden[-1:])
 
     def _graphs_wanted(self, config: EngineConfig) -> bool:
         if config.enforce_eager:

@@ -88,6 +88,22 @@ def test_cuda_graphs_give_the_eager_outputs(model_dirs, arch, dtype):
             assert abs(x.logprob - y.logprob) <= tolerance
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculation_on_cuda_gives_the_plain_greedy_tokens(model_dirs, method):
+    """fp32 on the Triton kernels: verify steps (extend attention with short queries), the draft model's own
+    forwards and its warm-up, beside plain decoding replayed from CUDA graphs."""
+    prompts = [p * 3 for p in PROMPTS]
+    _, plain = _generate(model_dirs["llama"], prompts, dtype="float32")
+    settings = {"speculative_method": method, "speculative_ngram_min": 1}
+    if method == "draft":
+        settings = {"speculative_method": method, "speculative_model": str(model_dirs["llama"])}
+    llm, ours = _generate(model_dirs["llama"], prompts, dtype="float32", **settings)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in plain]
+    assert llm.engine.scheduler.stats.num_accepted_tokens > 0
+
+
 def test_gpu_settings_from_flags_and_env(monkeypatch, llama_dir):
     """--enforce-eager / KUBEINFER_ENFORCE_EAGER, --cuda-graph-max-batch-size and --load-format reach the engine
     settings; bad values are refused with the setting's name."""
