@@ -157,7 +157,7 @@ async def test_a_router_of_someone_else_is_not_deleted(operator: Any, kapi: Any)
 @pytest.mark.parametrize("router_spec, name, message", [
     ({"cpu": "lots"}, NAME, "router.cpu 'lots' is not a Kubernetes quantity"),
     ({"memory": "0"}, NAME, "router.memory must be above zero"),
-    ({}, "m" * 57, f"the InferenceService's name may have at most 56 with spec.router"),
+    ({}, "m" * 57, "the InferenceService's name may have at most 56 with spec.router"),
 ])
 async def test_bad_router_spec_is_an_invalid_spec_condition(operator: Any, kapi: Any, router_spec: dict[str, Any],
                                                             name: str, message: str) -> None:
