@@ -11,8 +11,10 @@ deadline).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +33,9 @@ ROUTER_LABEL = "kubeinfer.dev/router"
 ENDPOINTS_ANNOTATION = "kubeinfer.dev/router-endpoints"
 SPEC = {"model": {"uri": "file:///opt/kubeinfer/models/demo"}, "runtime": {"imagePullPolicy": "IfNotPresent"},
         "resources": {"gpus": 0, "cpu": "250m", "memory": "2Gi"}}
-# The load: 4 shared system prompts x users, streams of up to 48 tokens, 8 at a time; one in three clients
+# The load: 4 shared system prompts x users, streams of up to 48 tokens, 12 at a time; one in three clients
 # leaves after its third chunk, and a few non-streamed requests are abandoned while the replica works on them.
-NUM_REQUESTS, CONCURRENCY, MAX_TOKENS, CANCEL_EVERY = 48, 8, 48, 3
+NUM_REQUESTS, CONCURRENCY, MAX_TOKENS, CANCEL_EVERY = 96, 12, 48, 3
 SYSTEM_PROMPTS = [f"System {i}: you are a careful assistant for team {i}. " * 4 for i in range(4)]
 
 
@@ -137,7 +139,7 @@ async def _one(client: httpx.AsyncClient, base: str, i: int, rng: random.Random)
         except httpx.TimeoutException:
             return {"kind": kind, "status": None}
         return {"kind": kind, "status": "answered before the timeout"}
-    chunks, finish, tokens = 0, None, None
+    chunks, finish, tokens, sent, first = 0, None, None, time.monotonic(), None
     async with client.stream("POST", base + "/completions", json={**body, "stream": True,
                                                                   "stream_options": {"include_usage": True}},
                              timeout=180) as response:
@@ -150,13 +152,14 @@ async def _one(client: httpx.AsyncClient, base: str, i: int, rng: random.Random)
             if "error" in data:
                 return {"kind": kind, "status": 200, "error": data["error"]}
             chunks += 1
+            first = first or time.monotonic() - sent
             for choice in data.get("choices") or ():
                 finish = choice.get("finish_reason") or finish
             if data.get("usage"):
                 tokens = data["usage"]["completion_tokens"]
             if kind == "cancel" and chunks == 3:
                 return {"kind": kind, "status": 200, "chunks": chunks}   # leaves: the stream is closed here
-    return {"kind": kind, "status": 200, "finish": finish, "tokens": tokens}
+    return {"kind": kind, "status": 200, "finish": finish, "tokens": tokens, "ttft": first}
 
 
 async def _load(base: str) -> list[dict[str, Any]]:
@@ -182,9 +185,26 @@ def test_load_through_the_router_with_cancelling_clients_leaves_nothing_on_the_r
     before = {url: metrics(url) for url in replicas}
     router_before = metrics(router_url)
 
+    peak_kv = {url: 0.0 for url in replicas}
+    done = threading.Event()
+
+    def sample_kv() -> None:   # the KV cache must really fill during the load, or "back to 0" shows nothing
+        while not done.wait(0.2):
+            for url in replicas:
+                with contextlib.suppress(httpx.HTTPError):
+                    peak_kv[url] = max(peak_kv[url], total(metrics(url), "kubeinfer_kv_cache_usage_ratio"))
+    sampler = threading.Thread(target=sample_kv, daemon=True)
+    sampler.start()
     started = time.monotonic()
-    results = asyncio.run(_load(service_url(kube, ns, "routed-router")))
-    timings["router load: 48 requests, 8 at a time, 1 in 3 streams cancelled (s)"] = time.monotonic() - started
+    try:
+        results = asyncio.run(_load(service_url(kube, ns, "routed-router")))
+    finally:
+        done.set()
+        sampler.join(10)
+    seconds = time.monotonic() - started
+    timings[f"router load: {NUM_REQUESTS} requests, {CONCURRENCY} at a time, 1 in {CANCEL_EVERY} streams "
+            f"cancelled (s)"] = seconds
+    assert all(peak_kv.values()), peak_kv
 
     failed = [r for r in results if r["status"] not in (200, None) and r["kind"] != "abandon"]
     assert not failed, failed   # no 5xx (nor 4xx): the load is under every cap
@@ -218,9 +238,15 @@ def test_load_through_the_router_with_cancelling_clients_leaves_nothing_on_the_r
     assert 0 < aborted <= left, (aborted, left)
     assert all(served.values()), served   # both replicas took part
     picks = {k: v - router_before.get(k, 0) for k, v in router_after.items() if k.startswith("kubeinfer_router_picks_total")}
+    ttfts = sorted(r["ttft"] for r in whole)
+    generated = sum(total(after[u], "kubeinfer_generation_tokens_total") - total(before[u], "kubeinfer_generation_tokens_total")
+                    for u in replicas)
     print(f"\nrouter load: {len(whole)} whole streams, {left} left by their clients, {aborted:g} aborted on the "
-          f"replicas, per replica {served}, picks {picks}")
+          f"replicas, per replica {served}, peak KV use {peak_kv}, picks {picks}")
     timings["router load: requests aborted on the replicas after their client left"] = aborted
+    timings["router load: TTFT P50 of the whole streams (s)"] = ttfts[len(ttfts) // 2]
+    timings["router load: TTFT P95 of the whole streams (s)"] = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]
+    timings["router load: tokens generated per second (replicas' counters)"] = generated / seconds
 
 
 def test_a_request_at_the_operators_router_scales_from_zero_without_router_metrics_url(
