@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 import urllib3
 
-from kubeinfer.operator import autoscaler, builders, router
+from kubeinfer.operator import autoscaler, builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
@@ -85,8 +85,8 @@ def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any
     if owner and namespace:
         try:
             reconcile_named(memo["ctx"], namespace, owner)
-        except kopf.PermanentError:
-            pass  # a bad spec is already reported in the owner's status
+        except (kopf.PermanentError, inference_pool.PoolUnavailable):
+            pass  # a bad spec is already reported in the owner's status; a missing CRD by its own handler
 
 
 def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:

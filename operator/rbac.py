@@ -26,6 +26,9 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
      "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": ["get", "create", "patch"]},
+    # spec.inferencePool (Gateway API Inference Extension); delete: the field removed.
+    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+     "verbs": ["get", "create", "patch", "delete"]},
     # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only the
     # annotation of router pods that lists the ready replicas (operator.router).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},

@@ -16,7 +16,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator import builders, router, status
+from kubeinfer.operator import builders, inference_pool, router, status
 from kubeinfer.operator.apply import ensure
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, resource_path
@@ -69,6 +69,7 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
     owner = builders.Owner.from_body(body)
     generation = body["metadata"].get("generation")
     spec = None
+    pool_unavailable = False
     try:
         spec = parse_spec(body.get("spec") or {})
         errors = semantic_errors(spec, owner.name)
@@ -83,6 +84,12 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
                 ensure(ctx.kube, child)
             if not spec.router_enabled:
                 router.remove(ctx.kube, owner)
+            if spec.inference_pool is None:
+                inference_pool.remove(ctx.kube, owner)
+            elif inference_pool.served(ctx.kube):
+                ensure(ctx.kube, inference_pool.inference_pool(spec, owner))
+            else:
+                pool_unavailable = True
         deployment = ctx.kube.get(resource_path("apps/v1", "Deployment", owner.namespace, owner.name))
         pods = _own_pods(ctx.kube, owner) if deployment is not None else []
         routed = spec is not None and not errors and spec.router_enabled
@@ -109,6 +116,8 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
 
     if errors:
         raise kopf.PermanentError("invalid spec: " + "; ".join(errors))
+    if pool_unavailable:
+        raise inference_pool.PoolUnavailable()
 
 
 def reconcile_named(ctx: Context, namespace: str, name: str) -> None:

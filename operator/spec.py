@@ -212,6 +212,18 @@ class RouterSpec(_Model):
                               description="Memory request and limit of a router pod.")
 
 
+class InferencePoolSpec(_Model):
+    """An InferencePool (Gateway API Inference Extension, inference.networking.k8s.io/v1) selecting the replicas,
+    for a gateway and endpoint picker (EPP) the user already runs, e.g. llm-d's."""
+
+    endpoint_picker: str = Field(
+        min_length=1, max_length=253,
+        description="Name of the endpoint picker's Service, in the same namespace (endpointPickerRef.name).")
+    endpoint_picker_port: int = Field(default=9002, ge=1, le=65535, description="Its port (endpointPickerRef.port).")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose", description="What the gateway does when the picker does not answer.")
+
+
 class Toleration(_Model):
     key: str | None = None
     operator: Literal["Exists", "Equal"] | None = None
@@ -281,6 +293,9 @@ class InferenceServiceSpec(_Model):
     router: RouterSpec | None = Field(
         default=None, description="A cache-aware router in front of the replicas, which also holds requests while "
                                   "none is up (scale from zero); clients call the Service NAME-router.")
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None, description="Also make an InferencePool NAME of the replicas for a Gateway API Inference "
+                                  "Extension gateway (when its CRD is served).")
     scheduling: Scheduling = Field(default_factory=Scheduling)
     rollout: Rollout = Field(default_factory=Rollout)
     api_key_secret_ref: SecretKeyRef | None = Field(

@@ -1,15 +1,17 @@
 """The operator deploying `spec.router` against kmock: the router's Deployment and Service, the ready replicas
 written into the router pods' annotation, the router turned off, bad router specs, the autoscaler reading the
-router pods' waiting requests, and RBAC. The same on a real cluster: tests/e2e/test_router_cluster.py.
+router pods' waiting requests, and RBAC; and `spec.inferencePool`. The same on a real cluster: tests/e2e/test_router_cluster.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kmock as kmock_lib
 import pytest
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -222,6 +224,8 @@ def _verb(r: Any) -> str:
 
 
 async def test_every_request_of_the_router_lifecycle_is_allowed_by_rbac(operator: Any, kapi: Any) -> None:
+    operator.resources["inference.networking.k8s.io/v1/inferencepools"] = kmock_lib.ResourceInfo(
+        kind="InferencePool", namespaced=True, verbs={"get", "list", "create", "patch", "delete"})
     await kapi.create(isvc_path(NAMESPACE), manifest(router={}))
     await kapi.eventually(ROUTER_DEPLOYMENT, lambda d: True)
     await kapi.create(PODS, replica_pod(0, ready=True, ip="10.0.0.1"))
@@ -229,6 +233,14 @@ async def test_every_request_of_the_router_lifecycle_is_allowed_by_rbac(operator
     await kapi.eventually(f"{PODS}/{NAME}-router-0", lambda p: endpoints_of(p) == ["http://10.0.0.1:8000"])
     await kapi.patch(ISVC, {"spec": {"router": {"enabled": False}}})
     await kapi.eventually(ISVC, lambda o: o["status"].get("endpoint") == "http://qwen.default.svc/v1")
+    await settle(operator)
+    await kapi.patch(ISVC, {"spec": {"inferencePool": {"endpointPicker": "epp"}}})
+    await kapi.eventually(POOL, lambda p: True)
+    await kapi.patch(ISVC, {"spec": {"inferencePool": None}})
+    deadline = asyncio.get_running_loop().time() + 5
+    while await kapi.get(POOL) is not None:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
     await settle(operator)
     checked = set()
     for r in operator_requests(operator):
@@ -239,4 +251,45 @@ async def test_every_request_of_the_router_lifecycle_is_allowed_by_rbac(operator
         assert any(key[0] in rule["apiGroups"] and key[1] in rule["resources"] and key[2] in rule["verbs"]
                    for rule in RULES), f"RBAC does not allow {key}"
         checked.add(key)
-    assert {("", "pods", "patch"), ("apps", "deployments", "delete"), ("", "services", "delete")} <= checked
+    assert {("", "pods", "patch"), ("apps", "deployments", "delete"), ("", "services", "delete"),
+            ("inference.networking.k8s.io", "inferencepools", "create"),
+            ("inference.networking.k8s.io", "inferencepools", "delete")} <= checked
+
+
+POOL = f"/apis/inference.networking.k8s.io/v1/namespaces/{NAMESPACE}/inferencepools/{NAME}"
+
+
+async def test_inference_pool_is_made_when_its_crd_is_served_and_deleted_when_removed(cluster: Any, kapi: Any) -> None:
+    cluster.resources["inference.networking.k8s.io/v1/inferencepools"] = kmock_lib.ResourceInfo(
+        kind="InferencePool", namespaced=True, verbs={"get", "list", "create", "patch", "delete"})
+    async with running_operator(cluster):
+        await kapi.create(isvc_path(NAMESPACE), manifest(inferencePool={"endpointPicker": "llm-d-epp"}))
+        pool = await kapi.eventually(POOL, lambda p: True)
+        assert pool["spec"] == {"selector": {"matchLabels": {INSTANCE_LABEL: NAME}}, "targetPorts": [{"number": 8000}],
+                                "endpointPickerRef": {"group": "", "kind": "Service", "name": "llm-d-epp",
+                                                      "port": {"number": 9002}, "failureMode": "FailClose"}}
+        assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
+        deployment = await kapi.get(child_path("Deployment", NAMESPACE, NAME))
+        assert pool["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        await kapi.patch(ISVC, {"metadata": {"generation": 2}, "spec": {"inferencePool": None}})
+        deadline = asyncio.get_running_loop().time() + 5
+        while await kapi.get(POOL) is not None:
+            assert asyncio.get_running_loop().time() < deadline, "the InferencePool was not deleted"
+            await asyncio.sleep(0.05)
+
+
+async def test_inference_pool_without_its_crd_reconciles_the_rest_and_says_what_to_install(
+        operator: Any, kapi: Any, caplog: pytest.LogCaptureFixture) -> None:
+    await kapi.create(isvc_path(NAMESPACE), manifest(inferencePool={"endpointPicker": "llm-d-epp"}))
+    await kapi.eventually(child_path("Deployment", NAMESPACE, NAME), lambda d: True)
+    await kapi.eventually(ISVC, lambda o: (o.get("status") or {}).get("endpoint"))
+
+    def said() -> list[logging.LogRecord]:   # kopf's error line, which `kubeinfer operator` also posts as an Event
+        return [r for r in caplog.records if r.levelno >= logging.ERROR and "Gateway API Inference Extension" in
+                r.getMessage() and "inferencepools.inference.networking.k8s.io" in r.getMessage()]
+    deadline = asyncio.get_running_loop().time() + 5
+    while not said():
+        assert asyncio.get_running_loop().time() < deadline, "nothing says the CRD is missing"
+        await asyncio.sleep(0.05)
+    assert "failed temporarily" in said()[0].getMessage()   # retried: the pool is made once the CRD is there
+    assert not [r for r in operator_requests(operator) if "inferencepools" in str(r.url) and r.method.value != "GET"]
