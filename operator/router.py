@@ -91,7 +91,6 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
         "command": ["kubeinfer", "router"],
         "args": router_args(spec, owner),
         "ports": [{"name": pod.PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": {"requests": {"cpu": str(r.cpu), "memory": str(r.memory)}, "limits": {"memory": str(r.memory)}},
         # Ready once it has read the list of replicas (an empty list too: it then holds requests).
         "readinessProbe": {**http("/ready"), "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
