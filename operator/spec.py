@@ -195,7 +195,8 @@ class RouterSpec(_Model):
     enabled: bool = Field(default=True, description="Deploy the router (true when spec.router is given).")
     replicas: int = Field(default=1, ge=1, le=64, description="Router pods (each keeps its own prefix index).")
     policy: Literal["prefix", "least-load", "round-robin"] = "prefix"
-    prefix_weight: float = Field(default=1.0, ge=0, description="Score per share of the prompt's prefix a replica holds.")
+    prefix_weight: float = Field(default=1.0, ge=0,
+                                 description="Score per share of the prompt's prefix a replica holds.")
     load_weight: float = Field(default=0.5, ge=0, description="Score taken per share of the busiest replica's load.")
     kv_weight: float = Field(default=0.25, ge=0, description="Score taken per share of a replica's KV cache in use.")
     footprint_weight: float = Field(default=0.25, ge=0,

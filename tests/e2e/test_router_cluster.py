@@ -224,23 +224,24 @@ def test_load_through_the_router_with_cancelling_clients_leaves_nothing_on_the_r
     after = {url: metrics(url) for url in replicas}
     router_after = metrics(router_url)
     assert total(router_after, "kubeinfer_router_requests_in_flight") == 0
-    assert total(router_after, "kubeinfer_router_refused_total") == total(router_before, "kubeinfer_router_refused_total")
-    aborted = sum(total(after[u], "kubeinfer_request_success_total", finished_reason="abort") -
-                  total(before[u], "kubeinfer_request_success_total", finished_reason="abort") for u in replicas)
-    finished = sum(total(after[u], "kubeinfer_request_success_total") - total(before[u], "kubeinfer_request_success_total")
-                   for u in replicas)
-    served = {u: total(after[u], "kubeinfer_request_success_total") - total(before[u], "kubeinfer_request_success_total")
-              for u in replicas}
+    refused = "kubeinfer_router_refused_total"
+    assert total(router_after, refused) == total(router_before, refused)
+
+    def rise(name: str, **labels: str) -> dict[str, float]:
+        return {u: total(after[u], name, **labels) - total(before[u], name, **labels) for u in replicas}
+    aborted = sum(rise("kubeinfer_request_success_total", finished_reason="abort").values())
+    served = rise("kubeinfer_request_success_total")
+    finished = sum(served.values())
     left = len([r for r in results if r["kind"] != "whole"])
     # Every request reached a replica and ended there, and the ones the clients left were aborted (a request
     # that finished its 48 tokens just before its client left counts as finished instead).
     assert finished == NUM_REQUESTS, (finished, served)
     assert 0 < aborted <= left, (aborted, left)
     assert all(served.values()), served   # both replicas took part
-    picks = {k: v - router_before.get(k, 0) for k, v in router_after.items() if k.startswith("kubeinfer_router_picks_total")}
+    picks = {k: v - router_before.get(k, 0) for k, v in router_after.items()
+             if k.startswith("kubeinfer_router_picks_total")}
     ttfts = sorted(r["ttft"] for r in whole)
-    generated = sum(total(after[u], "kubeinfer_generation_tokens_total") - total(before[u], "kubeinfer_generation_tokens_total")
-                    for u in replicas)
+    generated = sum(rise("kubeinfer_generation_tokens_total").values())
     print(f"\nrouter load: {len(whole)} whole streams, {left} left by their clients, {aborted:g} aborted on the "
           f"replicas, per replica {served}, peak KV use {peak_kv}, picks {picks}")
     timings["router load: requests aborted on the replicas after their client left"] = aborted

@@ -1,6 +1,7 @@
 """The operator deploying `spec.router` against kmock: the router's Deployment and Service, the ready replicas
 written into the router pods' annotation, the router turned off, bad router specs, the autoscaler reading the
-router pods' waiting requests, and RBAC; and `spec.inferencePool`. The same on a real cluster: tests/e2e/test_router_cluster.py.
+router pods' waiting requests, and RBAC; and `spec.inferencePool`. The same on a real cluster:
+tests/e2e/test_router_cluster.py and tests/e2e/test_operator_cluster.py.
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ async def test_ready_replicas_are_written_to_every_router_pod_and_a_resync_write
     pod0 = await kapi.eventually(f"{PODS}/{NAME}-router-0", lambda p: endpoints_of(p) == ["http://10.0.0.1:8000"])
     writes = [r for r in write_requests(operator) if r.resource is not None and r.resource.plural == "pods"
               and r.headers.get("User-Agent") != TEST_USER_AGENT]
-    assert writes and all(r.data == {"metadata": {"annotations": {router.ENDPOINTS_ANNOTATION: '["http://10.0.0.1:8000"]'}}}
-                          and r.headers["Content-Type"] == "application/merge-patch+json" for r in writes), writes
+    one = {"metadata": {"annotations": {router.ENDPOINTS_ANNOTATION: '["http://10.0.0.1:8000"]'}}}
+    assert writes and all(r.data == one and r.headers["Content-Type"] == "application/merge-patch+json"
+                          for r in writes), writes
     # A second replica turns Ready; a second router pod appears: both pods get both replicas.
     await kapi.patch(f"{PODS}/{NAME}-1", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     await kapi.create(PODS, router_pod(1, ip="10.0.1.1"))
