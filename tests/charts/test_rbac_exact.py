@@ -97,7 +97,7 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
                               lambda p: (p["metadata"].get("annotations") or {}).get("kubeinfer.dev/router-endpoints"))
         await kapi.patch(harness.isvc_path(NS, "b"), {"spec": {"router": {"enabled": False}, "inferencePool": None}})
         await kapi.eventually(harness.isvc_path(NS, "b"),
-                              lambda o: o["status"].get("endpoint") == "http://b.default.svc/v1")
+                              lambda o: (o.get("status") or {}).get("endpoint") == "http://b.default.svc/v1")
         for path in (pool, harness.child_path("Deployment", NS, "b-router")):
             deadline = asyncio.get_running_loop().time() + 5
             while await kapi.get(path) is not None:
