@@ -39,7 +39,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator import builders, pod as pod_builder, status as status_mod
+from kubeinfer.operator import builders, pod as pod_builder, router, status as status_mod
 from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
 from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
@@ -222,7 +222,18 @@ class Autoscaler:
         signals = await self._pod_signals(spec, body, pods)
         if url := spec.autoscaling.router_metrics_url:
             signals = with_router_queue(signals, await router_queue(self.router_client, url), len(pods))
+        elif spec.router_enabled:
+            signals = with_router_queue(signals, await self._router_pods_queue(body), len(pods))
         return signals
+
+    async def _router_pods_queue(self, body: dict[str, Any]) -> float | None:
+        """Requests waiting at the operator's router pods, summed (each holds its own); read directly from the
+        Ready ones' /metrics at every pass, like `routerMetricsUrl`. None when no router pod answers."""
+        pods = await asyncio.to_thread(router.router_pods, self.ctx.kube, builders.Owner.from_body(body))
+        urls = [f"http://{p['status']['podIP']}:{router.PORT}/metrics" for p in live_pods(pods)
+                if _is_ready(p) and (p.get("status") or {}).get("podIP")]
+        found = [w for w in await asyncio.gather(*(router_queue(self.router_client, u) for u in urls)) if w is not None]
+        return sum(found) if found else None
 
     async def _pod_signals(self, spec: InferenceServiceSpec, body: dict[str, Any],
                            pods: list[dict[str, Any]]) -> Signals:

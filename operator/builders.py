@@ -98,12 +98,13 @@ def content_hash(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(stripped, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _finish(api_version: str, kind: str, owner: Owner, body: dict[str, Any]) -> dict[str, Any]:
+def _finish(api_version: str, kind: str, owner: Owner, body: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """`body` as a complete child: named `name` (default: the owner's), labelled, owned, hashed."""
     obj = {
         "apiVersion": api_version,
         "kind": kind,
         "metadata": {
-            "name": owner.name,
+            "name": name or owner.name,
             "namespace": owner.namespace,
             "labels": common_labels(owner),
             "annotations": {},

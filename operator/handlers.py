@@ -4,7 +4,8 @@
 - login: kopf connects with the same credentials as the applier.
 - InferenceService create/update/resume: a reconcile pass.
 - events of owned Deployments, Services, PDBs and pods: a reconcile pass of the owner, which repairs
-  hand edits and deletions and refreshes status (pods failing to pull, crash, or be scheduled).
+  hand edits and deletions and refreshes status (pods failing to pull, crash, or be scheduled), and tells
+  the router pods which replicas are ready.
 
 - autoscaler: one kopf daemon per InferenceService with `spec.autoscaling` (a timer whose interval is
   the operator setting `autoscale_interval_seconds`), running `autoscaler.run`.
@@ -23,7 +24,7 @@ from typing import Any
 import kopf
 import urllib3
 
-from kubeinfer.operator import autoscaler, builders
+from kubeinfer.operator import autoscaler, builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
@@ -80,12 +81,12 @@ def reconcile_service(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED_LABELS)
 @kopf.on.event("", "v1", "pods", labels=OWNED_LABELS)
 def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    owner = labels.get(builders.INSTANCE_LABEL)
+    owner = labels.get(builders.INSTANCE_LABEL) or labels.get(router.ROUTER_LABEL)   # a replica's, or a router's pod
     if owner and namespace:
         try:
             reconcile_named(memo["ctx"], namespace, owner)
-        except kopf.PermanentError:
-            pass  # a bad spec is already reported in the owner's status
+        except (kopf.PermanentError, inference_pool.PoolUnavailable):
+            pass  # a bad spec is already reported in the owner's status; a missing CRD by its own handler
 
 
 def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:

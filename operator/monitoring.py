@@ -41,6 +41,10 @@ SPEC_ACCEPTED = "kubeinfer_spec_decode_num_accepted_tokens_total"
 SPEC_DRAFTS = "kubeinfer_spec_decode_num_drafts_total"
 SUCCESS = "kubeinfer_request_success_total"
 ERRORS = "kubeinfer_request_errors_total"
+ROUTER_QUEUE = "kubeinfer_router_queue_requests"
+ROUTER_PICKS = "kubeinfer_router_picks_total"
+ROUTER_UPSTREAM_ERRORS = "kubeinfer_router_upstream_errors_total"
+ROUTER_ADDED = "kubeinfer_router_added_latency_seconds"
 
 # kube-state-metrics series (custom-resource state for ours; built-in for Deployments).
 KSM_PREFIX = "kubeinfer"
@@ -156,6 +160,7 @@ def rule_groups(values: dict[str, Any], runbook_base_url: str) -> list[dict[str,
 
 SEL = 'namespace=~"$namespace", service=~"$service", model_name=~"$model"'
 ISVC_SEL = 'namespace=~"$namespace", inferenceservice=~"$service"'
+ROUTER_SEL = 'namespace=~"$namespace", service=~"($service)-router"'
 RATE = "$__rate_interval"
 
 
@@ -174,6 +179,10 @@ def _dq(q: float, metric: str) -> str:
 
 def _rate(metric: str, by: str = "service", extra: str = "") -> str:
     return f"sum by ({by}) (rate({metric}{{{SEL}{extra}}}[{RATE}]))"
+
+
+def _router_rate(metric: str, by: str) -> str:
+    return f"sum by ({by}) (rate({metric}{{{ROUTER_SEL}}}[{RATE}]))"
 
 
 PANELS: list[Panel] = [
@@ -206,6 +215,19 @@ PANELS: list[Panel] = [
           "From kube-state-metrics' custom-resource state (see the chart's kube-state-metrics config)."),
     Panel("Errors by status code", "reqps", [(_rate(ERRORS, "status_code"), "{{status_code}}")]),
     Panel("Finished requests by reason", "reqps", [(_rate(SUCCESS, "finished_reason"), "{{finished_reason}}")]),
+    # The router of an InferenceService (spec.router): its Service is NAME-router, its series carry no model_name.
+    Panel("Router: requests waiting for a replica", "short",
+          [(f"sum by (service) ({ROUTER_QUEUE}{{{ROUTER_SEL}}})", "{{service}}")],
+          "Held while no replica is ready (scale from zero, all restarting); the autoscaler counts them as queued."),
+    Panel("Router: picks by reason", "reqps", [(_router_rate(ROUTER_PICKS, "reason"), "{{reason}}")],
+          "prefix: the pick holds part of the prompt's prefix; bounded: a replica with more of it was over the "
+          "load bound; load: no replica held any of it."),
+    Panel("Router: upstream errors", "reqps", [(_router_rate(ROUTER_UPSTREAM_ERRORS, "kind"), "{{kind}}")],
+          "connect and draining are retried on another replica; disconnect cut a request on its replica."),
+    Panel("Router: added latency", "s",
+          [(f"histogram_quantile({q}, sum by (service, le) (rate({ROUTER_ADDED}_bucket{{{ROUTER_SEL}}}[{RATE}])))",
+            f"P{round(q * 100)} {{{{service}}}}") for q in (0.5, 0.95)],
+          "Router time before a request leaves for a replica (parse, hash, pick)."),
 ]
 
 

@@ -1,7 +1,8 @@
 """The operator's least-privilege RBAC rules, kept in this one place.
 
 Print them as a ClusterRole with ``python -m kubeinfer.operator.rbac`` (the Helm chart renders the same).
-Every verb below is used by the code; nothing deletes, because children go away by garbage collection.
+Every verb below is used by the code. Children go away by garbage collection; the one deletion is of a router
+that `spec.router` no longer asks for (its Deployment and Service).
 """
 
 from __future__ import annotations
@@ -18,13 +19,19 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
     # Children: read to compare, server-side apply (patch), create where a server does not create on apply.
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # Delete: a router turned off.
+    {"apiGroups": ["apps"], "resources": ["deployments"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
      "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": ["get", "create", "patch"]},
-    # Pods: read only, to explain failures (image pulls, crash loops, unschedulable) in status.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    # spec.inferencePool (Gateway API Inference Extension); delete: the field removed.
+    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+     "verbs": ["get", "create", "patch", "delete"]},
+    # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only the
+    # annotation of router pods that lists the ready replicas (operator.router).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     # kopf: warning/error Events, peering (two copies never act at once), discovery of namespaces and CRDs.
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],

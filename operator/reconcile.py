@@ -16,7 +16,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator import builders, status
+from kubeinfer.operator import builders, inference_pool, router, status
 from kubeinfer.operator.apply import ensure
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, resource_path
@@ -69,9 +69,10 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
     owner = builders.Owner.from_body(body)
     generation = body["metadata"].get("generation")
     spec = None
+    pool_unavailable = False
     try:
         spec = parse_spec(body.get("spec") or {})
-        errors = semantic_errors(spec)
+        errors = semantic_errors(spec, owner.name)
     except ValidationError as e:
         errors = _validation_messages(e)
 
@@ -79,12 +80,25 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         if spec is not None and not errors:
             for child in builders.children(spec, owner, ctx.config, with_service_monitor=ctx.with_service_monitor):
                 ensure(ctx.kube, child)
+            for child in router.children(spec, owner, ctx.config):
+                ensure(ctx.kube, child)
+            if not spec.router_enabled:
+                router.remove(ctx.kube, owner)
+            if spec.inference_pool is None:
+                inference_pool.remove(ctx.kube, owner)
+            elif inference_pool.served(ctx.kube):
+                ensure(ctx.kube, inference_pool.inference_pool(spec, owner))
+            else:
+                pool_unavailable = True
         deployment = ctx.kube.get(resource_path("apps/v1", "Deployment", owner.namespace, owner.name))
         pods = _own_pods(ctx.kube, owner) if deployment is not None else []
+        routed = spec is not None and not errors and spec.router_enabled
+        if routed:
+            router.sync_endpoints(ctx.kube, owner, pods)
         current = body.get("status") or {}
         observed = status.compute_status(
-            desired=spec.desired_replicas if spec is not None else 0,
-            selector=builders.selector_string(owner), endpoint=builders.endpoint(owner),
+            desired=spec.desired_replicas if spec is not None else 0, selector=builders.selector_string(owner),
+            endpoint=router.endpoint(owner) if routed else builders.endpoint(owner),
             generation=generation, deployment=deployment, pods=pods, spec_errors=errors,
             current=current, now=_now())
         patch = status.status_patch(current, observed)
@@ -102,6 +116,8 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
 
     if errors:
         raise kopf.PermanentError("invalid spec: " + "; ".join(errors))
+    if pool_unavailable:
+        raise inference_pool.PoolUnavailable()
 
 
 def reconcile_named(ctx: Context, namespace: str, name: str) -> None:

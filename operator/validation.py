@@ -9,6 +9,7 @@ from kubernetes.utils import parse_quantity
 from kubeinfer.operator.pod import MANAGED_FLAGS
 from kubeinfer.operator.spec import InferenceServiceSpec, Resources
 
+MAX_NAME_WITH_ROUTER = 63 - len("-router")   # a Service name is a DNS label
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -16,8 +17,8 @@ def _env_name(flag: str) -> str:
     return "KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def semantic_errors(spec: InferenceServiceSpec) -> list[str]:
-    """Problems a person must fix in the spec; empty when the spec can be reconciled."""
+def semantic_errors(spec: InferenceServiceSpec, name: str = "") -> list[str]:
+    """Problems a person must fix in the spec (of the InferenceService `name`); empty when it can be reconciled."""
     errors: list[str] = []
     for arg in spec.runtime.extra_args:
         flag = arg.split("=", 1)[0]
@@ -34,6 +35,8 @@ def semantic_errors(spec: InferenceServiceSpec) -> list[str]:
     if spec.model.scheme in ("hf", "s3") and not spec.model.location.strip("/"):
         errors.append(f"model.uri {spec.model.uri!r} names no repository or bucket")
     errors += _quantity_errors(spec.resources)
+    if spec.router_enabled:
+        errors += _router_errors(spec, name)
     if not errors:
         errors += _kv_cache_errors(spec)
     return errors
@@ -49,6 +52,22 @@ def _quantity_errors(resources: Resources) -> list[str]:
                 errors.append(f"{field} must be above zero, got {value!r}")
         except ValueError:
             errors.append(f"{field} {value!r} is not a Kubernetes quantity (e.g. 500m, 2, 8Gi)")
+    return errors
+
+
+def _router_errors(spec: InferenceServiceSpec, name: str) -> list[str]:
+    assert spec.router is not None
+    errors = []
+    for field in ("cpu", "memory"):
+        value = getattr(spec.router, field)
+        try:
+            if parse_quantity(value) <= 0:
+                errors.append(f"router.{field} must be above zero, got {value!r}")
+        except ValueError:
+            errors.append(f"router.{field} {value!r} is not a Kubernetes quantity (e.g. 250m, 512Mi)")
+    if len(name) > MAX_NAME_WITH_ROUTER:
+        errors.append(f"router: the router's Service is named {name}-router, over 63 characters; the "
+                      f"InferenceService's name may have at most {MAX_NAME_WITH_ROUTER} with spec.router")
     return errors
 
 

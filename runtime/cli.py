@@ -208,6 +208,9 @@ def add_router_parser(commands) -> None:
                                           "watched (its EndpointSlices)")
     router.add_argument("--namespace", help="the Service's namespace [default: the pod's own, else default]")
     router.add_argument("--service-port-name", default="http", help="the Service's port to use [default http]")
+    router.add_argument("--endpoints-file", metavar="PATH",
+                        help="instead of --upstream: a file holding a JSON list of replica URLs, re-read when it "
+                             "changes (the operator's router pods: docs/router.md)")
     router.add_argument("--host", default="0.0.0.0", help="address to listen on [default 0.0.0.0]")
     router.add_argument("--port", type=port_number, default=8080, help="port to listen on [default 8080]")
     for flag, kind, default, help_text in ROUTER_FLAGS:
@@ -233,7 +236,7 @@ def _router(args: argparse.Namespace) -> int:
                               max_queued_requests=args.max_queued_requests, max_queued_bytes=args.max_queued_bytes,
                               queue_timeout=args.queue_timeout, served_model_name=args.served_model_name,
                               service=args.service, namespace=args.namespace or default_namespace(),
-                              service_port_name=args.service_port_name)
+                              service_port_name=args.service_port_name, endpoints_file=args.endpoints_file)
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
     return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)

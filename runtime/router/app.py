@@ -12,7 +12,7 @@ import time
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kubeinfer.runtime.router.discovery import EndpointSliceWatch
+from kubeinfer.runtime.router.discovery import EndpointSliceWatch, EndpointsFileWatch
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.proxy import Proxy, UpstreamFailed
@@ -48,6 +48,7 @@ class Router:
         self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout)
         self._scraper: asyncio.Task | None = None
         self._watch: EndpointSliceWatch | None = None
+        self._file_watch: asyncio.Task | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -60,14 +61,18 @@ class Router:
                                              self.settings.service_port_name,
                                              lambda urls: loop.call_soon_threadsafe(self.replicas.set_urls, urls))
             self._watch.start()
+        if self.settings.endpoints_file is not None:
+            self._file_watch = asyncio.ensure_future(
+                EndpointsFileWatch(self.settings.endpoints_file, self.replicas.set_urls).run())
 
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.stop()
-        if self._scraper is not None:
-            self._scraper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scraper
+        for task in (self._scraper, self._file_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.proxy.session is not None:
             await self.proxy.session.close()
 
@@ -81,8 +86,10 @@ class Router:
             return await self._proxy(scope, receive, send)
         if method != "GET":
             return await respond_error(send, 405 if path in PROXIED else 404, f"{method} {path} is not served here")
-        if path in ("/health", "/ready"):
+        if path == "/health" or (path == "/ready" and self.replicas.known):
             return await respond(send, 200, b'{"status":"ok"}')
+        if path == "/ready":   # discovery has not said yet which replicas there are
+            return await respond(send, 503, b'{"status":"waiting for the list of replicas"}')
         if path == "/metrics":
             return await respond(send, 200, self._metrics_text(), CONTENT_TYPE_LATEST.encode())
         if path == "/v1/models":

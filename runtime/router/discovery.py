@@ -1,14 +1,22 @@
-"""Replicas from Kubernetes: the ready endpoints of one Service, from its EndpointSlices, watched.
+"""Replicas from Kubernetes, two ways; either hands the router the set of ready replica URLs on each change.
 
-Kubernetes already knows which pods are ready (their readiness probes): the router takes those, and only
-those, as its replicas, and follows scale-ups, scale-downs and rollouts as the API server reports them. A
-watch runs on a thread with the official client (it is synchronous); each change hands the new set of URLs to
-the event loop. The router still scrapes every replica before picking it.
+- `EndpointSliceWatch` (`--service`): the ready endpoints of one Service, from its EndpointSlices, watched
+  through the API server. Kubernetes already knows which pods are ready (their readiness probes): the router
+  takes those, and only those. The watch runs on a thread with the official client (it is synchronous).
+- `EndpointsFileWatch` (`--endpoints-file`): a file holding a JSON list of URLs, read every `interval`
+  seconds. The operator's router pods get it from a downward API volume of one of their own annotations,
+  which the operator keeps equal to the InferenceService's ready replicas: the router then needs no access
+  to the API server (no token, no RBAC), and works where pods cannot reach it (docs/router.md).
+
+The router still scrapes every replica before picking it.
 """
+import asyncio
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"   # set by the EndpointSlice controller on a Service's slices
@@ -99,3 +107,52 @@ class EndpointSliceWatch:
             self._last = urls
             logger.info("service %s/%s: %d ready endpoints", self.namespace, self.service, len(urls))
             self.on_change(urls)
+
+
+def parse_endpoints(text: str) -> set[str] | None:
+    """The URLs of an endpoints file: a JSON list of `http://HOST:PORT`. None while the file is empty (its
+    annotation is not written yet: unknown, which is not the same as an empty list, no replica). Raises
+    ValueError on anything else."""
+    text = text.strip()
+    if not text:
+        return None
+    urls = json.loads(text)
+    if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
+        raise ValueError("expected a JSON list of URLs")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port or parts.path not in ("", "/"):
+            raise ValueError(f"{url!r} is not http://HOST:PORT")
+    return {url.rstrip("/") for url in urls}
+
+
+class EndpointsFileWatch:
+    """Reads `path` every `interval` seconds; calls `on_change(urls)` when the list in it changes."""
+
+    def __init__(self, path: str, on_change: Callable[[set[str]], None], interval: float = 0.2):
+        self.path, self.on_change, self.interval = path, on_change, interval
+        self._text: str | None = None
+
+    def poll(self) -> None:
+        """One read (a few hundred bytes on a memory-backed volume: cheap enough for the event loop)."""
+        try:
+            with open(self.path) as file:
+                text = file.read()
+        except OSError as error:
+            text = f"unreadable: {error}"
+        if text == self._text:
+            return
+        self._text = text
+        try:
+            urls = parse_endpoints(text)
+        except ValueError as error:   # includes JSON errors; the last good list stays
+            logger.warning("endpoints file %s: %s; keeping the last list", self.path, error)
+            return
+        if urls is not None:
+            logger.info("endpoints file %s: %d ready replicas", self.path, len(urls))
+            self.on_change(urls)
+
+    async def run(self) -> None:
+        while True:
+            self.poll()
+            await asyncio.sleep(self.interval)

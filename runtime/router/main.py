@@ -22,6 +22,7 @@ def serve(settings: RouterSettings, host: str, port: int, log_level: str = "info
                             server_header=False, date_header=False)   # the replica's own are relayed
     server = uvicorn.Server(config)
     replicas = (f"the ready endpoints of service {settings.namespace}/{settings.service}" if settings.service
+                else f"the replicas listed in {settings.endpoints_file}" if settings.endpoints_file
                 else f"{len(settings.upstreams)} replicas")
     logger.info("routing to %s (%s policy) on http://%s:%d/v1", replicas, settings.policy, host, port)
     server.run()

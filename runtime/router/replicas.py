@@ -52,6 +52,9 @@ class ReplicaSet:
     def __init__(self, urls: list[str], scrape_interval: float = 0.1, stale_after: float = 1.0):
         self.replicas = {url: Replica(url) for url in urls}
         self.scrape_interval, self.stale_after = scrape_interval, stale_after
+        # Whether the set of replicas is known: at once for fixed URLs; a discovered set once discovery first
+        # reported (an empty set too). Until then the router is not ready.
+        self.known = bool(urls)
         self.any_up = asyncio.Event()   # set while some replica is up: the waiting room waits on it
 
     def available(self) -> list[Replica]:
@@ -70,6 +73,7 @@ class ReplicaSet:
         for url in sorted(urls - set(self.replicas)):
             logger.info("replica %s added", url)
             self.replicas[url] = Replica(url)
+        self.known = True
         self._update_event()
 
     def mark_down(self, replica: Replica, why: str, hold_s: float = 0.0) -> None:

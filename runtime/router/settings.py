@@ -26,13 +26,14 @@ class RouterSettings:
     service: str | None = None         # discover the replicas: this Service's ready endpoints (EndpointSlices)
     namespace: str = "default"
     service_port_name: str = "http"
+    endpoints_file: str | None = None  # discover the replicas: a JSON list of URLs in this file, re-read
 
     def __post_init__(self):
-        if self.service is not None:
-            if self.upstreams:
-                raise ConfigError("give --upstream URLs or --service, not both")
-        elif not self.upstreams:
-            raise ConfigError("no replica: give at least one --upstream URL, or --service")
+        sources = sum((bool(self.upstreams), self.service is not None, self.endpoints_file is not None))
+        if sources > 1:
+            raise ConfigError("give one of --upstream URLs, --service or --endpoints-file")
+        if sources == 0:
+            raise ConfigError("no replica: give at least one --upstream URL, or --service, or --endpoints-file")
         cleaned = []
         for url in self.upstreams:
             parts = urlsplit(url)

@@ -13,6 +13,7 @@ import pytest
 
 from kubeinfer.operator import monitoring
 from kubeinfer.operator.chart_values import DEFAULTS
+from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.server.metrics import EngineMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,10 +24,10 @@ PROMQL_WORDS = {"sum", "by", "rate", "count", "max", "min", "avg", "and", "or", 
 
 
 def runtime_series_names() -> set[str]:
-    """Every series name the runtime can export (histograms: _bucket/_count/_sum; counters: _total)."""
-    metrics = EngineMetrics("m")
+    """Every series name the runtime and its router can export (histograms: _bucket/_count/_sum; counters:
+    _total)."""
     names = set()
-    for family in metrics.registry.collect():
+    for family in [*EngineMetrics("m").registry.collect(), *RouterMetrics().registry.collect()]:
         kind = family.type
         if kind == "histogram":
             names |= {f"{family.name}_bucket", f"{family.name}_count", f"{family.name}_sum"}

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from kubeinfer.operator import monitoring
-from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets, stop_process, wait_for
+from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, free_port, static_targets, stop_process, wait_for
 
 NAMESPACE, SERVICE = "ns1", "svc-a"
 MODEL = "demo-model-v1"
@@ -65,7 +65,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     Prometheus scraping them every second with the alert rules loaded."""
     tmp = tmp_path_factory.mktemp("prometheus-fleet")
     runtimes: list[RuntimeServer] = []
-    ksm = prometheus = None
+    ksm = prometheus = router = None
     try:
         first = RuntimeServer("demo", tmp / "runtime-0.log", "--device", "cpu", cache=tmp / "cache",
                               served_model_name=MODEL)
@@ -78,30 +78,53 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                                text=True)
         ksm_port = int(ksm.stdout.readline())
         second.wait_ready()
+        router_port = free_port()
+        router = subprocess.Popen([sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "router", "--host", "127.0.0.1",
+                                   "--port", str(router_port), "--upstream", f"http://127.0.0.1:{first.port}",
+                                   "--upstream", f"http://127.0.0.1:{second.port}"],
+                                  stdout=(tmp / "router.log").open("w"), stderr=subprocess.STDOUT)
+
+        def router_up() -> bool:
+            try:
+                return "kubeinfer_router_replicas_up 2.0" in httpx.get(f"http://127.0.0.1:{router_port}/metrics").text
+            except httpx.HTTPError:
+                return False
+        wait_for(router_up, 30, "the router with both replicas up")
 
         rules = tmp / "rules.yaml"
         rules.write_text(yaml.safe_dump({"groups": monitoring.rule_groups({}, "https://example/guide.md")}))
         prometheus = Prometheus(tmp / "prometheus", [
             {"job_name": "kubeinfer-runtime",
              "static_configs": static_targets([first.port, second.port], NAMESPACE, SERVICE)},
+            # The operator's router: its Service is SERVICE-router (spec.router).
+            {"job_name": "kubeinfer-router",
+             "static_configs": static_targets([router_port], NAMESPACE, f"{SERVICE}-router")},
             {"job_name": "kube-state-metrics", "honor_labels": True,
              "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}]}], rule_files=[rules])
-        prometheus.wait_until("sum(up)", 3, timeout_s=30)
-        yield {"url": prometheus.url, "runtimes": (first, second)}
+        prometheus.wait_until("sum(up)", 4, timeout_s=30)
+        yield {"url": prometheus.url, "runtimes": (first, second), "router": f"http://127.0.0.1:{router_port}"}
     finally:
         if prometheus is not None:
             prometheus.stop()
         if ksm is not None:
             ksm.stdin.close()
             stop_process(ksm)
+        if router is not None:
+            stop_process(router)
         for runtime in runtimes:
             runtime.stop()
 
 
-def _load_phase(first: RuntimeServer, second: RuntimeServer) -> None:
+def _through_router(router: str, prompt: str) -> int:
+    return httpx.post(f"{router}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4},
+                      timeout=60).status_code
+
+
+def _load_phase(first: RuntimeServer, second: RuntimeServer, router: str) -> None:
     shared = "The key and value cache keeps the attention state of every token already seen. " * 2
     with ThreadPoolExecutor(8) as pool:
         statuses = list(pool.map(lambda i: _complete(first, shared + str(i), 12), range(4)))
+        statuses += list(pool.map(lambda i: _through_router(router, shared + f" routed {i}"), range(4)))
         # Six concurrent long requests on 12 KV blocks of 16 tokens: the scheduler must preempt.
         statuses += list(pool.map(lambda i: _complete(second, f"request {i}: " + shared, 80), range(6)))
     assert set(statuses) == {200}, statuses
@@ -114,9 +137,9 @@ def loaded(fleet: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Two load phases a few scrapes apart (so every counter has an increase inside the windows), then a
     steady trickle while the queries run (so gauges like running/KV usage are non-zero in some samples)."""
     first, second = fleet["runtimes"]
-    _load_phase(first, second)
+    _load_phase(first, second, fleet["router"])
     time.sleep(2.5)
-    _load_phase(first, second)
+    _load_phase(first, second, fleet["router"])
     stop = threading.Event()
 
     def trickle() -> None:

@@ -8,6 +8,7 @@ scenarios cannot exercise it. The rendered ClusterRole equals `rbac.RULES` (test
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ def exercised(server: Any) -> set[tuple[str, str, str]]:
 def cluster(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return harness.serve_cluster(kmock, tmp_path, monkeypatch, {
         "monitoring.coreos.com/v1/servicemonitors": kmock_lib.ResourceInfo(
-            kind="ServiceMonitor", namespaced=True, verbs={"get", "list", "create", "patch"})})
+            kind="ServiceMonitor", namespaced=True, verbs={"get", "list", "create", "patch"}),
+        "inference.networking.k8s.io/v1/inferencepools": kmock_lib.ResourceInfo(
+            kind="InferencePool", namespaced=True, verbs={"get", "list", "create", "patch", "delete"})})
 
 
 def isvc(name: str, **spec: Any) -> dict[str, Any]:
@@ -83,6 +86,23 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
         await kapi.patch(harness.child_path("ServiceMonitor", NS, "a"), {"spec": {"endpoints": []}})
         await kapi.eventually(harness.child_path("ServiceMonitor", NS, "a"), lambda s: s["spec"]["endpoints"])
         await kapi.eventually(harness.isvc_path(NS, "a"), lambda o: (o.get("status") or {}).get("conditions"))
+        # A router and an InferencePool: made, the router pod told its replicas, then both turned off.
+        await kapi.create(harness.isvc_path(NS), isvc("b", router={}, inferencePool={"endpointPicker": "epp"}))
+        pool = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools/b"
+        await kapi.eventually(pool, lambda o: True)
+        labels = {"app.kubernetes.io/managed-by": "kubeinfer"}
+        await kapi.create(f"/api/v1/namespaces/{NS}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "b-router-1", "namespace": NS, "labels": {**labels, "kubeinfer.dev/router": "b"}}})
+        await kapi.eventually(f"/api/v1/namespaces/{NS}/pods/b-router-1",
+                              lambda p: (p["metadata"].get("annotations") or {}).get("kubeinfer.dev/router-endpoints"))
+        await kapi.patch(harness.isvc_path(NS, "b"), {"spec": {"router": {"enabled": False}, "inferencePool": None}})
+        await kapi.eventually(harness.isvc_path(NS, "b"),
+                              lambda o: (o.get("status") or {}).get("endpoint") == "http://b.default.svc/v1")
+        for path in (pool, harness.child_path("Deployment", NS, "b-router")):
+            deadline = asyncio.get_running_loop().time() + 5
+            while await kapi.get(path) is not None:
+                assert asyncio.get_running_loop().time() < deadline, f"{path} not deleted"
+                await asyncio.sleep(0.05)
     used = exercised(cluster)
     rules = granted()
     unexplained = rules - used - set(JUSTIFIED)

@@ -75,6 +75,11 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"runtime": {"speculative": {"method": "draft"}}}, "draftModelPath is needed with method draft"),
     ({"parallelism": {"tensor": 2}, "runtime": {"speculative": {"method": "draft", "draftModelPath": "/m"}}},
      "method draft runs with parallelism.tensor 1 only"),
+    ({"router": {"replicas": 0}}, "spec.router.replicas: Invalid value"),
+    ({"router": {"policy": "random"}}, "spec.router.policy: Unsupported value"),
+    ({"router": {"queueTimeoutSeconds": 0}}, "spec.router.queueTimeoutSeconds: Invalid value"),
+    ({"router": {"loadWeight": -1}}, "spec.router.loadWeight: Invalid value"),
+    ({"inferencePool": {"endpointPickerPort": 9002}}, "spec.inferencePool.endpointPicker: Required value"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException
@@ -150,3 +155,70 @@ def test_bad_spec_the_schema_cannot_catch_becomes_a_condition(kube: Any, operato
                      and o, what="InvalidSpec condition")
     assert "--port" in condition(obj, "Degraded")["message"]
     assert kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}") is None
+
+
+POOL_SCHEMA = {"openAPIV3Schema": {"type": "object", "properties": {
+    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}
+POOL_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "inferencepools.inference.networking.k8s.io", "labels": {"kubeinfer.dev/e2e": "stand-in"},
+                 "annotations": {"api-approved.kubernetes.io": "unapproved, a test stand-in"}},
+    "spec": {"group": "inference.networking.k8s.io", "scope": "Namespaced",
+             "names": {"kind": "InferencePool", "plural": "inferencepools", "singular": "inferencepool"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": POOL_SCHEMA}]}}
+
+
+@pytest.fixture()
+def inference_pool_crd(kube: Any) -> Iterator[None]:
+    """The InferencePool CRD: the cluster's own if it serves one, else a stand-in (v1, a free-form spec) that the
+    test removes after itself."""
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{POOL_CRD['metadata']['name']}"
+    ours = kube.get(path) is None
+    if ours:
+        kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=POOL_CRD)
+    eventually(lambda: kube.has_api("inference.networking.k8s.io/v1", "inferencepools"), what="InferencePool served")
+    yield
+    if ours:
+        kube.request("DELETE", path)
+
+
+def test_router_and_inference_pool_on_a_real_api_server(kube: Any, inference_pool_crd: None, operator: str) -> None:
+    ns = operator
+    owner = create(kube, ns, router={"replicas": 1}, inferencePool={"endpointPicker": "llm-d-epp"})
+    paths = {"Deployment": f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}-router",
+             "Service": f"/api/v1/namespaces/{ns}/services/{NAME}-router",
+             "InferencePool": f"/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools/{NAME}"}
+    for kind, path in paths.items():
+        child = eventually(lambda: kube.get(path), what=kind)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+        assert "kubeinfer-operator" in {m["manager"] for m in child["metadata"]["managedFields"]
+                                        if m["operation"] == "Apply"}, kind
+    pool = kube.get(paths["InferencePool"])
+    assert pool["spec"]["selector"] == {"matchLabels": {"kubeinfer.dev/inferenceservice": NAME}}
+    assert pool["spec"]["endpointPickerRef"]["name"] == "llm-d-epp"
+    obj = kube.get(isvc_path(ns))
+    assert obj["spec"]["router"]["loadWeight"] == 0.5   # the API server filled in the schema's defaults
+    eventually(lambda: kube.get(isvc_path(ns))["status"].get("endpoint") == f"http://{NAME}-router.{ns}.svc/v1",
+               what="status.endpoint naming the router")
+    # The router pod (it need not run) is told there is no ready replica yet: known and empty.
+    router_pod = eventually(lambda: next((p for p in kube.list(f"/api/v1/namespaces/{ns}/pods",
+                                                               f"kubeinfer.dev/router={NAME}")
+                                          if (p["metadata"].get("annotations") or {})
+                                          .get("kubeinfer.dev/router-endpoints") == "[]"), None),
+                            what="the router pod's endpoints annotation")
+    assert "kubeinfer.dev/inferenceservice" not in router_pod["metadata"]["labels"]
+    time.sleep(3)
+    before = {p: kube.get(p)["metadata"]["resourceVersion"] for p in paths.values()}
+    pod_path = f"/api/v1/namespaces/{ns}/pods/{router_pod['metadata']['name']}"
+    annotation_before = kube.get(pod_path)["metadata"]["annotations"]
+    thread, stop = run_operator(ns)  # a second copy resumes the same object: nothing to write
+    time.sleep(5)
+    stop.set()
+    thread.join(30)
+    assert {p: kube.get(p)["metadata"]["resourceVersion"] for p in paths.values()} == before
+    assert kube.get(pod_path)["metadata"]["annotations"] == annotation_before
+    # Both turned off: deleted.
+    kube.request("PATCH", isvc_path(ns), body={"spec": {"router": {"enabled": False}, "inferencePool": None}},
+                 content_type="application/merge-patch+json")
+    for kind, path in paths.items():
+        eventually(lambda: kube.get(path) is None, 60, f"{kind} deleted")

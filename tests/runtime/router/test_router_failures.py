@@ -117,8 +117,9 @@ def test_scale_from_zero_a_waiting_request_is_served_once_a_replica_is_up(llama_
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "no replica: give at least one --upstream URL, or --service"),
-    (["--upstream", "http://a:1", "--service", "llama"], "give --upstream URLs or --service, not both"),
+    ([], "no replica: give at least one --upstream URL, or --service, or --endpoints-file"),
+    (["--upstream", "http://a:1", "--service", "llama"], "give one of --upstream URLs, --service or --endpoints-file"),
+    (["--service", "llama", "--endpoints-file", "/e"], "give one of --upstream URLs, --service or --endpoints-file"),
     (["--upstream", "localhost:8000"], "--upstream 'localhost:8000': expected http://HOST:PORT (no path)"),
     (["--upstream", "http://a:1", "--upstream", "http://a:1/"], "the same --upstream is given twice"),
     (["--upstream", "http://a:1", "--load-weight", "-1"], "load weight must be >= 0, got -1.0"),

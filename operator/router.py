@@ -1,0 +1,201 @@
+"""The router of an InferenceService (`spec.router`): pure builders of its Deployment and Service, and the one
+write that tells its pods which replicas are ready.
+
+Policy, decided here (docs/router.md argues it):
+- One router per InferenceService: a Deployment `NAME-router` running `kubeinfer router` from the runtime image,
+  and a Service `NAME-router` (port 80) that clients call; `status.endpoint` names it while the router is on.
+  The Service `NAME` keeps going straight to the replicas (a bypass, and what the ServiceMonitor scrapes).
+- Discovery without the API server: each router pod reads its replicas from a file, a downward API volume of
+  its own annotation `kubeinfer.dev/router-endpoints`, which the operator keeps equal to the ready replicas
+  (`sync_endpoints`, on every reconcile pass, i.e. on every pod event). So the router pod has no token and no
+  RBAC (only who may patch pods can redirect it), and it works where pods cannot reach the API server.
+- Router pods carry their own label (`kubeinfer.dev/router`), never the replicas' selector label: the replicas'
+  Service, PDB and Deployment must not select them.
+- The router is CPU-only: it does not inherit the replicas' node selector, tolerations or GPUs.
+- Turned off (`spec.router.enabled: false`, or `spec.router` removed): its Deployment and Service are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from kubeinfer.operator import builders, pod
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, Kube, resource_path
+from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
+
+log = logging.getLogger(__name__)
+
+ROUTER_LABEL = f"{GROUP}/router"
+ENDPOINTS_ANNOTATION = f"{GROUP}/router-endpoints"
+PORT = 8080
+ENDPOINTS_DIR = "/etc/kubeinfer/router"
+ENDPOINTS_FILE = f"{ENDPOINTS_DIR}/endpoints"
+
+
+def name(owner: builders.Owner) -> str:
+    return f"{owner.name}-router"
+
+
+def endpoint(owner: builders.Owner) -> str:
+    """The in-cluster OpenAI base URL of the router."""
+    return f"http://{name(owner)}.{owner.namespace}.svc/v1"
+
+
+def selector_labels(owner: builders.Owner) -> dict[str, str]:
+    return {ROUTER_LABEL: owner.name}
+
+
+def selector_string(owner: builders.Owner) -> str:
+    return f"{ROUTER_LABEL}={owner.name}"
+
+
+def pod_labels(owner: builders.Owner) -> dict[str, str]:
+    return {**selector_labels(owner), "app.kubernetes.io/name": "kubeinfer-router",
+            "app.kubernetes.io/instance": owner.name, "app.kubernetes.io/component": "router",
+            builders.MANAGED_BY_LABEL: builders.MANAGED_BY}
+
+
+def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
+    r = spec.router
+    assert r is not None
+    return [
+        "--endpoints-file", ENDPOINTS_FILE,
+        "--host", "0.0.0.0",
+        "--port", str(PORT),
+        "--served-model-name", builders.served_name(spec, owner),
+        "--policy", r.policy,
+        "--prefix-weight", str(r.prefix_weight),
+        "--load-weight", str(r.load_weight),
+        "--kv-weight", str(r.kv_weight),
+        "--footprint-weight", str(r.footprint_weight),
+        "--load-bound-epsilon", str(r.load_bound_epsilon),
+        "--max-queued-requests", str(r.max_queued_requests),
+        "--queue-timeout", str(r.queue_timeout_seconds),
+        # Streams through the router last as long as the replicas' own: drain as long as they do.
+        "--drain-timeout-seconds", str(spec.runtime.drain_timeout_seconds),
+    ]
+
+
+def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: OperatorConfig) -> dict[str, Any]:
+    r = spec.router
+    assert r is not None
+    http = lambda path: {"httpGet": {"path": path, "port": pod.PORT_NAME}}  # noqa: E731
+    container = {
+        "name": "router",
+        "image": r.image or spec.runtime.image or config.runtime_image,
+        "command": ["kubeinfer", "router"],
+        "args": router_args(spec, owner),
+        "ports": [{"name": pod.PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": str(r.cpu), "memory": str(r.memory)}, "limits": {"memory": str(r.memory)}},
+        # Ready once it has read the list of replicas (an empty list too: it then holds requests).
+        "readinessProbe": {**http("/ready"), "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {**http("/health"), "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(pod.PRESTOP_SLEEP_SECONDS)]}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": pod.container_security_context(),
+        "volumeMounts": [{"name": "endpoints", "mountPath": ENDPOINTS_DIR, "readOnly": True}],
+    }
+    if spec.runtime.image_pull_policy:
+        container["imagePullPolicy"] = spec.runtime.image_pull_policy
+    return {
+        "containers": [container],
+        "volumes": [{"name": "endpoints", "downwardAPI": {"items": [{
+            "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}],
+        "securityContext": pod.pod_security_context(),
+        "terminationGracePeriodSeconds": pod.termination_grace_seconds(spec),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,   # it never talks to the API server
+    }
+
+
+def deployment(spec: InferenceServiceSpec, owner: builders.Owner, config: OperatorConfig) -> dict[str, Any]:
+    assert spec.router is not None
+    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
+    return builders._finish("apps/v1", "Deployment", owner, {"spec": {
+        "replicas": spec.router.replicas,
+        "selector": {"matchLabels": selector_labels(owner)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "revisionHistoryLimit": 3,
+        "template": {"metadata": {"labels": pod_labels(owner), "annotations": annotations},
+                     "spec": pod_spec(spec, owner, config)},
+    }}, name=name(owner))
+
+
+def service(spec: InferenceServiceSpec, owner: builders.Owner) -> dict[str, Any]:
+    return builders._finish("v1", "Service", owner, {"spec": {
+        "type": "ClusterIP",
+        "selector": selector_labels(owner),
+        "ports": [{"name": pod.PORT_NAME, "port": builders.SERVICE_PORT, "targetPort": pod.PORT_NAME,
+                   "protocol": "TCP"}],
+    }}, name=name(owner))
+
+
+def children(spec: InferenceServiceSpec, owner: builders.Owner, config: OperatorConfig) -> list[dict[str, Any]]:
+    return [deployment(spec, owner, config), service(spec, owner)] if spec.router_enabled else []
+
+
+def _is_ready(p: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in ((p.get("status") or {}).get("conditions") or []))
+
+
+def ready_endpoints(replica_pods: list[dict[str, Any]]) -> list[str]:
+    """`http://IP:PORT` of the replicas a router may use: Ready, not being deleted (as an EndpointSlice's `ready`)."""
+    return sorted(f"http://{p['status']['podIP']}:{pod.PORT}" for p in replica_pods
+                  if _is_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
+                  and (p.get("status") or {}).get("podIP"))
+
+
+def endpoints_value(urls: list[str]) -> str:
+    return json.dumps(sorted(urls), separators=(",", ":"))
+
+
+def router_pods(kube: Kube, owner: builders.Owner) -> list[dict[str, Any]]:
+    pods = kube.list(resource_path("v1", "Pod", owner.namespace), selector_string(owner))
+    # Also filter here: a server (or emulator) that ignores the selector must not mix services up.
+    return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(ROUTER_LABEL) == owner.name]
+
+
+def sync_endpoints(kube: Kube, owner: builders.Owner, replica_pods: list[dict[str, Any]]) -> int:
+    """Writes the ready replicas into the annotation of every router pod where it differs; returns the writes.
+
+    A merge patch of one annotation: the ReplicaSet controller owns the rest of the pod. A router pod is written
+    as soon as it exists (Pending too), so it usually starts with its list already in the file."""
+    value = endpoints_value(ready_endpoints(replica_pods))
+    writes = 0
+    for p in router_pods(kube, owner):
+        meta = p.get("metadata") or {}
+        if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get(ENDPOINTS_ANNOTATION) == value:
+            continue
+        try:
+            kube.request("PATCH", resource_path("v1", "Pod", owner.namespace, meta["name"]),
+                         body={"metadata": {"annotations": {ENDPOINTS_ANNOTATION: value}}},
+                         content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})
+        except ApiException as e:
+            if e.status != 404:   # gone meanwhile: nothing to tell it
+                raise
+            continue
+        writes += 1
+        log.info("router pod %s/%s: replicas %s", owner.namespace, meta["name"], value)
+    return writes
+
+
+def remove(kube: Kube, owner: builders.Owner) -> None:
+    """Deletes the router's Deployment and Service if they are there and this InferenceService's."""
+    for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment")):
+        path = resource_path(api_version, kind, owner.namespace, name(owner))
+        live = kube.get(path)
+        if live is None or not any(ref.get("uid") == owner.uid
+                                   for ref in (live.get("metadata") or {}).get("ownerReferences") or ()):
+            continue
+        try:
+            kube.request("DELETE", path)
+            log.info("deleted %s %s/%s (router turned off)", kind, owner.namespace, name(owner))
+        except ApiException as e:
+            if e.status != 404:
+                raise
