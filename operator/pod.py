@@ -219,7 +219,7 @@ def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) 
         repo, _, revision = model.location.partition("@")
         fetch = f"hf download {shlex.quote(repo)} --local-dir {partial}"
         fetch += f" --revision {shlex.quote(revision)}" if revision else ""
-        image = config.hf_downloader_image
+        image = config.hf_downloader_image or spec.runtime.image or config.runtime_image
     elif model.scheme == "s3":
         fetch = f"aws s3 sync {shlex.quote(model.uri)} {partial} --only-show-errors"
         image = config.s3_downloader_image

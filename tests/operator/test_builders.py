@@ -240,6 +240,15 @@ def test_hf_uri_with_a_node_cache_downloads_once_per_node_into_a_folder_named_af
     assert flag(build(model={"uri": "hf://Qwen/Qwen3-0.6B@v2"}), "--model") == "/models/weights"
 
 
+def test_hf_downloads_run_in_the_pods_runtime_image_unless_the_operator_names_one() -> None:
+    def init_image(config: OperatorConfig, **runtime: Any) -> str:
+        spec = parse_spec({"model": {"uri": "hf://o/m"}, "runtime": runtime})
+        return builders.deployment(spec, OWNER, config)["spec"]["template"]["spec"]["initContainers"][0]["image"]
+    assert init_image(OperatorConfig(runtime_image="reg/rt:1")) == "reg/rt:1"
+    assert init_image(OperatorConfig(runtime_image="reg/rt:1"), image="reg/own:2") == "reg/own:2"
+    assert init_image(OperatorConfig(runtime_image="reg/rt:1", hf_downloader_image="reg/hf:3"), image="x") == "reg/hf:3"
+
+
 @pytest.mark.parametrize("uri", ["hf://org/m;rm -rf /", "s3://b/$(reboot)", "hf://a/../../etc@`id`"])
 def test_cache_folders_are_plain_names(uri: str) -> None:
     key = pod.cache_key(uri)
