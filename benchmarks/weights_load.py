@@ -35,7 +35,7 @@ def child(model_dir: str) -> None:
     import resource
     started = time.monotonic()
     from kubeinfer.runtime.llm import LLM
-    llm = LLM(model_dir, device="cpu", num_kvcache_blocks=64, max_model_len=1024, max_num_seqs=8)
+    llm = LLM(model_dir, device="cpu", kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=8)
     phases = {**llm.engine.startup_phases, "engine": time.monotonic() - started,
               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     print(json.dumps(phases))

@@ -1,8 +1,13 @@
-"""A stand-in for the Hugging Face Hub on 127.0.0.1, enough for the real `hf download` (HF_ENDPOINT=its url):
-one model repository served from a local folder, every file request counted. `stall` names a file whose
-download sends half its bytes and then waits until `release` is set (a download to kill midway)."""
+"""A stand-in for the Hugging Face Hub, enough for the real `hf download` (HF_ENDPOINT=its url): one model
+repository served from a local folder, every file request counted (`GET /_downloads` returns the counts as
+JSON). `stall` names a file whose download sends half its bytes and then waits until `release` is set (a
+download to kill midway). On 127.0.0.1 in tests; tests/e2e runs it in a pod:
+
+    python3 hub_standin.py REPO FOLDER PORT      # serves on 0.0.0.0:PORT until killed
+"""
 import hashlib
 import json
+import sys
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,14 +18,14 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class HubStandIn:
-    def __init__(self, repo: str, folder: Path):
+    def __init__(self, repo: str, folder: Path, host: str = "127.0.0.1", port: int = 0):
         self.repo, self.folder = repo, folder
         self.downloads: Counter[str] = Counter()   # GETs of each file's bytes
         self.stall: str | None = None
         self.stalled = threading.Event()
         self.release = threading.Event()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, port), self._handler())
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "HubStandIn":
@@ -83,7 +88,9 @@ class HubStandIn:
 
             def do_GET(self) -> None:
                 path = unquote(urlparse(self.path).path)
-                if path.startswith(f"/api/models/{hub.repo}/revision/"):
+                if path == "/_downloads":
+                    self._json(dict(hub.downloads))
+                elif path.startswith(f"/api/models/{hub.repo}/revision/"):
                     self._json({"id": hub.repo, "sha": COMMIT,
                                 "siblings": [{"rfilename": name} for name in hub.files()]})
                 elif path.startswith(f"/api/models/{hub.repo}/tree/"):
@@ -94,3 +101,7 @@ class HubStandIn:
                     self._file(head=False)
 
         return Handler
+
+
+if __name__ == "__main__":
+    HubStandIn(sys.argv[1], Path(sys.argv[2]), "0.0.0.0", int(sys.argv[3])).server.serve_forever()
