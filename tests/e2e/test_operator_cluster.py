@@ -75,6 +75,12 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"runtime": {"speculative": {"method": "draft"}}}, "draftModelPath is needed with method draft"),
     ({"parallelism": {"tensor": 2}, "runtime": {"speculative": {"method": "draft", "draftModelPath": "/m"}}},
      "method draft runs with parallelism.tensor 1 only"),
+    ({"model": {"uri": "hf://o/m", "cacheHostPath": "/c", "cacheVolumeClaim": "c"}},
+     "model.cacheHostPath and model.cacheVolumeClaim are exclusive"),
+    ({"model": {"uri": "pvc://c/m", "cacheHostPath": "/c"}}, "it applies to hf:// and s3:// models only"),
+    ({"model": {"uri": "hf://o/m", "cacheHostPath": "relative/dir"}}, "should match '^/'"),
+    ({"runtime": {"compileCache": {"hostPath": "/c", "volumeClaim": "k"}}},
+     "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException
