@@ -211,7 +211,7 @@ def model_volume(model: ModelSource) -> dict[str, Any] | None:
 
 
 def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any] | None:
-    """An init container that fetches hf:// or s3:// weights into /models/weights (once per cache)."""
+    """An init container that fetches hf:// or s3:// weights into `model_dir` (once per cache)."""
     model = spec.model
     target = model_dir(model)
     partial = f"{target}.partial"
