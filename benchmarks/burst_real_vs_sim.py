@@ -196,8 +196,9 @@ def observed_cold_starts(core) -> list[float]:
     return seconds
 
 
-def simulate(args, records: list[dict], cold_start_s: float, slowdown: float = 1.0) -> Simulation:
-    """The same requests in the simulator; `slowdown` multiplies the calibrated replica's step times."""
+def simulate(args, records: list[dict], cold_start_s: float, slowdown: float = 1.0, tail_s: float = 0.0) -> Simulation:
+    """The same requests in the simulator; `slowdown` multiplies the calibrated replica's step times; the policy
+    goes on deciding `tail_s` after the trace (as the real operator did while the run was watched)."""
     duration = 3 * args.phase_seconds
     trace = Trace("real burst", duration, lambda t: args.burst_rate, args.burst_rate)
     base = CPU_DEMO_MODEL
@@ -205,7 +206,7 @@ def simulate(args, records: list[dict], cold_start_s: float, slowdown: float = 1
                     decode_base_s=base.decode_base_s * slowdown, decode_per_seq_s=base.decode_per_seq_s * slowdown,
                     prefill_s_per_token=base.prefill_s_per_token * slowdown)
     policy = KubeInferPolicy(PolicyConfig.from_spec(AUTOSCALING))
-    sim = Simulation(trace, policy, initial_replicas=1, model=model)
+    sim = Simulation(trace, policy, initial_replicas=1, model=model, tail_s=tail_s)
     sim.requests = [Request(r["arrival"], r.get("prompt_tokens", 1), r.get("output_tokens", args.max_tokens))
                     for r in records]
     return sim.run()
@@ -236,7 +237,7 @@ def report(args, records: list[dict], timeline, cold_starts: list[float], interv
     for label, factor in (("calibrated offline (engine steps alone)", 1.0),
                           (f"recalibrated from this run (steps x{slowdown:.1f})", slowdown)):
         print(f"\n### simulated: {label}")
-        sim = simulate(args, served, cold_start, factor)
+        sim = simulate(args, served, cold_start, factor, tail_s=max(0.0, timeline[-1][0] - 3 * args.phase_seconds))
         runs.append((label, sim, table(args, served, timeline, sim)))
     if args.plot:
         plot(args.plot, served, timeline, runs, AUTOSCALING["targetTTFTP95Seconds"])

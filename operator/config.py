@@ -19,8 +19,9 @@ class OperatorConfig:
     """Every knob of the operator; env var ``KUBEINFER_<NAME_IN_UPPER_SNAKE>`` for each field."""
 
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
-    # hf:// downloads run `hf download` (huggingface_hub CLI) in this image; s3:// runs `aws s3 sync`.
-    hf_downloader_image: str = DEFAULT_RUNTIME_IMAGE
+    # hf:// downloads run `hf download` (huggingface_hub CLI) in this image (empty: the pod's runtime image,
+    # which has it); s3:// runs `aws s3 sync`.
+    hf_downloader_image: str = ""
     s3_downloader_image: str = DEFAULT_S3_DOWNLOADER_IMAGE
     service_monitor: ServiceMonitorMode = "auto"
     resync_seconds: float = 30.0

@@ -12,12 +12,20 @@ Policy, decided here:
 - On termination the pod first sleeps in preStop (so endpoints drop it), then the runtime gets
   SIGTERM and drains for ``drainTimeoutSeconds``; the grace period covers both plus a margin.
 - Root filesystem is read-only, so every writable path is an explicit emptyDir.
+- Compiled kernels (Triton's cache, torch's and CUDA's) go to one volume at /var/cache/kubeinfer: an emptyDir
+  unless ``runtime.compileCache`` names a node directory or a PVC that every replica shares.
+- Downloaded weights (hf://, s3://) go to an emptyDir, or to a shared cache (a node directory or a PVC) in a
+  folder named after the URI, so models never mix there. The download takes a file lock beside that
+  folder (flock: released by the kernel when its holder dies, so a killed download never wedges the
+  next), fills `<folder>.partial` (resumed after a failure) and renames it into place when complete: a
+  replica finds either nothing or the whole model, and replicas that start together download it once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-
+import re
 import shlex
 from typing import Any
 
@@ -37,6 +45,11 @@ GRACE_MARGIN_SECONDS = 10
 STARTUP_PERIOD_SECONDS = 1
 
 MODEL_MOUNT = "/models"
+COMPILE_CACHE_MOUNT = "/var/cache/kubeinfer"
+# Where each compiler keeps its cache, under the compile cache volume.
+COMPILE_CACHE_ENV = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+                     "CUDA_CACHE_PATH": "cuda"}
+DOWNLOAD_COMPLETE = ".kubeinfer-complete"
 API_KEYS_DIR = "/etc/kubeinfer/api-keys"
 API_KEYS_FILE = f"{API_KEYS_DIR}/keys"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -55,7 +68,15 @@ def model_dir(model: ModelSource) -> str:
     if model.scheme == "pvc":
         _, _, path = model.location.partition("/")
         return f"{MODEL_MOUNT}/{path}".rstrip("/")
+    if model.cache_host_path or model.cache_volume_claim:
+        return f"{MODEL_MOUNT}/{cache_key(model.uri)}"
     return f"{MODEL_MOUNT}/weights"
+
+
+def cache_key(uri: str) -> str:
+    """The folder of a downloaded model in a shared cache: readable, and unique to the URI (revision included)."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", uri.replace("://", "-", 1)).strip("-.")[:80]
+    return f"{readable}-{hashlib.sha256(uri.encode()).hexdigest()[:10]}"
 
 
 def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
@@ -181,6 +202,8 @@ def model_volume(model: ModelSource) -> dict[str, Any] | None:
         return {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
     if model.cache_volume_claim:
         return {"name": "model", "persistentVolumeClaim": {"claimName": model.cache_volume_claim}}
+    if model.cache_host_path:
+        return {"name": "model", "hostPath": {"path": model.cache_host_path, "type": "DirectoryOrCreate"}}
     empty: dict[str, Any] = {}
     if model.cache_size_limit:
         empty["sizeLimit"] = model.cache_size_limit
@@ -188,25 +211,26 @@ def model_volume(model: ModelSource) -> dict[str, Any] | None:
 
 
 def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any] | None:
-    """An init container that fetches hf:// or s3:// weights into /models/weights (once per cache)."""
+    """An init container that fetches hf:// or s3:// weights into `model_dir` (once per cache)."""
     model = spec.model
     target = model_dir(model)
+    partial = f"{target}.partial"
     if model.scheme == "hf":
         repo, _, revision = model.location.partition("@")
-        fetch = f"hf download {shlex.quote(repo)} --local-dir {target}"
+        fetch = f"hf download {shlex.quote(repo)} --local-dir {partial}"
         fetch += f" --revision {shlex.quote(revision)}" if revision else ""
-        image = config.hf_downloader_image
+        image = config.hf_downloader_image or spec.runtime.image or config.runtime_image
     elif model.scheme == "s3":
-        fetch = f"aws s3 sync {shlex.quote(model.uri)} {target} --only-show-errors"
+        fetch = f"aws s3 sync {shlex.quote(model.uri)} {partial} --only-show-errors"
         image = config.s3_downloader_image
     else:
         return None
-    marker = f"{target}/.kubeinfer-complete"
     container: dict[str, Any] = {
         "name": "model-download",
         "image": image,
-        "command": ["sh", "-c", f"test -f {marker} || {{ {fetch} && touch {marker}; }}"],
+        "command": ["sh", "-c", download_script(fetch, target)],
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
     }
@@ -215,13 +239,36 @@ def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) 
     return container
 
 
+def download_script(fetch: str, target: str) -> str:
+    """The init container's shell script: `fetch` (which writes `<target>.partial`) runs at most once per cache,
+    under a file lock, and its folder is renamed to `target` only when complete (policy: module docstring)."""
+    done = f"{target}/{DOWNLOAD_COMPLETE}"
+    return "\n".join([
+        "set -eu",
+        f"test -f {done} && exit 0",
+        "command -v flock >/dev/null || { echo 'kubeinfer: error: the downloader image has no flock (util-linux)'"
+        " >&2; exit 2; }",
+        f"( : >>{target}.lock ) 2>/dev/null || {{ echo \"kubeinfer: error: the model cache {MODEL_MOUNT} is"
+        f" not writable by uid $(id -u): give the volume to uid {RUN_AS_USER} (a node directory: chown it)\" >&2;"
+        " exit 2; }",
+        f"exec 9>>{target}.lock",
+        "flock 9",
+        f"test -f {done} && exit 0   # another replica finished it while this one waited",
+        fetch,
+        f"touch {target}.partial/{DOWNLOAD_COMPLETE}",
+        f"rm -rf {target}",
+        f"mv {target}.partial {target}",
+    ])
+
+
 def volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, runtime container mounts)."""
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.resources.shm_size is not None:
         shm["sizeLimit"] = str(spec.resources.shm_size)
-    vols = [{"name": "dshm", "emptyDir": shm}, {"name": "tmp", "emptyDir": {}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
+    vols = [{"name": "dshm", "emptyDir": shm}, {"name": "tmp", "emptyDir": {}}, compile_cache_volume(spec)]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"},
+              {"name": "compile-cache", "mountPath": COMPILE_CACHE_MOUNT}]
     if (model := model_volume(spec.model)) is not None:
         vols.append(model)
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
@@ -232,9 +279,20 @@ def volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict
     return vols, mounts
 
 
+def compile_cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
+    cache = spec.runtime.compile_cache
+    if cache.host_path:
+        return {"name": "compile-cache", "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+    if cache.volume_claim:
+        return {"name": "compile-cache", "persistentVolumeClaim": {"claimName": cache.volume_claim}}
+    empty = {} if cache.size_limit is None else {"sizeLimit": str(cache.size_limit)}
+    return {"name": "compile-cache", "emptyDir": empty}
+
+
 def runtime_container(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig) -> dict[str, Any]:
     _, mounts = volumes(spec)
     env = [{"name": "HOME", "value": "/tmp"}]
+    env += [{"name": name, "value": f"{COMPILE_CACHE_MOUNT}/{sub}"} for name, sub in COMPILE_CACHE_ENV.items()]
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env]
     container: dict[str, Any] = {
         "name": RUNTIME_CONTAINER,

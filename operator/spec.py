@@ -39,7 +39,22 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+MODEL_CACHES_EXCLUSIVE = cel(
+    "!has(self.cacheHostPath) || !has(self.cacheVolumeClaim)",
+    "model.cacheHostPath and model.cacheVolumeClaim are exclusive: one cache per model",
+)
+HOST_CACHE_NEEDS_DOWNLOAD = cel(
+    "!has(self.cacheHostPath) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://')",
+    "model.cacheHostPath caches downloads: it applies to hf:// and s3:// models only",
+)
+
+
 class ModelSource(_Model):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid",
+        json_schema_extra={"x-kubernetes-validations": [MODEL_CACHES_EXCLUSIVE, HOST_CACHE_NEEDS_DOWNLOAD]},
+    )
+
     uri: str = Field(
         max_length=1024,
         description="Where the weights are: hf://org/name[@revision], pvc://claim/path, "
@@ -66,6 +81,12 @@ class ModelSource(_Model):
     cache_size_limit: str | None = Field(
         default=None, description="sizeLimit of the emptyDir download cache.",
     )
+    cache_host_path: str | None = Field(
+        default=None, max_length=1024, pattern=r"^/",
+        description="Node-local download cache for hf:// / s3:// weights: a directory on each node (hostPath, "
+        "created if missing) that every replica on the node shares, so a model is downloaded once per node and "
+        "reused by every replica and restart there. It must be writable by uid 1000 (create it owned by 1000).",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -73,6 +94,14 @@ class ModelSource(_Model):
         if not re.match(MODEL_URI_RE, value):
             raise ValueError("model.uri must start with hf://, pvc://, s3:// or file://")
         return value
+
+    @model_validator(mode="after")
+    def _cache(self) -> ModelSource:
+        if self.cache_host_path is not None and self.cache_volume_claim is not None:
+            raise ValueError(MODEL_CACHES_EXCLUSIVE["message"])
+        if self.cache_host_path is not None and self.scheme not in ("hf", "s3"):
+            raise ValueError(HOST_CACHE_NEEDS_DOWNLOAD["message"])
+        return self
 
     @property
     def scheme(self) -> str:
@@ -130,6 +159,35 @@ class Speculative(_Model):
         return self
 
 
+class CompileCache(_Model):
+    """Where compiled kernels are kept (Triton's cache; torch's and CUDA's too): mounted at
+    /var/cache/kubeinfer. An emptyDir by default, which a restarted container keeps; a node directory or a PVC
+    keeps them for every pod, so a new replica loads its kernels instead of compiling them (~5 s of a GPU
+    start-up, docs/benchmarks.md)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid",
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            "!has(self.hostPath) || !has(self.volumeClaim)",
+            "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive",
+        )]},
+    )
+
+    host_path: str | None = Field(
+        default=None, max_length=1024, pattern=r"^/",
+        description="A directory on each node (hostPath, created if missing), shared by every replica on the "
+        "node. Writable by uid 1000, or the runtime falls back to a per-pod cache (and logs why).")
+    volume_claim: str | None = Field(default=None, max_length=253, description="A PVC (ReadWriteMany to share it).")
+    size_limit: int | str | None = Field(
+        default=None, json_schema_extra=INT_OR_STRING, description="sizeLimit of the default emptyDir.")
+
+    @model_validator(mode="after")
+    def _one_volume(self) -> CompileCache:
+        if self.host_path is not None and self.volume_claim is not None:
+            raise ValueError("runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive")
+        return self
+
+
 class RuntimeSpec(_Model):
     image: str | None = Field(default=None, description="Runtime image; the operator's default when unset.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
@@ -146,6 +204,7 @@ class RuntimeSpec(_Model):
         default="auto", description="auto: the model's dtype; fp8_e4m3: 8-bit K/V, twice the tokens of a 16-bit "
                                     "cache in the same memory (docs/runtime.md: its precision).")
     speculative: Speculative | None = Field(default=None, description="Off when unset.")
+    compile_cache: CompileCache = Field(default_factory=CompileCache)
     drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
     startup_timeout_seconds: int = Field(
         default=1800, ge=60, le=86400,

@@ -16,6 +16,9 @@ Model (all times in seconds):
   billed until then. Pending replicas are removed first.
 - Every second the simulator samples waiting/running/concurrency; a policy sees them through
   `Observation` at its own tick (our policy through Prometheus-like signals lagging by a scrape interval).
+- The policy decides until the trace ends, and `tail_s` seconds after (0 by default, which the tables use:
+  they count only what happens within the trace); a tail shows what a policy does once the load is gone,
+  e.g. a scale-down a real run saw after its last request.
 """
 
 from __future__ import annotations
@@ -168,8 +171,9 @@ def generate_requests(trace: Trace, seed: int) -> list[Request]:
 
 class Simulation:
     def __init__(self, trace: Trace, policy: Policy, initial_replicas: int, model: ReplicaModel = ReplicaModel(),
-                 seed: int = 0, drain_cap_s: float = 900.0):
+                 seed: int = 0, drain_cap_s: float = 900.0, tail_s: float = 0.0):
         self.trace, self.policy, self.model = trace, policy, model
+        self.decide_until_s = trace.duration_s + tail_s
         self.requests = generate_requests(trace, seed)
         self.replicas: list[Replica] = []
         self.router: deque[Request] = deque()
@@ -177,7 +181,7 @@ class Simulation:
         self.ttft_times: list[float] = []
         self.ttft_values: list[float] = []
         self.scale_events: list[tuple[float, int, int]] = []
-        self.end_s = trace.duration_s + drain_cap_s
+        self.end_s = trace.duration_s + max(drain_cap_s, tail_s)
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self.num_initial = initial_replicas
@@ -216,9 +220,9 @@ class Simulation:
                 self._drain_router(now)
             elif kind == _SAMPLE:
                 self._sample(now)
-                if now < self.trace.duration_s or self._in_flight():
+                if now < self.decide_until_s or self._in_flight():
                     self._push(now + 1.0, _SAMPLE)
-            elif kind == _TICK and now <= self.trace.duration_s:
+            elif kind == _TICK and now <= self.decide_until_s:
                 self._tick(now)
                 self._push(now + self.policy.tick_s, _TICK)
         return self

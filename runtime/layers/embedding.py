@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kubeinfer.runtime.layers.linear import load_rows
 from kubeinfer.runtime.parallel import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
 
@@ -26,7 +27,8 @@ class VocabParallelEmbedding(nn.Module):
             raise ValueError(f"embedding has shape {shape}, expected {(self.vocab_size, param.shape[1])}")
         param.data[self.num_real_rows:].zero_()
         if self.num_real_rows:
-            param.data[:self.num_real_rows].copy_(source[self.start:self.start + self.num_real_rows])
+            load_rows(param.data[:self.num_real_rows], source, slice(self.start, self.start + self.num_real_rows),
+                      "embedding")
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if tp_size() == 1:

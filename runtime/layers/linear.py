@@ -1,7 +1,8 @@
 """Linear layers that shard themselves over the tensor-parallel group.
 
 Each parameter carries a `weight_loader(param, source, shard_id=None)` that reads only this rank's part of
-a checkpoint tensor. `source` is a safetensors slice (or a tensor): indexing it reads just that range.
+a checkpoint tensor. `source` is a `checkpoint.TensorSource` (or a tensor): indexing it reads just that range,
+and its `read_into` reads a range of rows straight into the parameter (no intermediate tensor).
 Column-parallel layers split the output features; row-parallel layers split the input features and
 all-reduce their output; the model code never looks at the rank.
 """
@@ -30,6 +31,14 @@ def _copy_into(dest: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     dest.copy_(loaded)
 
 
+def load_rows(dest: torch.Tensor, source, rows: slice | None, name: str) -> None:
+    """Rows `rows` (all when None) of `source` into `dest`: read into it directly when the source can."""
+    if hasattr(source, "read_into"):
+        source.read_into(dest, rows or slice(None), name)
+    else:
+        _copy_into(dest, _read(source, rows), name)
+
+
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -46,7 +55,7 @@ class LinearBase(nn.Module):
 
 class ReplicatedLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
-        _copy_into(param.data, _read(source), "replicated linear")
+        load_rows(param.data, source, None, "replicated linear")
 
 
 class ColumnParallelLinear(LinearBase):
@@ -59,7 +68,7 @@ class ColumnParallelLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
         rows = param.shape[0]
         start = tp_rank() * rows
-        _copy_into(param.data, _read(source, slice(start, start + rows)), "column-parallel linear")
+        load_rows(param.data, source, slice(start, start + rows), "column-parallel linear")
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -73,8 +82,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         size = self.output_sizes[shard_id] // tp_size()
         offset = sum(self.output_sizes[:shard_id]) // tp_size()
         start = tp_rank() * size
-        _copy_into(param.data[offset:offset + size], _read(source, slice(start, start + size)),
-                   f"merged linear shard {shard_id}")
+        load_rows(param.data[offset:offset + size], source, slice(start, start + size),
+                  f"merged linear shard {shard_id}")
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -99,8 +108,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, (tp_rank() // self.kv_replicas) * kv_size
-        _copy_into(param.data[offset:offset + size], _read(source, slice(start, start + size)),
-                   f"qkv shard {shard_id}")
+        load_rows(param.data[offset:offset + size], source, slice(start, start + size), f"qkv shard {shard_id}")
 
 
 class RowParallelLinear(LinearBase):
@@ -112,9 +120,12 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, source, shard_id=None) -> None:
         if param.dim() == 1:  # the bias is not split
-            _copy_into(param.data, _read(source), "row-parallel bias")
+            load_rows(param.data, source, None, "row-parallel bias")
             return
         cols = param.shape[1]
+        if cols == _shape(source)[-1]:   # one rank: the whole tensor, read straight in
+            load_rows(param.data, source, None, "row-parallel linear")
+            return
         start = tp_rank() * cols
         _copy_into(param.data, _read(source, None, slice(start, start + cols)), "row-parallel linear")
 

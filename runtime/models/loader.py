@@ -1,13 +1,15 @@
-"""Loads a Hugging Face safetensors checkpoint into our modules, each rank reading only its shards."""
+"""Loads a Hugging Face safetensors checkpoint into our modules, each rank reading only its shards, straight
+into the parameters (runtime/models/checkpoint.py)."""
 import logging
 import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from kubeinfer.runtime.errors import ModelLoadError
+from kubeinfer.runtime.layers.linear import load_rows
+from kubeinfer.runtime.models.checkpoint import CheckpointReader
 
 logger = logging.getLogger(__name__)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -22,9 +24,10 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     expected = {(name, shard) for name, shard in _expected_shards(params, packed)}
     loaded: set[tuple[str, object]] = set()
     progress = _Progress(len(files))
-    for index, file in enumerate(files):
-        with safe_open(file, framework="pt", device="cpu") as checkpoint:
-            for name in checkpoint.keys():
+    with torch.no_grad(), CheckpointReader() as reader:
+        for index, file in enumerate(files):
+            checkpoint = reader.open(file)
+            for name, source in checkpoint.tensors.items():
                 if name.endswith(IGNORED_SUFFIXES):
                     continue
                 target, shard = _map_name(name, packed)
@@ -36,11 +39,15 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                     continue
                 loader = getattr(param, "weight_loader", _load_whole)
                 try:
-                    loader(param, checkpoint.get_slice(name), shard)
+                    loader(param, source, shard)
                 except ValueError as error:
                     raise ModelLoadError(f"{file.name}: {name}: {error}") from error
                 loaded.add((target, shard))
-        progress.update(index + 1, len(loaded), len(expected))
+            progress.update(index + 1, len(loaded), len(expected))   # queued; the reads finish below
+        try:
+            reader.wait()
+        except OSError as error:
+            raise ModelLoadError(f"{model_dir}: reading the weights failed: {error}") from error
     missing = sorted(f"{name}{'' if shard is None else f' [{shard}]'}" for name, shard in expected - loaded)
     if missing:
         raise ModelLoadError(f"{model_dir}: weights missing from the checkpoint: {', '.join(missing[:8])}"
@@ -64,10 +71,7 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 
 def _load_whole(param, source, shard_id=None) -> None:
-    loaded = source[:]
-    if param.shape != loaded.shape:
-        raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}")
-    param.data.copy_(loaded)
+    load_rows(param.data, source, None, "checkpoint tensor")
 
 
 def _map_name(name: str, packed: dict[str, tuple[str, object]]) -> tuple[str, object]:

@@ -13,6 +13,7 @@ import time
 
 import uvicorn
 
+from kubeinfer.runtime.compile_cache import ensure_writable_caches
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.server.app import create_app
 from kubeinfer.runtime.server.auth import KeyRing, load_api_keys
@@ -122,6 +123,7 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
     the start-up phases (`imports` is the time before this call)."""
     entered = time.monotonic()
     started_at = entered if started_at is None else started_at
+    ensure_writable_caches()   # before the engine process, which inherits the environment
     startup_signals = StartupSignals()
     try:
         with startup_signals:

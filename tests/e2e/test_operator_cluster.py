@@ -71,7 +71,7 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
     ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}}, "gpuMemoryUtilization applies to GPUs"),
     ({"runtime": {"speculative": {"method": "ngram", "ngramMin": 5}}}, "ngramMin must not exceed"),
-    ({"runtime": {"speculative": {"method": "eagle"}}}, "supported values: \"ngram\", \"draft\""),
+    ({"runtime": {"speculative": {"method": "eagle"}}}, "spec.runtime.speculative.method: Unsupported value"),
     ({"runtime": {"speculative": {"method": "draft"}}}, "draftModelPath is needed with method draft"),
     ({"parallelism": {"tensor": 2}, "runtime": {"speculative": {"method": "draft", "draftModelPath": "/m"}}},
      "method draft runs with parallelism.tensor 1 only"),
@@ -80,6 +80,12 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"router": {"queueTimeoutSeconds": 0}}, "spec.router.queueTimeoutSeconds: Invalid value"),
     ({"router": {"loadWeight": -1}}, "spec.router.loadWeight: Invalid value"),
     ({"inferencePool": {"endpointPickerPort": 9002}}, "spec.inferencePool.endpointPicker: Required value"),
+    ({"model": {"uri": "hf://o/m", "cacheHostPath": "/c", "cacheVolumeClaim": "c"}},
+     "model.cacheHostPath and model.cacheVolumeClaim are exclusive"),
+    ({"model": {"uri": "pvc://c/m", "cacheHostPath": "/c"}}, "it applies to hf:// and s3:// models only"),
+    ({"model": {"uri": "hf://o/m", "cacheHostPath": "relative/dir"}}, "should match '^/'"),
+    ({"runtime": {"compileCache": {"hostPath": "/c", "volumeClaim": "k"}}},
+     "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException

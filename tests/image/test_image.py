@@ -61,6 +61,8 @@ def run_flags(pod: dict[str, Any], container: dict[str, Any], *, writable_tmp: b
     for m in container["volumeMounts"]:
         if m["name"] in empty_dirs and m["mountPath"] == "/tmp" and writable_tmp:
             flags += ["--tmpfs", "/tmp:rw,mode=1777"]
+        elif m["name"] in empty_dirs and m["mountPath"] not in ("/tmp", "/dev/shm"):   # e.g. the compile cache
+            flags += ["--tmpfs", f"{m['mountPath']}:rw,mode=1777"]
     for env in container.get("env", []):
         flags += ["-e", f"{env['name']}={env['value']}"]
     return flags

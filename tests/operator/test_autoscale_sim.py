@@ -56,6 +56,29 @@ def test_our_policy_scales_up_soon_after_a_burst_and_back_down_after():
     assert r.slo_share > stay.slo_share + 0.2, (r.slo_share, stay.slo_share)
 
 
+def test_a_tail_lets_the_policy_scale_down_after_a_burst_that_ends_the_trace():
+    """A burst up to the trace's end: without a tail the fleet is frozen at its burst size when the trace ends;
+    with one the policy goes on deciding and, once its scale-down window has passed, releases replicas."""
+    trace = burst(base=1.0, factor=8.0, start_s=60.0, length_s=120.0, duration_s=180.0)
+
+    def run(tail_s: float) -> Simulation:
+        policy = KubeInferPolicy(PolicyConfig(max_replicas=12, target_ttft_p95_seconds=TARGET,
+                                              scale_down_stabilization_seconds=60, initial_delay_seconds=0))
+        return Simulation(trace, policy, initial_replicas=1, model=MODEL, seed=2, tail_s=tail_s).run()
+
+    frozen, tailed = run(0.0), run(240.0)
+    peak = max(n for _, _, n in frozen.scale_events)
+    assert peak >= 3 and all(t <= trace.duration_s for t, _, _ in frozen.scale_events)
+    downs = [(t, before, after) for t, before, after in tailed.scale_events if after < before]
+    assert downs and all(t > trace.duration_s for t, _, _ in downs)
+    assert tailed.samples.t[-1] >= trace.duration_s + 239 and tailed.samples.replicas[-1] < peak
+    # Within the trace both runs are the same run: the tables (tail 0) are unchanged by the tail's existence.
+    assert [e for e in tailed.scale_events if e[0] <= trace.duration_s] == frozen.scale_events
+    within = (summarize(tailed, TARGET, warmup_s=0), summarize(frozen, TARGET, warmup_s=0))
+    assert [(r.slo_share, r.gpu_hours, r.ttft_p99_s) for r in within] == [(within[1].slo_share, within[1].gpu_hours,
+                                                                         within[1].ttft_p99_s)] * 2
+
+
 @pytest.mark.parametrize("make_trace", [diurnal, burst, flash_crowd], ids=lambda f: f.__name__)
 def test_goal_on_the_benchmark_traces(make_trace):
     """The benchmark's claim (docs/benchmarks.md), seed 0: with throughputPerReplica, ours holds at

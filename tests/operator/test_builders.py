@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 import pytest
@@ -208,9 +210,65 @@ def test_hf_uri_downloads_in_an_init_container_into_an_emptydir() -> None:
 def test_s3_uri_syncs_into_a_cache_pvc_when_given() -> None:
     dep = build(model={"uri": "s3://bucket/llama", "cacheVolumeClaim": "weights-cache"})
     init = dep["spec"]["template"]["spec"]["initContainers"][0]
-    assert "aws s3 sync s3://bucket/llama /models/weights" in init["command"][-1]
+    folder = f"/models/{pod.cache_key('s3://bucket/llama')}"
+    assert f"aws s3 sync s3://bucket/llama {folder}.partial --only-show-errors" in init["command"][-1]
     assert init["image"] == CONFIG.s3_downloader_image
     assert volume(dep, "model")["persistentVolumeClaim"] == {"claimName": "weights-cache"}
+    assert flag(dep, "--model") == folder
+
+
+def test_hf_uri_with_a_node_cache_downloads_once_per_node_into_a_folder_named_after_the_uri() -> None:
+    dep = build(model={"uri": "hf://Qwen/Qwen3-0.6B@v2", "cacheHostPath": "/var/lib/kubeinfer/models"})
+    assert volume(dep, "model") == {"name": "model", "hostPath": {"path": "/var/lib/kubeinfer/models",
+                                                                  "type": "DirectoryOrCreate"}}
+    folder = flag(dep, "--model")
+    assert folder == "/models/hf-Qwen-Qwen3-0.6B-v2-" + hashlib.sha256(b"hf://Qwen/Qwen3-0.6B@v2").hexdigest()[:10]
+    assert mount(dep, "/models")["readOnly"] is True
+    init = dep["spec"]["template"]["spec"]["initContainers"][0]
+    assert {"name": "model", "mountPath": "/models"} in init["volumeMounts"]   # writable for the download
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    script = init["command"][-1].splitlines()
+    # Under the lock, only if no replica finished it, into .partial; published by one rename when complete.
+    assert script.index("flock 9") < script.index(
+        f"hf download Qwen/Qwen3-0.6B --local-dir {folder}.partial --revision v2") < script.index(
+        f"mv {folder}.partial {folder}")
+    assert f"test -f {folder}/.kubeinfer-complete && exit 0" in script[1]
+    assert any(line.startswith(f"test -f {folder}/.kubeinfer-complete && exit 0") for line in script[
+        script.index("flock 9"):])
+    # Another revision, another folder; the emptyDir (one pod's own) keeps the plain path.
+    assert flag(build(model={"uri": "hf://Qwen/Qwen3-0.6B@v3", "cacheHostPath": "/c"}), "--model") != folder
+    assert flag(build(model={"uri": "hf://Qwen/Qwen3-0.6B@v2"}), "--model") == "/models/weights"
+
+
+def test_hf_downloads_run_in_the_pods_runtime_image_unless_the_operator_names_one() -> None:
+    def init_image(config: OperatorConfig, **runtime: Any) -> str:
+        spec = parse_spec({"model": {"uri": "hf://o/m"}, "runtime": runtime})
+        return builders.deployment(spec, OWNER, config)["spec"]["template"]["spec"]["initContainers"][0]["image"]
+    assert init_image(OperatorConfig(runtime_image="reg/rt:1")) == "reg/rt:1"
+    assert init_image(OperatorConfig(runtime_image="reg/rt:1"), image="reg/own:2") == "reg/own:2"
+    assert init_image(OperatorConfig(runtime_image="reg/rt:1", hf_downloader_image="reg/hf:3"), image="x") == "reg/hf:3"
+
+
+@pytest.mark.parametrize("uri", ["hf://org/m;rm -rf /", "s3://b/$(reboot)", "hf://a/../../etc@`id`"])
+def test_cache_folders_are_plain_names(uri: str) -> None:
+    key = pod.cache_key(uri)
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", key) and not key.startswith(".")   # one path component, not hidden
+
+
+def test_compile_caches_go_to_one_volume_an_emptydir_unless_a_node_directory_or_claim_is_named() -> None:
+    dep = build()
+    assert volume(dep, "compile-cache") == {"name": "compile-cache", "emptyDir": {}}
+    assert mount(dep, "/var/cache/kubeinfer")["name"] == "compile-cache"
+    env = {e["name"]: e.get("value") for e in container(dep)["env"]}
+    assert env["TRITON_CACHE_DIR"] == "/var/cache/kubeinfer/triton"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/kubeinfer/torchinductor"
+    assert env["CUDA_CACHE_PATH"] == "/var/cache/kubeinfer/cuda"
+    node = build(runtime={"compileCache": {"hostPath": "/var/cache/kubeinfer"}})
+    assert volume(node, "compile-cache")["hostPath"] == {"path": "/var/cache/kubeinfer", "type": "DirectoryOrCreate"}
+    claim = build(runtime={"compileCache": {"volumeClaim": "kernels"}})
+    assert volume(claim, "compile-cache")["persistentVolumeClaim"] == {"claimName": "kernels"}
+    sized = build(runtime={"compileCache": {"sizeLimit": "2Gi"}})
+    assert volume(sized, "compile-cache")["emptyDir"] == {"sizeLimit": "2Gi"}
 
 
 def test_uri_cannot_inject_shell() -> None:

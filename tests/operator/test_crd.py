@@ -119,6 +119,9 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax" in messages
     assert "draftModelPath is needed with method draft" in messages
     assert "method draft runs with parallelism.tensor 1 only" in messages
+    assert "model.cacheHostPath and model.cacheVolumeClaim are exclusive" in messages
+    assert "model.cacheHostPath caches downloads" in messages
+    assert "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive" in messages
     for rule in _rules(_schema()):
         assert rule["rule"] and rule["message"]
 
@@ -144,6 +147,12 @@ BAD_SPECS = {
     "gpu product on cpu": ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-L4"}}, "resources.gpuProduct needs GPUs"),
     "gpu memory on cpu": ({"resources": {"gpus": 0}, "runtime": {"gpuMemoryUtilization": 0.5}},
                           "runtime.gpuMemoryUtilization applies to GPUs"),
+    "two model caches": ({"model": {"uri": "hf://o/m", "cacheHostPath": "/c", "cacheVolumeClaim": "c"}},
+                         "model.cacheHostPath and model.cacheVolumeClaim are exclusive"),
+    "node cache of a pvc model": ({"model": {"uri": "pvc://claim/m", "cacheHostPath": "/c"}},
+                                  "model.cacheHostPath caches downloads: it applies to hf:// and s3:// models only"),
+    "two compile caches": ({"runtime": {"compileCache": {"hostPath": "/c", "volumeClaim": "k"}}},
+                           "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive"),
     "ngram range upside down": ({"runtime": {"speculative": {"method": "ngram", "ngramMin": 5}}},
                                 "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax"),
     "draft without its model": ({"runtime": {"speculative": {"method": "draft"}}},

@@ -107,6 +107,19 @@ async def test_spec_update_patches_the_deployment(operator: Any, kapi: Any) -> N
     await kapi.eventually(ISVC, lambda o: o["status"].get("observedGeneration") == 2)
 
 
+async def test_node_caches_reach_the_applied_deployment(operator: Any, kapi: Any) -> None:
+    """The compile cache and the node-local model cache, as the running operator applies them."""
+    dep = await created(operator, kapi, model={"uri": "hf://org/m@v1", "cacheHostPath": "/var/lib/kubeinfer/models"},
+                        runtime={"compileCache": {"hostPath": "/var/cache/kubeinfer"}})
+    template = dep["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in template["volumes"]}
+    assert volumes["compile-cache"]["hostPath"] == {"path": "/var/cache/kubeinfer", "type": "DirectoryOrCreate"}
+    assert volumes["model"]["hostPath"] == {"path": "/var/lib/kubeinfer/models", "type": "DirectoryOrCreate"}
+    env = {e["name"]: e.get("value") for e in template["containers"][0]["env"]}
+    assert env["TRITON_CACHE_DIR"] == "/var/cache/kubeinfer/triton"
+    assert "flock 9" in template["initContainers"][0]["command"][-1]
+
+
 async def test_noop_resync_writes_nothing(operator: Any, kapi: Any) -> None:
     await created(operator, kapi)
     assert len(write_requests(operator)) >= 4, "the write counter sees nothing; the zero below would mean nothing"

@@ -1,0 +1,87 @@
+"""The weights phase of a start-up on CPU, with the page cache warm and cold, in fresh processes:
+
+    python benchmarks/weights_load.py [--model-dir /tmp/kubeinfer-17/llama-1b] [--repeat 3]
+
+Writes a Llama-3.2-1B-shaped random bf16 checkpoint (one 2.47 GB model.safetensors, as Hugging Face ships
+that model) into `--model-dir` once (kept for the next run; ~40 s, 3.3 GB of memory at the peak), then starts
+an engine on it `--repeat` times per cache state, each in a new process: "warm" reads the file from the page
+cache, "cold" first drops this file's pages from it (posix_fadvise DONTNEED: only this file, no privilege
+needed), so the weights come from the disk. Prints the runtime's own `weights` phase, the whole engine start
+and the process's peak resident memory, each the median of the runs. `--shape tiny` is a smoke test.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def evict(model_dir: Path) -> None:
+    """Drops the checkpoint's pages from the page cache (the kernel keeps dirty ones: sync first)."""
+    for file in model_dir.glob("*.safetensors"):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def child(model_dir: str) -> None:
+    """One engine start; prints its phases and peak RSS as JSON on the last line."""
+    import resource
+    started = time.monotonic()
+    from kubeinfer.runtime.llm import LLM
+    llm = LLM(model_dir, device="cpu", kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=8)
+    phases = {**llm.engine.startup_phases, "engine": time.monotonic() - started,
+              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    print(json.dumps(phases))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/kubeinfer-17/llama-1b"))
+    parser.add_argument("--shape", default="1b")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cache", nargs="+", default=["warm", "cold"], choices=["warm", "cold"])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    sys.path.insert(0, str(Path(__file__).parent))
+    if not (args.model_dir / "model.safetensors").is_file():
+        from gpu_model import SHAPES
+        from gpu_startup import write_checkpoint
+        seconds = write_checkpoint(args.model_dir, SHAPES[args.shape])
+        print(f"checkpoint written in {seconds:.1f} s")
+    size = sum(f.stat().st_size for f in args.model_dir.glob("*.safetensors"))
+    print(f"checkpoint: {args.model_dir}, {size / 1e9:.2f} GB of safetensors")
+    rows = {}
+    for state in args.cache:
+        runs = []
+        for _ in range(args.repeat):
+            if state == "cold":
+                evict(args.model_dir)
+            result = subprocess.run([sys.executable, "-P", __file__, "--child", str(args.model_dir)],
+                                    capture_output=True, text=True, timeout=900,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            if result.returncode != 0:
+                print(result.stdout, result.stderr, sep="\n")
+                return result.returncode
+            runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            print(f"  {state}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()), flush=True)
+        rows[state] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    keys = list(next(iter(rows.values())))
+    print(f"\n## median of {args.repeat} (s; peak RSS in GiB)\n")
+    print("| page cache | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
+    for state, row in rows.items():
+        print(f"| {state} | " + " | ".join(f"{row[key]:.2f}" for key in keys) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
