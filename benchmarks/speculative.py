@@ -1,16 +1,20 @@
 """Speculative decoding by prompt lookup vs plain decoding, side by side in one run.
 
-Model: the copy model of `benchmarks/copy_model.py` (trained once, cached), which copies passages it has seen, as
-models do when they edit code or quote a document. Two workloads on it, same lengths:
-- copy: `A SEP A[:4]` -> the rest of A (64-96 tokens): where prompt lookup hits;
-- random: a random prompt of the same length, sampled at temperature 1 (seeded): random text, where lookup
-  finds little and speculation must not cost more than a few percent. (Greedy, this model falls into loops
-  on text it cannot copy, and lookup would hit there too.)
-Each (workload, concurrency) runs plain and speculative engines alternately, `--trials` times each, with a
+Three workloads, same lengths (prompts of 129-193 tokens, 60-92 tokens out):
+- copy: the copy model of `benchmarks/copy_model.py` (trained once, cached), which copies passages it has
+  seen, as models do when they edit code or quote a document; `A SEP A[:4]` -> the rest of A, greedy: where
+  prompt lookup hits;
+- unseen: the copy model on a random prompt, sampled at temperature 1 (seeded): it partly repeats itself, so
+  lookup hits sometimes and is often wrong;
+- random: the demo model (random weights: a near-uniform next token) on a random prompt, sampled at
+  temperature 1: random text, where lookup finds next to nothing and speculation must not cost more than a
+  few percent.
+Each (workload, concurrency) runs plain and speculative engines alternately (which goes first alternates too),
+`--trials` times each, with a
 closed loop of `concurrency` requests in flight; figures are medians over trials. The copy workload is greedy, so
 both modes must produce the same tokens (checked).
 
-    python benchmarks/speculative.py [--concurrency 1 8 32] [--num-requests 32] [--trials 3] [--model PATH]
+    python benchmarks/speculative.py [--concurrency 1 8 32] [--num-requests 32] [--trials 5] [--model PATH]
 
 Per request, TPOT = (last token - first token) / (tokens - 1), the mean inter-token latency a client sees.
 """
@@ -28,15 +32,16 @@ from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 
 
-def workloads(num: int, seed: int = 0) -> dict[str, list[tuple[list[int], SamplingParams]]]:
+def workloads(num: int, seed: int = 0) -> dict[str, tuple[str, list[tuple[list[int], SamplingParams]]]]:
+    """name -> (model, requests)."""
     rng = random.Random(seed)
     passages = [passage(rng, rng.randint(64, 96)) for _ in range(num)]
     copy = [(a + [SEPARATOR] + a[:4], SamplingParams(max_tokens=len(a) - 4, temperature=0, ignore_eos=True))
             for a in passages]
-    rand = [(passage(rng, len(prompt)), SamplingParams(max_tokens=params.max_tokens, temperature=1.0, seed=i,
-                                                       ignore_eos=True))
-            for i, (prompt, params) in enumerate(copy)]
-    return {"copy": copy, "random": rand}
+    sampled = [(passage(rng, len(prompt)), SamplingParams(max_tokens=params.max_tokens, temperature=1.0, seed=i,
+                                                          ignore_eos=True))
+               for i, (prompt, params) in enumerate(copy)]
+    return {"copy": ("copy", copy), "unseen": ("copy", sampled), "random": ("demo", sampled)}
 
 
 def run(llm: LLM, requests: list[tuple[list[int], SamplingParams]], concurrency: int) -> dict:
@@ -72,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--num-requests", type=int, default=32)
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--speculative-tokens", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", help="a copy model's folder (default: benchmarks/copy_model.py's, trained once)")
@@ -80,22 +85,25 @@ def main() -> None:
     model = args.model or copy_model()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"device {args.device}; copy model {model} (greedy copy accuracy {copy_accuracy(model):.1%})")
-    engines = {
-        "plain": LLM(str(model), device=args.device, max_num_seqs=max(args.concurrency)),
-        "ngram": LLM(str(model), device=args.device, max_num_seqs=max(args.concurrency),
-                     speculative_method="ngram", speculative_tokens=args.speculative_tokens),
-    }
-    for llm in engines.values():   # warm-up
-        llm.generate([[1, 2, 3, 1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    engines = {}
+    for name, path in (("copy", str(model)), ("demo", "demo")):
+        engines[name] = {
+            "plain": LLM(path, device=args.device, max_num_seqs=max(args.concurrency)),
+            "ngram": LLM(path, device=args.device, max_num_seqs=max(args.concurrency),
+                         speculative_method="ngram", speculative_tokens=args.speculative_tokens),
+        }
+        for llm in engines[name].values():   # warm-up
+            llm.generate([[1, 2, 3, 1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     print(f"{'workload':<8}{'conc':>5} | {'plain tok/s':>11}{'TPOT ms':>9}{'P95':>7} | {'ngram tok/s':>11}"
           f"{'TPOT ms':>9}{'P95':>7} | {'speed-up':>8}{'accept':>8}{'tok/step':>9}")
-    for name, requests in workloads(args.num_requests).items():
+    for name, (model_name, requests) in workloads(args.num_requests).items():
         for concurrency in args.concurrency:
-            results = {mode: [] for mode in engines}
-            for _ in range(args.trials):
-                for mode, llm in engines.items():
-                    results[mode].append(run(llm, requests, concurrency))
-            plain, ngram = (_median(results[mode]) for mode in engines)
+            results = {mode: [] for mode in ("plain", "ngram")}
+            for trial in range(args.trials):
+                order = ("plain", "ngram") if trial % 2 == 0 else ("ngram", "plain")   # no mode always first
+                for mode in order:
+                    results[mode].append(run(engines[model_name][mode], requests, concurrency))
+            plain, ngram = (_median(results[mode]) for mode in ("plain", "ngram"))
             if name == "copy":
                 assert results["plain"][0]["tokens"] == results["ngram"][0]["tokens"], "greedy outputs differ"
             accept = ngram["accepted"] / max(ngram["draft_tokens"], 1)

@@ -11,7 +11,8 @@ A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
 and verified by the same forward; they take budget and KV slots like any token. Drafts never cause a
-preemption: a sequence that cannot fit its drafts runs without them. After the step, the computed tokens are
+preemption: a sequence that cannot fit its drafts runs without them. How many a sequence gets adapts to what it
+kept last time (see `_next_draft_limit`). After the step, the computed tokens are
 the last known one and the accepted drafts; the slots written for rejected drafts lie beyond them and are
 overwritten later, and a block grown for them stays the sequence's (freed with it).
 """
@@ -115,8 +116,8 @@ class Scheduler:
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may
         still output after this step's own, or the positions left before max_model_len."""
-        limit = min(self.speculative_tokens, room, seq.params.max_tokens - seq.num_output_tokens - 1,
-                    self.max_model_len - seq.num_tokens)
+        limit = min(seq.draft_limit or self.speculative_tokens, room,
+                    seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
         if limit < 1:
             return []
         if self.speculative_method == "draft":   # slots reserved; the draft model fills them before the forward
@@ -143,6 +144,7 @@ class Scheduler:
             if drafts:
                 seq.draft_token_ids = []
                 self._count_accepted(len(drafts), len(tokens) - 1)
+                seq.draft_limit = self._next_draft_limit(len(drafts), len(tokens) - 1)
                 num_new -= len(drafts) - (len(tokens) - 1)   # rejected drafts' slots are not computed
             kept, reason = [], None
             for token in tokens:
@@ -162,6 +164,14 @@ class Scheduler:
         if finished:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return kept_all
+
+    def _next_draft_limit(self, num_drafts: int, num_accepted: int) -> int:
+        """How many drafts a sequence gets next: one past what it kept after a rejection, twice as many after a
+        full acceptance (up to speculative_tokens). Wrong proposals then cost one extra query token per step,
+        not k, where verifying is not free (a CPU, a full GPU batch); right ones soon get all k again."""
+        if num_accepted == num_drafts:
+            return min(self.speculative_tokens, 2 * num_drafts)
+        return num_accepted + 1
 
     def _count_accepted(self, num_drafts: int, num_accepted: int) -> None:
         stats = self.stats

@@ -37,6 +37,7 @@ class Sequence:
         self.generator = None          # torch.Generator when the request has a seed (made by the sampler)
         self.draft_token_ids: list[int] = []   # proposed for this step, verified by its forward (speculation)
         self.num_draft_computed = 0            # tokens whose K/V are in the draft model's cache (draft method)
+        self.draft_limit: int | None = None    # drafts to propose next step (adapted to acceptance); None: all
 
     def __len__(self) -> int:
         return len(self.token_ids)

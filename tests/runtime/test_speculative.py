@@ -152,7 +152,7 @@ def test_aborts_with_drafts_in_flight_leave_no_block_behind(llama_dir):
 def test_a_seeded_request_gives_the_same_tokens_alone_or_in_any_batch(llama_dir):
     prompts = repetitive_prompts(5, LLM_VOCAB)
     # A low temperature: the random model's flat distributions sharpen enough for its output to repeat.
-    seeded = SamplingParams(max_tokens=40, temperature=0.1, top_k=20, seed=11, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=40, temperature=0.05, top_k=20, seed=11, ignore_eos=True)
     others = SamplingParams(max_tokens=25, temperature=1.0, ignore_eos=True)
     settings = {"speculative_method": "ngram", "speculative_ngram_min": 1}
     llm, alone = generate(llama_dir, [prompts[0]], seeded, **settings)
