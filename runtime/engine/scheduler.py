@@ -11,10 +11,10 @@ A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
 and verified by the same forward; they take budget and KV slots like any token. Drafts never cause a
-preemption: a sequence that cannot fit its drafts runs without them. How many a sequence gets adapts to what it
-kept last time (see `_next_draft_limit`). After the step, the computed tokens are
-the last known one and the accepted drafts; the slots written for rejected drafts lie beyond them and are
-overwritten later, and a block grown for them stays the sequence's (freed with it).
+preemption: a sequence that cannot fit its drafts runs without them. How many a sequence gets adapts to what
+it kept last time (`_next_draft_limit`). After the step, the computed tokens are the last known one and the
+accepted drafts; the slots written for rejected drafts lie beyond them and are overwritten later, and a block
+grown for them stays the sequence's (freed with it).
 """
 from collections import deque
 from dataclasses import dataclass, field
