@@ -17,9 +17,8 @@ import pytest
 from aiohttp import web
 
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.rbac import RULES
 
-from support.operator_harness import NAMESPACE, child_path, isvc_path, operator_requests, running_operator
+from support.operator_harness import NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -246,13 +245,6 @@ async def test_restarted_operator_resumes_from_status(cluster: Any, kapi: Any, p
     assert len(await events(kapi)) == n_events, "the restart caused Events (a manual override or a scale)"
 
 
-def _verb(r: Any) -> str:
-    if r.params.get("watch") == "true":
-        return "watch"
-    return {"GET": "get" if r.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
-            "DELETE": "delete"}[r.method.value]
-
-
 async def test_autoscaler_requests_are_allowed_by_rbac(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
     prom.queue, prom.running = 12.0, 4.0
     async with running_operator(cluster, config_for(prom)):
@@ -260,15 +252,7 @@ async def test_autoscaler_requests_are_allowed_by_rbac(cluster: Any, kapi: Any, 
         await kapi.create(isvc_path(NAMESPACE), manifest(replicas=1))
         await kapi_wait_events(kapi, "ScaleUp")
         await quiesce(kapi)
-    seen = set()
-    for r in operator_requests(cluster):
-        if r.resource is None or r.resource.plural is None:
-            continue
-        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        key = (r.resource.group, resource, _verb(r))
-        assert any(key[0] in rule["apiGroups"] and key[1] in rule["resources"] and key[2] in rule["verbs"]
-                   for rule in RULES), f"RBAC does not allow {key}"
-        seen.add(key)
+    seen = rbac_checked_requests(cluster)
     assert {("", "events", "create"), ("kubeinfer.dev", "inferenceservices", "patch"),
             ("kubeinfer.dev", "inferenceservices/status", "patch")} <= seen
 

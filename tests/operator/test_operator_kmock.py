@@ -15,10 +15,9 @@ import pytest
 
 from kubeinfer.operator.builders import HASH_ANNOTATION
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.rbac import RULES
 
-from support.operator_harness import (NAMESPACE, child_path, isvc_path, operator_requests, running_operator,
-                                        write_requests)
+from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator, settle,
+                                      write_requests)
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -37,19 +36,6 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
 
 def gpus(dep: dict[str, Any]) -> str:
     return dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-
-
-async def settle(server: Any, quiet: float = 0.4, timeout: float = 5.0) -> None:
-    """Wait until the operator has made no request for ``quiet`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    seen = -1
-    while asyncio.get_running_loop().time() < deadline:
-        now = len(list(server))
-        if now == seen:
-            return
-        seen = now
-        await asyncio.sleep(quiet)
-    raise AssertionError("the operator never went quiet")
 
 
 async def created(operator: Any, kapi: Any, **spec: Any) -> dict[str, Any]:
@@ -227,30 +213,12 @@ async def test_service_monitor_applied_when_its_crd_exists(cluster: Any, kapi: A
     assert sm["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
 
 
-def _verb(r: Any) -> str:
-    if r.params.get("watch") == "true":
-        return "watch"
-    return {"GET": "get" if r.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
-            "DELETE": "delete"}[r.method.value]
-
-
-def _allowed(group: str, resource: str, verb: str) -> bool:
-    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in RULES)
-
-
 async def test_every_request_the_operator_makes_is_allowed_by_its_rbac(operator: Any, kapi: Any) -> None:
     await created(operator, kapi, replicas=2)
     await kapi.patch(ISVC, {"spec": {"replicas": 3}})
     await kapi.delete(DEPLOYMENT)
     await kapi.eventually(DEPLOYMENT, lambda d: d["spec"]["replicas"] == 3)
     await settle(operator)
-    checked = set()
-    for r in operator_requests(operator):
-        if r.resource is None or r.resource.plural is None:
-            continue  # discovery (/api, /apis/...) is open to every authenticated client
-        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        key = (r.resource.group, resource, _verb(r))
-        assert _allowed(*key), f"RBAC does not allow {key}"
-        checked.add(key)
+    checked = rbac_checked_requests(operator)
     assert ("apps", "deployments", "create") in checked or ("apps", "deployments", "patch") in checked
     assert ("kubeinfer.dev", "inferenceservices/status", "patch") in checked

@@ -20,11 +20,10 @@ from prometheus_client import generate_latest
 from kubeinfer.operator import router
 from kubeinfer.operator.builders import INSTANCE_LABEL
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.rbac import RULES
 from kubeinfer.runtime.router.metrics import RouterMetrics
 
-from support.operator_harness import (TEST_USER_AGENT, NAMESPACE, child_path, isvc_path, operator_requests,
-                                     running_operator, write_requests)
+from support.operator_harness import (NAMESPACE, TEST_USER_AGENT, child_path, isvc_path, operator_requests,
+                                      rbac_checked_requests, running_operator, settle, write_requests)
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -63,18 +62,6 @@ def router_pod(i: int, ip: str | None = None, ready: bool = False) -> dict[str, 
 def endpoints_of(pod: dict[str, Any] | None) -> list[str] | None:
     value = ((pod or {}).get("metadata", {}).get("annotations") or {}).get(router.ENDPOINTS_ANNOTATION)
     return None if value is None else json.loads(value)
-
-
-async def settle(server: Any, quiet: float = 0.4, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    seen = -1
-    while asyncio.get_running_loop().time() < deadline:
-        now = len(list(server))
-        if now == seen:
-            return
-        seen = now
-        await asyncio.sleep(quiet)
-    raise AssertionError(f"the operator never went quiet: {[(r.method, str(r.url)) for r in list(server)[-8:]]}")
 
 
 async def writes_settle(server: Any, quiet: float = 1.0, timeout: float = 10.0) -> None:
@@ -237,13 +224,6 @@ async def test_requests_waiting_at_the_router_pods_scale_from_zero_without_route
     assert scrapes, "the autoscaler never listed the router pods"
 
 
-def _verb(r: Any) -> str:
-    if r.params.get("watch") == "true":
-        return "watch"
-    return {"GET": "get" if r.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
-            "DELETE": "delete"}[r.method.value]
-
-
 async def test_every_request_of_the_router_lifecycle_is_allowed_by_rbac(operator: Any, kapi: Any) -> None:
     operator.resources["inference.networking.k8s.io/v1/inferencepools"] = kmock_lib.ResourceInfo(
         kind="InferencePool", namespaced=True, verbs={"get", "list", "create", "patch", "delete"})
@@ -263,15 +243,7 @@ async def test_every_request_of_the_router_lifecycle_is_allowed_by_rbac(operator
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.05)
     await settle(operator)
-    checked = set()
-    for r in operator_requests(operator):
-        if r.resource is None or r.resource.plural is None:
-            continue
-        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        key = (r.resource.group, resource, _verb(r))
-        assert any(key[0] in rule["apiGroups"] and key[1] in rule["resources"] and key[2] in rule["verbs"]
-                   for rule in RULES), f"RBAC does not allow {key}"
-        checked.add(key)
+    checked = rbac_checked_requests(operator)
     assert {("", "pods", "patch"), ("apps", "deployments", "delete"), ("", "services", "delete"),
             ("inference.networking.k8s.io", "inferencepools", "create"),
             ("inference.networking.k8s.io", "inferencepools", "delete")} <= checked

@@ -18,6 +18,7 @@ import yaml
 
 from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.rbac import RULES
 from kubeinfer.operator.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 
 NAMESPACE = "default"
@@ -57,6 +58,41 @@ def write_requests(server: Any, start: int = 0) -> list[Any]:
 def operator_requests(server: Any) -> list[Any]:
     """Requests made by the operator (kopf or the applier), not by the test's own client."""
     return [r for r in list(server) if r.headers.get("User-Agent") != TEST_USER_AGENT]
+
+
+def _verb(request: Any) -> str:
+    if request.params.get("watch") == "true":
+        return "watch"
+    return {"GET": "get" if request.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
+            "DELETE": "delete"}[request.method.value]
+
+
+def rbac_checked_requests(server: Any) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], verb) of every request the operator made, each asserted to be allowed
+    by the ClusterRole's rules (discovery, /api and /apis, is open to every authenticated client: skipped)."""
+    checked = set()
+    for r in operator_requests(server):
+        if r.resource is None or r.resource.plural is None:
+            continue
+        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+        key = (r.resource.group, resource, _verb(r))
+        assert any(key[0] in rule["apiGroups"] and key[1] in rule["resources"] and key[2] in rule["verbs"]
+                   for rule in RULES), f"RBAC does not allow {key}"
+        checked.add(key)
+    return checked
+
+
+async def settle(server: Any, quiet: float = 0.4, timeout: float = 5.0) -> None:
+    """Wait until the operator has made no request for ``quiet`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    seen = -1
+    while asyncio.get_running_loop().time() < deadline:
+        now = len(list(server))
+        if now == seen:
+            return
+        seen = now
+        await asyncio.sleep(quiet)
+    raise AssertionError(f"the operator never went quiet: {[(r.method, str(r.url)) for r in list(server)[-8:]]}")
 
 
 async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
