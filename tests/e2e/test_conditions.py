@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from support.cluster import (
-    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace,
+    OperatorProcess, condition, eventually, isvc_path, make_namespace, tear_down,
 )
 
 CPU = {"gpus": 0, "cpu": "100m", "memory": "1Gi"}
@@ -43,11 +43,7 @@ def ns(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempP
     try:
         yield namespace
     finally:
-        try:
-            delete_inference_services(kube, namespace)
-        finally:
-            operator.stop()
-        delete_namespace(kube, namespace)
+        tear_down(kube, namespace, operator)
 
 
 def stamp(value: str) -> float:

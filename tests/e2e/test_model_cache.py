@@ -23,8 +23,7 @@ import pytest
 
 from support import streams
 from support.cluster import (
-    OperatorProcess, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace, pods_of,
-    ready_pods, service_url,
+    OperatorProcess, eventually, isvc_path, make_namespace, pods_of, ready_pods, service_url, tear_down,
 )
 
 NODE_CACHE_DIR = os.environ.get("KUBEINFER_E2E_NODE_CACHE_DIR")
@@ -60,11 +59,7 @@ def hub(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.Temp
     try:
         yield ns, url
     finally:
-        try:
-            delete_inference_services(kube, ns)
-        finally:
-            operator.stop()
-        delete_namespace(kube, ns)
+        tear_down(kube, ns, operator)
 
 
 def downloads(url: str) -> dict[str, int]:

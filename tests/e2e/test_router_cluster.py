@@ -25,8 +25,7 @@ import pytest
 
 from support import streams
 from support.cluster import (
-    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace,
-    pods_of, ready_pods, service_url,
+    OperatorProcess, condition, eventually, isvc_path, make_namespace, pods_of, ready_pods, service_url, tear_down,
 )
 
 ROUTER_LABEL = "kubeinfer.dev/router"
@@ -48,11 +47,7 @@ def cluster(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.
     try:
         yield ns, operator
     finally:
-        try:
-            delete_inference_services(kube, ns)
-        finally:
-            operator.stop()
-            delete_namespace(kube, ns)
+        tear_down(kube, ns, operator)
 
 
 def create(kube: Any, ns: str, name: str, spec: dict[str, Any]) -> None:

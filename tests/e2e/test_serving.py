@@ -19,8 +19,8 @@ import pytest
 
 from support import streams
 from support.cluster import (
-    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, is_ready, isvc_path,
-    make_namespace, pod_counter, pods_of, ready_pods, service_url,
+    OperatorProcess, condition, eventually, is_ready, isvc_path, make_namespace, pod_counter, pods_of, ready_pods,
+    service_url, tear_down,
 )
 
 NAME = "demo"
@@ -46,11 +46,7 @@ def scene(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.Te
     try:
         yield Scene(ns, operator)
     finally:
-        try:
-            delete_inference_services(kube, ns)
-        finally:
-            operator.stop()
-        delete_namespace(kube, ns)
+        tear_down(kube, ns, operator)
 
 
 def demo_spec() -> dict[str, Any]:

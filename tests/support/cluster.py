@@ -97,6 +97,18 @@ class OperatorProcess:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
 
+def tear_down(kube: Any, ns: str, operator: OperatorProcess) -> None:
+    """The end of a module's namespace: its InferenceServices deleted while the operator still runs (see
+    `delete_inference_services`), then the operator stopped and the namespace deleted, whatever failed before."""
+    try:
+        delete_inference_services(kube, ns)
+    finally:
+        try:
+            operator.stop()
+        finally:
+            delete_namespace(kube, ns)
+
+
 def isvc_path(ns: str, name: str) -> str:
     return f"{GROUP_PATH}/namespaces/{ns}/inferenceservices/{name}"
 
