@@ -66,15 +66,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float, sliding_window: int | None = None, k_scale: float = 1.0,
                      v_scale: float = 1.0) -> torch.Tensor:
     """One query token per sequence (q `[num_seqs, H, D]`), all sequences in one batched gather."""
-    block_size = k_cache.shape[1]
-    max_blocks = -(-meta.max_seqlen_k // block_size)
-    tables = meta.block_tables[:, :max_blocks].long()
-    k = _read_cache(k_cache[tables].flatten(1, 2), q.dtype, k_scale)    # [B, L, KVH, D]
-    v = _read_cache(v_cache[tables].flatten(1, 2), q.dtype, v_scale)
-    key_pos = torch.arange(k.shape[1], device=q.device)
+    k, v, key_pos = _gather_batch(k_cache, v_cache, meta, q.dtype, k_scale, v_scale)
     query_pos = (meta.seq_lens.long() - 1).view(-1, 1, 1)   # [B, 1 query, 1]
-    mask = _visible(query_pos, key_pos.view(1, 1, -1), sliding_window)
+    mask = _visible(query_pos, key_pos, sliding_window)
     return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
+
+
+def _gather_batch(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype,
+                  k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every sequence's K/V up to the longest, `[B, L, KVH, D]` each (padded with whatever block 0 holds: the
+    caller's mask hides it), and the key positions `[1, 1, L]`."""
+    tables = meta.block_tables[:, :-(-meta.max_seqlen_k // k_cache.shape[1])].long()
+    k = _read_cache(k_cache[tables].flatten(1, 2), dtype, k_scale)
+    v = _read_cache(v_cache[tables].flatten(1, 2), dtype, v_scale)
+    return k, v, torch.arange(k.shape[1], device=k.device).view(1, 1, -1)
 
 
 def short_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
@@ -82,17 +87,13 @@ def short_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_scale: float = 1.0) -> torch.Tensor:
     """A few query tokens per sequence (speculative verification: the last token and its drafts), all
     sequences in one batched gather as in decode: queries padded to `max_seqlen_q`, the padding dropped."""
-    block_size = k_cache.shape[1]
-    tables = meta.block_tables[:, :-(-meta.max_seqlen_k // block_size)].long()
-    k = _read_cache(k_cache[tables].flatten(1, 2), q.dtype, k_scale)    # [B, L, KVH, D]
-    v = _read_cache(v_cache[tables].flatten(1, 2), q.dtype, v_scale)
+    k, v, key_pos = _gather_batch(k_cache, v_cache, meta, q.dtype, k_scale, v_scale)
     starts = meta.cu_seqlens_q.long()
     q_lens = (starts[1:] - starts[:-1]).unsqueeze(1)                   # [B, 1]
     offsets = torch.arange(meta.max_seqlen_q, device=q.device).unsqueeze(0)
     real = offsets < q_lens                                            # [B, Q]: not padding
     rows = torch.where(real, starts[:-1].unsqueeze(1) + offsets, 0)
     query_pos = meta.seq_lens.long().unsqueeze(1) - q_lens + offsets   # [B, Q]
-    key_pos = torch.arange(k.shape[1], device=q.device).view(1, 1, -1)
     mask = _visible(query_pos.unsqueeze(-1), key_pos, sliding_window)
     return _attend(q[rows], k, v, mask, scale)[real]
 
