@@ -9,13 +9,24 @@ Each sequence holding blocks gets a row of `tables` (numpy, `[max_num_seqs, max_
 in step with its `block_table`, so the model runner gathers a batch's block tables with one index.
 """
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kubeinfer.runtime.engine.sequence import Sequence
 
+if TYPE_CHECKING:
+    import torch
+
 ROOT_HASH = 0x6B756265  # parent hash of a sequence's first block
 BlockKey = tuple[int, tuple[int, ...]]
+
+
+def slot_mapping(tables: "torch.Tensor", owner: "torch.Tensor", positions: "torch.Tensor",
+                 block_size: int) -> "torch.Tensor":
+    """The KV slot of each token: `tables[owner, position // block_size] * block_size + position % block_size`
+    (`tables`: the batch's block-table rows; `owner`: each token's row in it)."""
+    return tables[owner, positions // block_size].long() * block_size + positions % block_size
 
 
 class BlockManager:

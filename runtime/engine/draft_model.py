@@ -17,7 +17,7 @@ import torch
 
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.context import ForwardContext, set_context
-from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.block_manager import BlockManager, slot_mapping
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.layers.attention import PagedAttention
@@ -82,7 +82,7 @@ class DraftModel:
         tables = torch.from_numpy(block_manager.tables[[block_manager.row(seq) for seq in seqs],
                                                        :-(-max(seq_lens) // block_size)])
         owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lengths))
-        slots = tables[owner, positions // block_size].long() * block_size + positions % block_size
+        slots = slot_mapping(tables, owner, positions, block_size)
         cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
         meta = AttentionMetadata(
             cu_seqlens_q=cu_seqlens.to(device), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),

@@ -14,7 +14,7 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.context import ForwardContext, set_context
 from kubeinfer.runtime.cpu_threads import configure_torch_threads
-from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.block_manager import BlockManager, slot_mapping
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
@@ -257,7 +257,7 @@ class ModelRunner:
             owner = torch.arange(len(rows))
         else:
             owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(batch.num_new_tokens))
-        slots = tables[owner, positions_t // block_size].long() * block_size + positions_t % block_size
+        slots = slot_mapping(tables, owner, positions_t, block_size)
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.int64), positions=positions_t,
             cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32),

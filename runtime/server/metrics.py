@@ -58,6 +58,7 @@ class EngineMetrics:
         # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
         # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
         self.vllm = None
+        self.spec_families = [self.spec]   # the acceptance counters under each name they are exported as
         if vllm_names:
             self.vllm = {
                 "running": metric(Gauge, "vllm:num_requests_running", "Requests in the running batch (vLLM name)"),
@@ -66,13 +67,13 @@ class EngineMetrics:
                 "cache_config": metric(Gauge, "vllm:cache_config_info", "KV cache settings (vLLM name)",
                                        ["block_size", "num_gpu_blocks"]),
             }
-            self.vllm_spec = {
+            self.spec_families.append({
                 "drafts": metric(Counter, "vllm:spec_decode_num_drafts", "Draft steps (vLLM name)"),
                 "draft_tokens": metric(Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens (vLLM name)"),
                 "accepted": metric(Counter, "vllm:spec_decode_num_accepted_tokens", "Accepted (vLLM name)"),
                 "per_position": metric(Counter, "vllm:spec_decode_num_accepted_tokens_per_pos",
                                        "Accepted by position (vLLM name)", ["position"]),
-            }
+            })
             for gauge in ("running", "waiting", "kv_usage"):
                 self.vllm[gauge].labels(model_name)
         # Every series exists from start-up (at 0), so a fresh server is not read as "no data".
@@ -118,23 +119,21 @@ class EngineMetrics:
                 stats.spec_accepted_per_position)
         if seen == self._seen_spec:
             return
-        families = [self.spec] + ([self.vllm_spec] if self.vllm is not None else [])
         for name, new, old in zip(("drafts", "draft_tokens", "accepted"), seen, self._seen_spec):
             if new > old:
-                for family in families:
+                for family in self.spec_families:
                     self.labels(family[name]).inc(new - old)
         old_positions = self._seen_spec[3] or (0,) * len(seen[3])
         for position, (new, old) in enumerate(zip(seen[3], old_positions)):
             if new > old:
-                for family in families:
+                for family in self.spec_families:
                     self.labels(family["per_position"], str(position)).inc(new - old)
         self._seen_spec = seen
 
     def observe_engine(self, block_size: int, num_blocks: int, speculative_tokens: int = 0) -> None:
         """The KV cache's settings, once the engine is up; the per-position acceptance series at 0."""
-        families = [self.spec] + ([self.vllm_spec] if self.vllm is not None else [])
         for position in range(speculative_tokens):
-            for family in families:
+            for family in self.spec_families:
                 self.labels(family["per_position"], str(position))
         if self.vllm is not None:
             self.labels(self.vllm["cache_config"], str(block_size), str(num_blocks)).set(1)
