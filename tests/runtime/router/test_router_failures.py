@@ -1,4 +1,5 @@
 """The router when replicas fail or are missing: errors, retries, waiting, scale from zero."""
+import contextlib
 import json
 import signal
 import threading
@@ -12,14 +13,23 @@ from support import RuntimeServer, free_port, wait_for
 BODY = {"model": "tiny", "prompt": "Kubernetes", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
 
 
-def test_replica_killed_mid_stream_ends_with_an_error_and_refused_connections_go_elsewhere(
-        llama_dir, replicas, start_router, tmp_path):
-    victim = RuntimeServer(llama_dir, tmp_path / "victim.log", "--max-model-len", "512", "--cpu-threads", "1")
+@contextlib.contextmanager
+def victim_beside(replica, llama_dir, start_router, log):
+    """A second replica (the victim) and a round-robin router over both that picks the victim first and scrapes
+    so rarely that it learns what became of the victim only by trying it; yields (victim, router)."""
+    victim = RuntimeServer(llama_dir, log, "--max-model-len", "512", "--cpu-threads", "1")
     try:
         victim.wait_ready()
-        # round-robin takes the victim first; scrapes so rare that the router only learns of its death by trying
-        router = start_router([victim.url, replicas[0].url], "--policy", "round-robin",
+        router = start_router([victim.url, replica.url], "--policy", "round-robin",
                               "--scrape-interval", "60", "--stale-after", "120").wait_up(2)
+        yield victim, router
+    finally:
+        victim.stop()
+
+
+def test_replica_killed_mid_stream_ends_with_an_error_and_refused_connections_go_elsewhere(
+        llama_dir, replicas, start_router, tmp_path):
+    with victim_beside(replicas[0], llama_dir, start_router, tmp_path / "victim.log") as (victim, router):
         stream = BODY | {"max_tokens": 480, "stream": True}
         started = time.monotonic()
         with httpx.stream("POST", router.url + "/v1/completions", json=stream, timeout=30) as response:
@@ -39,17 +49,11 @@ def test_replica_killed_mid_stream_ends_with_an_error_and_refused_connections_go
             assert response.headers["x-kubeinfer-replica"] == replicas[0].url
         assert router.metric("kubeinfer_router_upstream_errors_total", kind="connect") == 1
         assert router.metric("kubeinfer_router_upstream_errors_total", kind="disconnect") == 1
-    finally:
-        victim.stop()
 
 
 def test_a_draining_replica_is_retried_elsewhere_and_finishes_what_it_holds(
         llama_dir, replicas, start_router, tmp_path):
-    victim = RuntimeServer(llama_dir, tmp_path / "draining.log", "--max-model-len", "512", "--cpu-threads", "1")
-    try:
-        victim.wait_ready()
-        router = start_router([victim.url, replicas[0].url], "--policy", "round-robin",
-                              "--scrape-interval", "60", "--stale-after", "120").wait_up(2)
+    with victim_beside(replicas[0], llama_dir, start_router, tmp_path / "draining.log") as (victim, router):
         stream = BODY | {"max_tokens": 480, "stream": True}
         with httpx.stream("POST", router.url + "/v1/completions", json=stream, timeout=60) as held:
             assert held.headers["x-kubeinfer-replica"] == victim.url
@@ -65,8 +69,6 @@ def test_a_draining_replica_is_retried_elsewhere_and_finishes_what_it_holds(
             assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
         assert router.metric("kubeinfer_router_upstream_errors_total", kind="draining") == 1
         assert victim.proc.wait(timeout=30) == 0
-    finally:
-        victim.stop()
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
