@@ -9,7 +9,6 @@ import json
 import logging
 import time
 
-import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kubeinfer.runtime.router.discovery import EndpointSliceWatch, EndpointsFileWatch
@@ -42,7 +41,8 @@ class Router:
     def __init__(self, settings: RouterSettings):
         self.settings = settings
         self.metrics = RouterMetrics()
-        self.replicas = ReplicaSet(settings.upstreams, settings.scrape_interval, settings.stale_after)
+        self.replicas = ReplicaSet(settings.upstreams, settings.scrape_interval, settings.stale_after,
+                                   settings.connect_timeout)
         self.room = WaitingRoom(self.replicas, settings.max_queued_requests, settings.max_queued_bytes,
                                 settings.queue_timeout)
         self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout)
@@ -51,10 +51,7 @@ class Router:
         self._file_watch: asyncio.Task | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout)
-        self.proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
-        self._scraper = asyncio.ensure_future(self.replicas.scrape_forever(self.proxy.session))
+        self._scraper = asyncio.ensure_future(self.replicas.scrape_forever())
         if self.settings.service is not None:
             loop = asyncio.get_running_loop()
             self._watch = EndpointSliceWatch(self.settings.namespace, self.settings.service,
@@ -73,8 +70,7 @@ class Router:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self.proxy.session is not None:
-            await self.proxy.session.close()
+        self.replicas.close()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":

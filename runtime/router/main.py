@@ -2,7 +2,12 @@
 
 On SIGTERM uvicorn stops accepting connections and lets open requests (streams included) finish for up to
 `drain_timeout` seconds, as a replica drains; the replicas themselves are not touched.
+
+uvicorn runs on uvloop with the httptools parser: with asyncio's own loop and h11 the router added 1.2-1.4 ms
+to a request's time to first token on this project's 2-core box, with these 0.4-0.6 ms (docs/router.md).
+(`kubeinfer serve` keeps asyncio and h11, measured there; uvloop hurt its engine-on-a-thread mode.)
 """
+import importlib.util
 import logging
 
 import uvicorn
@@ -16,7 +21,9 @@ KEEP_ALIVE_SECONDS = 65   # longer than the usual client/load-balancer idle time
 
 def serve(settings: RouterSettings, host: str, port: int, log_level: str = "info", drain_timeout: float = 30.0) -> int:
     router = Router(settings)
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"   # uvloop has no Windows build
     config = uvicorn.Config(router, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                            loop=loop, http="httptools",
                             lifespan="on", timeout_keep_alive=KEEP_ALIVE_SECONDS,
                             timeout_graceful_shutdown=drain_timeout,
                             server_header=False, date_header=False)   # the replica's own are relayed

@@ -10,17 +10,15 @@
 - The caller cancels `forward` when the client goes away; closing the upstream connection then makes the
   replica abort the request and free its KV blocks.
 """
-import asyncio
 import json
 import logging
 import time
-
-import aiohttp
 
 from kubeinfer.runtime.router.affinity import prompt_text
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import ReplicaSet
+from kubeinfer.runtime.router.upstream import ConnectFailed, Response, UpstreamError
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 
 logger = logging.getLogger(__name__)
@@ -34,12 +32,12 @@ class UpstreamFailed(Exception):
     """The replica failed after the request reached it, before its response started."""
 
 
-def request_headers(scope: dict) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP}
+def request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
 
 
-def response_headers(response: aiohttp.ClientResponse, replica_url: str) -> list[tuple[bytes, bytes]]:
-    headers = [(k.lower(), v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP - {b"content-length"}]
+def response_headers(response: Response, replica_url: str) -> list[tuple[bytes, bytes]]:
+    headers = [(k, v) for k, v in response.headers if k not in HOP_BY_HOP - {b"content-length"}]
     return headers + [(REPLICA_HEADER.encode(), replica_url.encode())]
 
 
@@ -53,7 +51,6 @@ class Proxy:
                  queue_timeout: float):
         self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
         self.queue_timeout = queue_timeout
-        self.session: aiohttp.ClientSession | None = None   # set at start-up (it needs the running loop)
 
     async def forward(self, scope: dict, body: bytes, send, received_at: float) -> None:
         """Sends the request to a replica and relays the response to `send`. Raises `Refused`/`UpstreamFailed`
@@ -72,20 +69,19 @@ class Proxy:
             self.metrics.added.observe(time.perf_counter() - received_at - waited)
             replica.in_flight += 1
             try:
-                response = await self.session.post(replica.url + scope["path"], data=body, headers=headers)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:   # never reached it
+                response = await replica.upstream.request("POST", scope["path"], headers, body)
+            except ConnectFailed as error:   # never reached it
                 replica.in_flight -= 1
-                timed_out = isinstance(error, aiohttp.ConnectionTimeoutError)
-                self.metrics.upstream_errors.labels("timeout" if timed_out else "connect").inc()
+                self.metrics.upstream_errors.labels("timeout" if error.timed_out else "connect").inc()
                 self.replicas.mark_down(replica, f"connect failed: {error}")
                 if time.monotonic() >= deadline:
                     raise Refused(503, "no replica could be reached; retry later", "no_replica",
                                   self.queue_timeout) from None
                 continue
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            except UpstreamError as error:
                 replica.in_flight -= 1
                 self.metrics.upstream_errors.labels("disconnect").inc()
-                raise UpstreamFailed(f"replica {replica.url} failed: {type(error).__name__} {error}".strip()) from None
+                raise UpstreamFailed(f"replica {replica.url} failed: {error}") from None
             except BaseException:   # cancelled (the client left) while waiting for the response to start
                 replica.in_flight -= 1
                 raise
@@ -96,8 +92,8 @@ class Proxy:
                 except BaseException as error:   # failed or cancelled while reading it
                     replica.in_flight -= 1
                     response.close()
-                    if isinstance(error, (aiohttp.ClientError, asyncio.TimeoutError)):
-                        raise UpstreamFailed(f"replica {replica.url} failed: {type(error).__name__}") from None
+                    if isinstance(error, UpstreamError):
+                        raise UpstreamFailed(f"replica {replica.url} failed: {error}") from None
                     raise
                 if b'"draining"' in prefetched:
                     replica.in_flight -= 1
@@ -114,27 +110,31 @@ class Proxy:
         self.metrics.picks.labels(replica.url, reason).inc()
         await self._relay(response, replica, send, prefetched)
 
-    async def _relay(self, response: aiohttp.ClientResponse, replica, send, prefetched: bytes | None) -> None:
-        finished = False
+    async def _relay(self, response: Response, replica, send, prefetched: bytes | None) -> None:
+        finished = False   # the replica's answer was read whole
+        body_closed = False   # the client's response body was ended (`more_body` False)
         try:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": response_headers(response, replica.url)})
             if prefetched is not None:
-                await send({"type": "http.response.body", "body": prefetched, "more_body": True})
+                await send({"type": "http.response.body", "body": prefetched, "more_body": False})
+                body_closed = True
             else:
-                async for chunk in response.content.iter_any():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                async for chunk in response.chunks():
+                    body_closed = response.ended   # the last chunk goes with the end of the body: one write less
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not body_closed})
             finished = True
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        except UpstreamError as error:
             self.metrics.upstream_errors.labels("disconnect").inc()
-            logger.warning("replica %s failed mid-response: %s %s", replica.url, type(error).__name__, error)
-            if response.content_type == "text/event-stream":
+            logger.warning("replica %s failed mid-response: %s", replica.url, error)
+            if (response.header(b"content-type") or b"").startswith(b"text/event-stream"):
                 await send({"type": "http.response.body", "more_body": True,
-                            "body": sse_error(f"the replica serving this request failed: {type(error).__name__}")})
+                            "body": sse_error(f"the replica serving this request failed: {error}")})
         finally:
             replica.in_flight -= 1
             if finished:
                 response.release()
             else:
                 response.close()   # the replica sees the connection close and aborts the request
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not body_closed:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -7,13 +7,15 @@ than `stale_after` seconds still lets it be picked, but as a fully loaded replic
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import aiohttp
+from kubeinfer.runtime.router.upstream import ConnectFailed, Upstream, UpstreamError
 
 logger = logging.getLogger(__name__)
 GAUGES = {"kubeinfer_num_requests_waiting": "waiting", "kubeinfer_num_requests_running": "running",
           "kubeinfer_kv_cache_usage_ratio": "kv_usage"}
+# Only those three families (a replica that ignores the filter answers everything, which parses the same).
+SCRAPE_PATH = "/metrics?" + "&".join(f"name[]={name}" for name in GAUGES)
 
 
 def parse_gauges(text: str) -> tuple[dict[str, float], str | None]:
@@ -22,11 +24,11 @@ def parse_gauges(text: str) -> tuple[dict[str, float], str | None]:
     model_name = None
     for line in text.splitlines():
         name, _, rest = line.partition("{")
-        field = GAUGES.get(name)
-        if field is None:
+        attribute = GAUGES.get(name)
+        if attribute is None:
             continue
         labels, _, value = rest.rpartition("}")
-        values[field] = values.get(field, 0.0) + float(value.split()[0])
+        values[attribute] = values.get(attribute, 0.0) + float(value.split()[0])
         if model_name is None and 'model_name="' in labels:
             model_name = labels.split('model_name="', 1)[1].split('"', 1)[0]
     return values, model_name
@@ -43,15 +45,18 @@ class Replica:
     scraped_at: float = -1e9    # time.monotonic() of the last successful scrape
     model_name: str | None = None
     down_until: float = 0.0     # a draining replica still answers scrapes: it stays down until then
+    upstream: Upstream | None = field(default=None, repr=False)   # its keep-alive connections
 
     def is_stale(self, now: float, stale_after: float) -> bool:
         return now - self.scraped_at > stale_after
 
 
 class ReplicaSet:
-    def __init__(self, urls: list[str], scrape_interval: float = 0.1, stale_after: float = 1.0):
-        self.replicas = {url: Replica(url) for url in urls}
+    def __init__(self, urls: list[str], scrape_interval: float = 0.1, stale_after: float = 1.0,
+                 connect_timeout: float = 2.0):
         self.scrape_interval, self.stale_after = scrape_interval, stale_after
+        self.connect_timeout = connect_timeout
+        self.replicas = {url: self._new(url) for url in urls}
         # Whether the set of replicas is known: at once for fixed URLs; a discovered set once discovery first
         # reported (an empty set too). Until then the router is not ready.
         self.known = bool(urls)
@@ -69,10 +74,10 @@ class ReplicaSet:
         removed one finish there."""
         for url in set(self.replicas) - urls:
             logger.info("replica %s removed", url)
-            del self.replicas[url]
+            self.replicas.pop(url).upstream.close()   # idle connections only: open requests finish
         for url in sorted(urls - set(self.replicas)):
             logger.info("replica %s added", url)
-            self.replicas[url] = Replica(url)
+            self.replicas[url] = self._new(url)
         self.known = True
         self._update_event()
 
@@ -84,24 +89,32 @@ class ReplicaSet:
         replica.down_until = time.monotonic() + hold_s
         self._update_event()
 
+    def close(self) -> None:
+        for replica in self.replicas.values():
+            replica.upstream.close()
+
+    def _new(self, url: str) -> Replica:
+        return Replica(url, upstream=Upstream(url, self.connect_timeout))
+
     def _update_event(self) -> None:
         if any(r.up for r in self.replicas.values()):
             self.any_up.set()
         else:
             self.any_up.clear()
 
-    async def scrape_forever(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(0.5, 5 * self.scrape_interval))
+    async def scrape_forever(self) -> None:
+        timeout = max(0.5, 5 * self.scrape_interval)
         while True:
-            await asyncio.gather(*(self._scrape(session, r, timeout) for r in list(self.replicas.values())))
+            await asyncio.gather(*(self._scrape(r, timeout) for r in list(self.replicas.values())))
             await asyncio.sleep(self.scrape_interval)
 
-    async def _scrape(self, session: aiohttp.ClientSession, replica: Replica, timeout: aiohttp.ClientTimeout) -> None:
+    async def _scrape(self, replica: Replica, timeout: float) -> None:
         try:
-            async with session.get(replica.url + "/metrics", timeout=timeout) as response:
-                response.raise_for_status()
-                values, model_name = parse_gauges(await response.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+            status, body = await replica.upstream.get(SCRAPE_PATH, timeout)
+            if status != 200:
+                raise UpstreamError(f"/metrics answered {status}")
+            values, model_name = parse_gauges(body.decode())
+        except (ConnectFailed, UpstreamError, asyncio.TimeoutError, ValueError) as error:
             self.mark_down(replica, f"scrape failed: {type(error).__name__} {error}".strip())
             return
         for field, value in values.items():

@@ -137,7 +137,10 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
     gc.freeze()   # start-up objects are never garbage: keep them out of the collections on the serving path
     uvicorn_config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level.lower(),
                                     timeout_graceful_shutdown=5, access_log=False,
-                                    timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                                    timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                                    # as measured (docs/benchmarks.md), not uvicorn's pick now that the router
+                                    # brings uvloop and httptools: uvloop starved the engine-on-a-thread mode
+                                    loop="asyncio", http="h11")
     server = DrainingServer(uvicorn_config, state, drain_timeout)
 
     def listening() -> None:

@@ -121,6 +121,12 @@ def test_models_and_probes(client, server):
     assert httpx.get(url + "/ready").json() == {"status": "ready"}
     metrics = httpx.get(url + "/metrics").text
     assert 'kubeinfer_generation_tokens_total{model_name="tiny"}' in metrics
+    # what the router asks for: those families only, the same values
+    from kubeinfer.runtime.router.replicas import SCRAPE_PATH, parse_gauges
+    restricted = httpx.get(url + SCRAPE_PATH).text
+    assert {line.split("{")[0] for line in restricted.splitlines() if not line.startswith("#")} == {
+        "kubeinfer_num_requests_waiting", "kubeinfer_num_requests_running", "kubeinfer_kv_cache_usage_ratio"}
+    assert parse_gauges(restricted) == parse_gauges(metrics) and parse_gauges(restricted)[1] == "tiny"
 
 
 def test_text_offsets_count_characters_of_the_text(client, offline):
