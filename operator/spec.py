@@ -301,7 +301,7 @@ class RouterSpec(_Model):
     kv_weight: float = Field(default=0.25, ge=0, description="Score taken per share of a replica's KV cache in use.")
     footprint_weight: float = Field(default=0.25, ge=0,
                                     description="Score taken per share of the most prefix text sent to one replica.")
-    load_bound_epsilon: float = Field(default=0.25, ge=0,
+    load_bound_epsilon: float = Field(default=1.0, ge=0,
                                       description="Skip replicas above (1 + this) x the mean requests in flight.")
     max_queued_requests: int = Field(default=1024, ge=1,
                                      description="Requests that may wait for a ready replica before 429.")

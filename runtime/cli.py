@@ -187,7 +187,7 @@ ROUTER_FLAGS = [
     ("prefix-weight", float, 1.0, "score per share of the prompt's prefix chunks a replica was sent"),
     ("load-weight", float, 0.5, "score taken per share of the busiest replica's load (in flight + waiting)"),
     ("kv-weight", float, 0.25, "score taken per share of a replica's KV cache in use"),
-    ("load-bound-epsilon", float, 0.25, "skip replicas above (1 + this) x the mean requests in flight"),
+    ("load-bound-epsilon", float, 1.0, "skip replicas above (1 + this) x the mean requests in flight"),
     ("footprint-weight", float, 0.25, "score taken per share of the most prefix text sent to one replica"),
     ("chunk-chars", int, 64, "characters per prefix chunk"),
     ("scrape-interval", float, 0.1, "seconds between scrapes of each replica's /metrics"),

@@ -101,7 +101,7 @@ class Weights:
     prefix: float = 1.0    # per share of the prompt's chunks already sent to the replica
     load: float = 0.5      # per share of the busiest candidate's load (in flight here + waiting there)
     kv: float = 0.25       # per share of the replica's KV cache in use
-    epsilon: float = 0.25  # bounded load: skip replicas above (1 + epsilon) x the mean in flight
+    epsilon: float = 1.0   # bounded load: skip replicas above (1 + epsilon) x the mean in flight (measured)
     footprint: float = 0.25  # per share of the largest footprint (prefix chunks owned) among the candidates
 
     def __post_init__(self):

@@ -32,7 +32,10 @@ def test_prefix_policy_follows_a_prefix_it_placed_and_records_at_pick_time():
     assert reason == "load"
     again, reason = chooser.choose(replicas, LONG + "question two")   # nothing told it the first one finished
     assert (again, reason) == (first, "prefix")
-    # while it runs, a second request of that prefix is over the bound with 1 of 1 in flight: it goes elsewhere
+    # with one request of it running there, a second still goes there: cap = ceil(2 x 2 / 3) = 2
     first.in_flight = 1
-    other, reason = chooser.choose(replicas, LONG + "question three")
+    assert chooser.choose(replicas, LONG + "question three") == (first, "prefix")
+    # with two, a third is over the bound (cap = ceil(2 x 3 / 3) = 2): it goes elsewhere
+    first.in_flight = 2
+    other, reason = chooser.choose(replicas, LONG + "question four")
     assert other is not first and reason == "bounded"

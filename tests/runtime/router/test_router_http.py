@@ -54,7 +54,7 @@ def test_same_prefix_goes_to_the_same_replica_and_prefixes_spread(replicas, star
 
 
 def test_one_hot_prefix_is_spread_within_the_load_bound(replicas, start_router):
-    router = start_router([r.url for r in replicas]).wait_up(2)
+    router = start_router([r.url for r in replicas], "--load-bound-epsilon", "0.25").wait_up(2)
     num_streams, opened, served = 8, threading.Barrier(8, timeout=30), []
     body = {"model": "tiny", "prompt": SYSTEMS[0] + " the same hot question", "max_tokens": 300, "stream": True,
             "ignore_eos": True, "temperature": 0}
