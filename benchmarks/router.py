@@ -80,6 +80,17 @@ async def scrape_sum(session: aiohttp.ClientSession, url: str, names: tuple[str,
     return sums
 
 
+async def pick_reasons(session: aiohttp.ClientSession, router_url: str) -> dict[str, int]:
+    """The router's picks by reason (`kubeinfer_router_picks_total`), summed over replicas."""
+    reasons: dict[str, int] = {}
+    async with session.get(router_url + "/metrics") as response:
+        for line in (await response.text()).splitlines():
+            if line.startswith("kubeinfer_router_picks_total{"):
+                reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                reasons[reason] = reasons.get(reason, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return reasons
+
+
 CACHE = ("kubeinfer_prefix_cache_hits_total", "kubeinfer_prefix_cache_queries_total",
          "kubeinfer_num_preemptions_total")
 
@@ -108,11 +119,12 @@ async def run_workload(args, router_url: str, replica_urls: list[str], model: st
         await asyncio.gather(*(user_loop() for _ in range(args.concurrency)))
         elapsed = time.perf_counter() - started
         after = [await scrape_sum(session, url, CACHE) for url in replica_urls]
+        reasons = await pick_reasons(session, router_url)
     hits = sum(a[CACHE[0]] - b[CACHE[0]] for a, b in zip(after, before))
     queries = sum(a[CACHE[1]] - b[CACHE[1]] for a, b in zip(after, before))
     counts = [served.count(url) for url in replica_urls]
     preemptions = sum(a[CACHE[2]] - b[CACHE[2]] for a, b in zip(after, before))
-    return {"preemptions": preemptions, "requests": len(ttfts), "ttft_mean": statistics.mean(ttfts),
+    return {"reasons": reasons, "preemptions": preemptions, "requests": len(ttfts), "ttft_mean": statistics.mean(ttfts),
             "ttft_p50": percentile(ttfts, 0.5),
             "ttft_p95": percentile(ttfts, 0.95), "hit_rate": hits / queries if queries else 0.0,
             "rps": len(ttfts) / elapsed, "tokens_per_s": tokens / elapsed, "elapsed": elapsed, "counts": counts,
@@ -182,7 +194,8 @@ def run_policy(args, policy: str, log_dir: str) -> tuple[dict, dict | None]:
                 async with session.get(replica_urls[0] + "/v1/models") as response:
                     model = (await response.json())["data"][0]["id"]
             result = await run_workload(args, router_url, replica_urls, model)
-            light = await light_load(args, router_url, model) if policy == args.policies[0] else None
+            light = (await light_load(args, router_url, model)
+                     if policy == args.policies[0] and args.light_requests else None)
             return result, light
         return asyncio.run(go())
     finally:
@@ -220,12 +233,13 @@ def main() -> None:
         results[policy], measured = run_policy(args, policy, log_dir)
         light = light or measured
     print(f"\n{'policy':<13}{'reqs':>5} {'TTFT mean':>10} {'P50':>8} {'P95':>8} {'hit rate':>9} {'req/s':>7} "
-          f"{'tok/s':>7} {'preempt':>7}  requests per replica (max/mean)")
+          f"{'tok/s':>7} {'preempt':>7}  requests per replica (max/mean), picks by reason")
     for policy, r in results.items():
         print(f"{policy:<13}{r['requests']:>5} {r['ttft_mean'] * 1e3:>8.0f}ms {r['ttft_p50'] * 1e3:>6.0f}ms "
               f"{r['ttft_p95'] * 1e3:>6.0f}ms {r['hit_rate']:>9.1%} {r['rps']:>7.2f} {r['tokens_per_s']:>7.1f} "
               f"{r['preemptions']:>7.0f}  "
-              f"{r['counts']} ({r['max_over_mean']:.2f})")
+              f"{r['counts']} ({r['max_over_mean']:.2f}), "
+              + " ".join(f"{reason} {n}" for reason, n in sorted(r["reasons"].items())))
     if "prefix" in results and "round-robin" in results:
         p, rr = results["prefix"], results["round-robin"]
         print(f"prefix vs round-robin: mean TTFT {rr['ttft_mean'] / p['ttft_mean']:.2f}x lower, hit rate "
