@@ -165,6 +165,7 @@ async def _wait_for_disconnect(request: Request) -> None:
 async def _stream(state: ServerState, job: Job, formatter: Formatter, include_usage: bool):
     queue: asyncio.Queue = asyncio.Queue()
     emitted = [0] * len(job.params)
+    cached = [0] * len(job.params)   # prompt tokens each choice found in the prefix cache
 
     async def pump(index, sub_id, prompt, params):
         try:
@@ -191,11 +192,12 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
                 return
             else:
                 emitted[index] = len(item.token_ids)
+                cached[index] = item.num_cached_tokens
                 chunk = formatter.chunk(index, item)
                 if chunk:
                     yield chunk
         if include_usage:
-            yield formatter.usage_chunk(job.num_prompt_tokens, sum(emitted))
+            yield formatter.usage_chunk(job.num_prompt_tokens, sum(emitted), sum(cached))
         yield sse("[DONE]")
     finally:
         for task in tasks:

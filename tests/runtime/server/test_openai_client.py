@@ -41,6 +41,14 @@ def test_streamed_completion_equals_the_whole_one(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # a stream whose prompt is in the prefix cache says so in its usage, as a whole answer does
+    long_prompt = PROMPT * 5   # a few full KV blocks
+    first = client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1, extra_body=EXTRA)
+    streamed = list(client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1, stream=True,
+                                              stream_options={"include_usage": True}, extra_body=EXTRA))
+    again = client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1, extra_body=EXTRA)
+    cached = streamed[-1].usage.prompt_tokens_details.cached_tokens
+    assert cached == again.usage.prompt_tokens_details.cached_tokens > 0, (cached, first.usage)
 
 
 def test_chat_streamed_equals_whole_and_uses_the_template(client, offline):
