@@ -107,6 +107,10 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
         "volumes": [{"name": "endpoints", "downwardAPI": {"items": [{
             "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}],
         "securityContext": pod.pod_security_context(),
+        # Router pods on different nodes where the scheduler can: one node's loss then leaves the others.
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector_labels(owner)},
+                                               "topologyKey": "kubernetes.io/hostname"}}]}},
         "terminationGracePeriodSeconds": pod.termination_grace_seconds(spec),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,   # it never talks to the API server

@@ -66,6 +66,10 @@ def test_the_router_pod_runs_the_runtime_image_without_gpus_or_the_replicas_sche
     assert container["image"] == "example/rt:1"
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
     assert "nodeSelector" not in pod_spec and "tolerations" not in pod_spec
+    # spread over nodes where possible: the preferred anti-affinity selects exactly the Deployment's own pods
+    [term] = pod_spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert dep["metadata"]["name"] == "llama-router" and dep["metadata"]["namespace"] == "team-a"
     assert router.deployment(s, OWNER, OperatorConfig(runtime_image="x")) == dep   # pure: same spec, same object
 
