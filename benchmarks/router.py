@@ -179,7 +179,8 @@ def run_policy(args, policy: str, log_dir: str) -> tuple[dict, dict | None]:
     router_url = f"http://127.0.0.1:{router_port}"
     log = open(os.path.join(log_dir, f"{policy}.log"), "w")
     procs = [kubeinfer("serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port), "--cpu-threads", "1",
-                       "--num-kvcache-blocks", str(args.kv_blocks), "--max-model-len", "2048", log=log)
+                       "--num-kvcache-blocks", str(args.kv_blocks), "--max-model-len", "2048",
+                       *args.replica_args.split(), log=log)
              for port in ports]
     upstreams = [arg for url in replica_urls for arg in ("--upstream", url)]
     procs.append(kubeinfer("router", *upstreams, "--host", "127.0.0.1", "--port", str(router_port),
@@ -220,6 +221,7 @@ def main() -> None:
     parser.add_argument("--light-requests", type=int, default=100, help="requests of the light-load comparison")
     parser.add_argument("--policies", nargs="+", default=["prefix", "round-robin"])
     parser.add_argument("--router-args", default="", help="more router flags, e.g. '--footprint-weight 0'")
+    parser.add_argument("--replica-args", default="", help="more `kubeinfer serve` flags for every replica")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     log_dir = tempfile.mkdtemp(prefix="router-bench-")
@@ -227,7 +229,7 @@ def main() -> None:
     print(f"{args.replicas} replicas of the demo model (1 torch thread, {args.kv_blocks} KV blocks each) on "
           f"{os.cpu_count()} CPUs; {args.systems} system prompts x {args.users} users x {args.turns} turns, "
           f"{args.concurrency} conversations at a time, {args.max_tokens} tokens per reply; router flags "
-          f"{args.router_args or '(defaults)'}; logs in {log_dir}")
+          f"{args.router_args or '(defaults)'}; replica flags {args.replica_args or '(defaults)'}; logs in {log_dir}")
     results, light = {}, None
     for policy in args.policies:
         results[policy], measured = run_policy(args, policy, log_dir)
