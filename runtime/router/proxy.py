@@ -23,7 +23,8 @@ from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 
 logger = logging.getLogger(__name__)
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
-              b"proxy-authenticate", b"trailer", b"host", b"content-length"}
+              b"proxy-authenticate", b"trailer", b"host", b"content-length",
+              b"expect"}   # uvicorn answered the client's `Expect: 100-continue`; the replica gets the whole body
 REPLICA_HEADER = "x-kubeinfer-replica"
 DRAINING_HOLD_SECONDS = 5.0
 

@@ -79,6 +79,9 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self._response
         response.status = self.parser.get_status_code()
+        if response.status < 200:   # an interim answer (100 Continue): the real one follows
+            response.headers.clear()
+            return
         if not response.started.done():
             response.started.set_result(None)
 
@@ -87,6 +90,8 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         response = self._response
+        if response.status < 200:
+            return
         response.complete = True
         response.keep_alive = self.parser.should_keep_alive()
         response._wake()

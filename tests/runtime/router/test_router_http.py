@@ -36,6 +36,12 @@ def test_completions_and_streamed_chat_through_the_router_equal_direct(replicas,
     with pytest.raises(openai.NotFoundError) as refused:   # a replica's own error passes through unchanged
         routed.completions.create(model="nope", prompt="x", max_tokens=1)
     assert refused.value.body["code"] == "model_not_found"
+    # curl sends `Expect: 100-continue` with larger bodies: the router answers it; the replica never sees it
+    body = {**ask, "prompt": "Kubernetes schedules pods " * 20}
+    expecting = httpx.post(router.url + "/v1/completions", json=body, headers={"Expect": "100-continue"}, timeout=60)
+    assert expecting.status_code == 200
+    assert expecting.json()["choices"][0]["text"] == httpx.post(replicas[0].url + "/v1/completions", json=body,
+                                                                timeout=60).json()["choices"][0]["text"]
 
 
 def test_same_prefix_goes_to_the_same_replica_and_prefixes_spread(replicas, start_router):

@@ -136,6 +136,12 @@ async def test_a_kept_alive_connection_closed_before_answering_is_retried_once_o
     assert server.connections == 2 and len(server.requests) == 3
 
 
+async def test_an_interim_100_continue_is_skipped_for_the_answer_after_it():
+    async with ScriptedServer([b"HTTP/1.1 100 Continue\r\n\r\n" + plain(b"real", "x-n: 2")]) as server:
+        response = await Upstream(server.url, connect_timeout=1).request("POST", "/x", [], b"{}")
+        assert (response.status, response.header(b"x-n"), await response.read()) == (200, b"2", b"real")
+
+
 async def test_not_http_raises_upstream_error():
     async with ScriptedServer([b"SSH-2.0-OpenSSH\r\n\r\n"]) as server:
         with pytest.raises(UpstreamError, match="bad HTTP"):
