@@ -186,8 +186,12 @@ async def test_a_slow_reader_pauses_the_replica_instead_of_buffering_everything(
     body = bytes(range(256)) * (4 * PAUSE_BYTES // 256)
     async with ScriptedServer([plain(body)]) as server:
         response = await Upstream(server.url, connect_timeout=1).request("GET", "/big")
-        await asyncio.sleep(0.3)   # not reading: the client must stop reading the socket
+        for _ in range(500):   # not reading the body: the client must stop reading the socket
+            if not response.connection.transport.is_reading():
+                break
+            await asyncio.sleep(0.01)
         assert not response.connection.transport.is_reading()
+        await asyncio.sleep(0.1)   # and stay paused: nothing more is buffered
         assert PAUSE_BYTES <= response._buffered < 2 * PAUSE_BYTES
         assert await response.read() == body
         response.release()
