@@ -39,6 +39,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+def checked_by(*rules: dict[str, Any]) -> ConfigDict:
+    """A `_Model` config whose object carries these CEL rules (rules across its fields)."""
+    return ConfigDict(**_Model.model_config, json_schema_extra={"x-kubernetes-validations": list(rules)})
+
+
 MODEL_CACHES_EXCLUSIVE = cel(
     "!has(self.cacheHostPath) || !has(self.cacheVolumeClaim)",
     "model.cacheHostPath and model.cacheVolumeClaim are exclusive: one cache per model",
@@ -50,10 +55,7 @@ HOST_CACHE_NEEDS_DOWNLOAD = cel(
 
 
 class ModelSource(_Model):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [MODEL_CACHES_EXCLUSIVE, HOST_CACHE_NEEDS_DOWNLOAD]},
-    )
+    model_config = checked_by(MODEL_CACHES_EXCLUSIVE, HOST_CACHE_NEEDS_DOWNLOAD)
 
     uri: str = Field(
         max_length=1024,
@@ -132,10 +134,7 @@ DRAFT_NEEDS_MODEL = cel(
 class Speculative(_Model):
     """Speculative decoding: drafts proposed each step and verified by one forward of the model (docs/runtime.md)."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [NGRAM_RANGE, DRAFT_NEEDS_MODEL]},
-    )
+    model_config = checked_by(NGRAM_RANGE, DRAFT_NEEDS_MODEL)
 
     method: Literal["ngram", "draft"] = Field(
         description="ngram: prompt lookup, no extra weights; proposes what followed the latest earlier occurrence "
@@ -165,13 +164,10 @@ class CompileCache(_Model):
     keeps them for every pod, so a new replica loads its kernels instead of compiling them (~5 s of a GPU
     start-up, docs/benchmarks.md)."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [cel(
-            "!has(self.hostPath) || !has(self.volumeClaim)",
-            "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive",
-        )]},
-    )
+    model_config = checked_by(cel(
+        "!has(self.hostPath) || !has(self.volumeClaim)",
+        "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive",
+    ))
 
     host_path: str | None = Field(
         default=None, max_length=1024, pattern=r"^/",
@@ -251,13 +247,10 @@ class Resources(_Model):
 class Autoscaling(_Model):
     """Read by the autoscaler policy; names fixed by docs/contracts.md."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [cel(
-            "(has(self.minReplicas) ? self.minReplicas : 1) <= self.maxReplicas",
-            "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
-        )]},
-    )
+    model_config = checked_by(cel(
+        "(has(self.minReplicas) ? self.minReplicas : 1) <= self.maxReplicas",
+        "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+    ))
 
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(ge=1)
@@ -382,12 +375,8 @@ REPLICAS_IN_BOUNDS = cel(
 
 
 class InferenceServiceSpec(_Model):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid",
-        json_schema_extra={"x-kubernetes-validations": [
-            REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
-            DRAFT_WITHOUT_TENSOR_PARALLELISM]},
-    )
+    model_config = checked_by(REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
+                              DRAFT_WITHOUT_TENSOR_PARALLELISM)
 
     model: ModelSource
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
