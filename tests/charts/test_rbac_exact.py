@@ -40,23 +40,6 @@ def granted() -> set[tuple[str, str, str]]:
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
-def _verb(r: Any) -> str:
-    if r.params.get("watch") == "true":
-        return "watch"
-    return {"GET": "get" if r.name else "list", "POST": "create", "PATCH": "patch", "PUT": "update",
-            "DELETE": "delete"}[r.method.value]
-
-
-def exercised(server: Any) -> set[tuple[str, str, str]]:
-    out = set()
-    for r in harness.operator_requests(server):
-        if r.resource is None or r.resource.plural is None:
-            continue  # discovery
-        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        out.add((r.resource.group, resource, _verb(r)))
-    return out
-
-
 @pytest.fixture()
 def cluster(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return harness.serve_cluster(kmock, tmp_path, monkeypatch, {
@@ -103,7 +86,7 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
             while await kapi.get(path) is not None:
                 assert asyncio.get_running_loop().time() < deadline, f"{path} not deleted"
                 await asyncio.sleep(0.05)
-    used = exercised(cluster)
+    used = harness.permissions_used(cluster)
     rules = granted()
     unexplained = rules - used - set(JUSTIFIED)
     assert not unexplained, f"granted but never used nor justified (remove from rbac.RULES?): {sorted(unexplained)}"

@@ -64,17 +64,9 @@ def endpoints_of(pod: dict[str, Any] | None) -> list[str] | None:
     return None if value is None else json.loads(value)
 
 
-async def writes_settle(server: Any, quiet: float = 1.0, timeout: float = 10.0) -> None:
-    """Wait until nothing has been written for `quiet` seconds (reads may go on: kmock replays pod events)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    seen = -1
-    while asyncio.get_running_loop().time() < deadline:
-        now = len(write_requests(server))
-        if now == seen:
-            return
-        seen = now
-        await asyncio.sleep(quiet)
-    raise AssertionError("the operator kept writing")
+async def writes_settle(server: Any) -> None:
+    """Wait until nothing has been written for 1 s (reads may go on: kmock replays pod events)."""
+    await settle(server, quiet=1.0, timeout=10.0, requests=write_requests)
 
 
 async def test_router_deployment_and_service_are_built_and_status_names_the_router(operator: Any, kapi: Any) -> None:

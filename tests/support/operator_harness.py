@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -67,32 +67,39 @@ def _verb(request: Any) -> str:
             "DELETE": "delete"}[request.method.value]
 
 
-def rbac_checked_requests(server: Any) -> set[tuple[str, str, str]]:
-    """(API group, resource[/subresource], verb) of every request the operator made, each asserted to be allowed
-    by the ClusterRole's rules (discovery, /api and /apis, is open to every authenticated client: skipped)."""
-    checked = set()
+def permissions_used(server: Any) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], verb) of every request the operator made (discovery, /api and /apis,
+    is open to every authenticated client: skipped)."""
+    used = set()
     for r in operator_requests(server):
         if r.resource is None or r.resource.plural is None:
             continue
         resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        key = (r.resource.group, resource, _verb(r))
+        used.add((r.resource.group, resource, _verb(r)))
+    return used
+
+
+def rbac_checked_requests(server: Any) -> set[tuple[str, str, str]]:
+    """`permissions_used`, each asserted to be allowed by the ClusterRole's rules."""
+    used = permissions_used(server)
+    for key in used:
         assert any(key[0] in rule["apiGroups"] and key[1] in rule["resources"] and key[2] in rule["verbs"]
                    for rule in RULES), f"RBAC does not allow {key}"
-        checked.add(key)
-    return checked
+    return used
 
 
-async def settle(server: Any, quiet: float = 0.4, timeout: float = 5.0) -> None:
-    """Wait until the operator has made no request for ``quiet`` seconds."""
+async def settle(server: Any, quiet: float = 0.4, timeout: float = 5.0,
+                 requests: Callable[[Any], list[Any]] = list) -> None:
+    """Wait until the operator has made no request (of those `requests(server)` lists) for ``quiet`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
     seen = -1
     while asyncio.get_running_loop().time() < deadline:
-        now = len(list(server))
+        now = len(requests(server))
         if now == seen:
             return
         seen = now
         await asyncio.sleep(quiet)
-    raise AssertionError(f"the operator never went quiet: {[(r.method, str(r.url)) for r in list(server)[-8:]]}")
+    raise AssertionError(f"the operator never went quiet: {[(r.method, str(r.url)) for r in requests(server)[-8:]]}")
 
 
 async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
