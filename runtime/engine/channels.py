@@ -2,8 +2,8 @@
 
 Messages are tuples; the first item names them (see `core_loop`). Each end has the same two calls:
 `send(message)` and `receive(timeout)` -> every message waiting (after waiting up to `timeout` seconds for
-the first; None waits for ever). The API end also has `fileno()`, a descriptor that turns readable when a
-message waits, so the event loop can watch it (`loop.add_reader`). A closed peer raises EOFError.
+the first; None waits for ever). The API end also has `watch(loop, callback)`: the event loop calls back when
+a message waits (`fileno()` is the descriptor it watches). A closed peer raises EOFError.
 
 - Process mode: a `multiprocessing` duplex pipe; messages are pickled (one message per engine step).
 - Thread mode: two queues, and an OS pipe that wakes the event loop.
@@ -21,6 +21,12 @@ class PipeEnd:
 
     def fileno(self) -> int:
         return self.conn.fileno()
+
+    def watch(self, loop, callback) -> None:
+        loop.add_reader(self.fileno(), callback)
+        # uvloop (libuv) makes a watched descriptor non-blocking; recv() of a message that is still being
+        # written would then raise BlockingIOError half-way through it, and the message would be lost.
+        os.set_blocking(self.fileno(), True)
 
     def send(self, message: tuple) -> None:
         self.conn.send(message)
@@ -75,6 +81,9 @@ class _ApiQueueEnd(_QueueEnd):
 
     def fileno(self) -> int:
         return self.wake_read
+
+    def watch(self, loop, callback) -> None:
+        loop.add_reader(self.wake_read, callback)   # the wake-up pipe is non-blocking anyway
 
     def receive(self, timeout: float | None = 0.0) -> list[tuple]:
         try:

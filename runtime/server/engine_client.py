@@ -130,7 +130,7 @@ class EngineClient:
     def attach(self) -> None:
         """Starts watching the engine from the running event loop."""
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._channel.fileno(), self._on_readable)
+        self._channel.watch(self._loop, self._on_readable)
         if self._process is not None:
             self._loop.add_reader(self._process.sentinel, self._on_process_exit)
 
@@ -203,8 +203,11 @@ class EngineClient:
     def _on_readable(self) -> None:
         try:
             messages = self._channel.receive()
-        except (EOFError, OSError):
+        except EOFError:
             self._die(self._exit_reason())
+            return
+        except OSError as error:
+            self._die(f"reading the engine's channel failed: {error!r}")
             return
         steps = 0
         for message in messages:

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 # that closes first races the client's next request on that connection (seen: a ReadError in a benchmark
 # client with uvicorn's default of 5 s).
 KEEP_ALIVE_SECONDS = 65
+# uvicorn's event loop and HTTP parser, as measured (docs/benchmarks.md), not its pick ("auto" takes uvloop and
+# httptools, which the router brings): uvloop starved the engine-on-a-thread mode. The tests' servers use it too.
+HTTP_STACK = {"loop": "asyncio", "http": "h11"}
 
 
 class StopRequested(Exception):
@@ -137,10 +140,7 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
     gc.freeze()   # start-up objects are never garbage: keep them out of the collections on the serving path
     uvicorn_config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level.lower(),
                                     timeout_graceful_shutdown=5, access_log=False,
-                                    timeout_keep_alive=KEEP_ALIVE_SECONDS,
-                                    # as measured (docs/benchmarks.md), not uvicorn's pick now that the router
-                                    # brings uvloop and httptools: uvloop starved the engine-on-a-thread mode
-                                    loop="asyncio", http="h11")
+                                    timeout_keep_alive=KEEP_ALIVE_SECONDS, **HTTP_STACK)
     server = DrainingServer(uvicorn_config, state, drain_timeout)
 
     def listening() -> None:

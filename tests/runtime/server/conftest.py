@@ -8,7 +8,7 @@ import uvicorn
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.server.app import create_app
-from kubeinfer.runtime.server.main import build_state
+from kubeinfer.runtime.server.main import HTTP_STACK, build_state
 from support import free_port, wait_for
 
 MODEL = "tiny"
@@ -20,7 +20,8 @@ def running_server(model_dir: Path, api_keys_file: str | None = None, default_to
     config = EngineConfig(model=str(model_dir), served_model_name=MODEL, **engine_settings)
     state = build_state(config, api_keys_file, default_tokens_per_minute, engine_mode)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning",
+                                                 **HTTP_STACK))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started or not thread.is_alive(), 30, "the server to start", 0.02)
