@@ -115,5 +115,4 @@ def test_sigterm_lets_open_streams_finish_then_the_router_exits(replicas, start_
         data = [line for line in lines if line.startswith("data: ")]
     assert data[-1] == "data: [DONE]"
     assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"   # all 200 tokens came
-    # uvicorn re-raises the signal once its graceful shutdown is over: the process ends "by SIGTERM"
-    assert router.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert router.proc.wait(timeout=30) == 0   # drained: a clean exit, not "killed by SIGTERM"
