@@ -9,8 +9,12 @@ are the whole conversation so far), `--concurrency` conversations at a time. Rep
 router's added latency at light load: one request at a time, P50 TTFT through the router vs straight to the
 replica the router picked for it.
 
-    python benchmarks/router.py [--replicas 3] [--systems 16] [--users 3] [--turns 3] [--concurrency 6]
-                                [--kv-blocks 320] [--policies prefix round-robin]
+    python benchmarks/router.py [--replicas 3] [--systems 8] [--users 6] [--turns 3] [--concurrency 6]
+                                [--kv-blocks 144] [--policies prefix round-robin]
+
+The default workload is the issue's example, 8 system prompts x many users, multi-turn; the KV cache is sized
+by one rule: the fleet can hold every system prompt (8 x 44 blocks), one replica about a third of them. How the
+gain moves with that size, and a harder workload (16 x 3 x 3, 320 blocks), are in docs/benchmarks.md, "Router".
 """
 import argparse
 import asyncio
@@ -210,14 +214,14 @@ def run_policy(args, policy: str, log_dir: str) -> tuple[dict, dict | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=3)
-    parser.add_argument("--systems", type=int, default=16, help="distinct system prompts")
-    parser.add_argument("--users", type=int, default=3, help="users (conversations) per system prompt")
+    parser.add_argument("--systems", type=int, default=8, help="distinct system prompts")
+    parser.add_argument("--users", type=int, default=6, help="users (conversations) per system prompt")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
     parser.add_argument("--system-chars", type=int, default=1200, help="characters per system prompt")
     parser.add_argument("--user-chars", type=int, default=120, help="characters per user message")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply")
     parser.add_argument("--concurrency", type=int, default=6, help="conversations in flight")
-    parser.add_argument("--kv-blocks", type=int, default=320, help="KV cache blocks (16 tokens) per replica")
+    parser.add_argument("--kv-blocks", type=int, default=144, help="KV cache blocks (16 tokens) per replica")
     parser.add_argument("--light-requests", type=int, default=100, help="requests of the light-load comparison")
     parser.add_argument("--policies", nargs="+", default=["prefix", "round-robin"])
     parser.add_argument("--router-args", default="", help="more router flags, e.g. '--footprint-weight 0'")
