@@ -85,6 +85,15 @@ class PrefixIndex:
         while len(self._owners) > self.max_entries:
             self.footprint.subtract(self._owners.popitem(last=False)[1])
 
+    def forget(self, replica: str) -> None:
+        """Drops `replica` from every prefix: its cache is gone (it refused a connection: it restarted, or left)."""
+        for value in [value for value, owners in self._owners.items() if replica in owners]:
+            owners = self._owners[value]
+            owners.remove(replica)
+            if not owners:
+                del self._owners[value]
+        self.footprint.pop(replica, None)
+
 
 @dataclass
 class Candidate:

@@ -31,3 +31,7 @@ class Chooser:
                             stable_hash(text[:self.settings.chunk_chars]), self.index.footprint)
         self.index.record(hashes, name)
         return by_url[name], reason
+
+    def forget(self, replica: Replica) -> None:
+        """What the prefix index says `replica` holds is no longer true (see `PrefixIndex.forget`)."""
+        self.index.forget(replica.url)

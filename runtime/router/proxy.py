@@ -75,6 +75,7 @@ class Proxy:
                 replica.in_flight -= 1
                 self.metrics.upstream_errors.labels("timeout" if error.timed_out else "connect").inc()
                 self.replicas.mark_down(replica, f"connect failed: {error}")
+                self.chooser.forget(replica)   # a replica that comes back after this has an empty cache
                 if time.monotonic() >= deadline:
                     raise Refused(503, "no replica could be reached; retry later", "no_replica",
                                   self.queue_timeout) from None

@@ -120,6 +120,20 @@ def test_footprint_counts_the_chunks_each_replica_owns_through_truncation_and_ev
     assert index.footprint == {"r1": 1, "r2": 3}
 
 
+def test_forget_drops_a_replica_from_every_prefix_and_its_footprint():
+    index = PrefixIndex()
+    shared, own = chunk_hashes("a" * 128, 64, 10), chunk_hashes("b" * 192, 64, 10)
+    index.record(shared, "r1")
+    index.record(shared, "r2")
+    index.record(own, "r1")
+    index.forget("r1")
+    assert index.matches(shared) == {"r2": 2} and index.matches(own) == {}
+    assert len(index) == 2   # r1's own prefix had no other owner: its entries are gone
+    assert index.footprint == {"r2": 2}
+    index.record(own, "r1")   # back, empty: it owns what it is sent from now on
+    assert index.matches(own) == {"r1": 3} and index.footprint == {"r2": 2, "r1": 3}
+
+
 def test_a_new_prefix_goes_where_the_least_prefix_text_is_kept():
     footprint = {"a": 120, "b": 30, "c": 90}
     assert pick(idle("a", "b", "c"), {}, 4, Weights(), prefix_key=7, footprint=footprint) == ("b", "load")

@@ -39,3 +39,15 @@ def test_prefix_policy_follows_a_prefix_it_placed_and_records_at_pick_time():
     first.in_flight = 2
     other, reason = chooser.choose(replicas, LONG + "question four")
     assert other is not first and reason == "bounded"
+
+
+def test_prefix_policy_stops_following_a_prefix_to_a_replica_it_forgot():
+    chooser = Chooser(RouterSettings(URLS))
+    replicas = [fresh(url) for url in URLS]
+    first, _ = chooser.choose(replicas, LONG + "question one")
+    chooser.forget(first)   # say it refused a connection: restarted, its cache empty
+    others = [r for r in replicas if r is not first]
+    moved, reason = chooser.choose(others, LONG + "question two")   # while it is down
+    assert reason == "load"
+    back, reason = chooser.choose(replicas, LONG + "question three")   # it is up again: the prefix is elsewhere
+    assert (back, reason) == (moved, "prefix")
