@@ -28,7 +28,7 @@ from kubeinfer.operator import autoscaler, builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
-from kubeinfer.operator.reconcile import Context, reconcile_named
+from kubeinfer.operator.reconcile import Context, reconcile_named, reconcile_soon
 from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any
     owner = labels.get(builders.INSTANCE_LABEL) or labels.get(router.ROUTER_LABEL)   # a replica's, or a router's pod
     if owner and namespace:
         try:
-            reconcile_named(memo["ctx"], namespace, owner)
+            reconcile_soon(memo["ctx"], namespace, owner)
         except (kopf.PermanentError, inference_pool.PoolUnavailable):
             pass  # a bad spec is already reported in the owner's status; a missing CRD by its own handler
 

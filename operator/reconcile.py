@@ -35,6 +35,7 @@ class Context:
     with_service_monitor: bool
     _locks: dict[tuple[str, str], threading.Lock] = dataclasses.field(default_factory=dict)
     _guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    _queued: set[tuple[str, str]] = dataclasses.field(default_factory=set)   # see reconcile_soon
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """One pass at a time per InferenceService (handlers run in a thread pool)."""
@@ -127,10 +128,33 @@ def reconcile_named(ctx: Context, namespace: str, name: str) -> None:
     queue up behind each other see each other's writes and do not repeat them.
     """
     with ctx.lock_for(namespace, name):
-        try:
-            body = ctx.kube.get(resource_path(API_VERSION, KIND, namespace, name))
-        except ApiException as e:
-            raise kopf.TemporaryError(f"cannot read {namespace}/{name}: {e.status} {e.reason}", delay=10) from e
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return  # garbage collection takes the children
-        reconcile(ctx, body)
+        _reconcile_fresh(ctx, namespace, name)
+
+
+def reconcile_soon(ctx: Context, namespace: str, name: str) -> None:
+    """`reconcile_named` for events that only say "something of it changed" (its children's).
+
+    A pass already waiting for the lock covers such an event: it reads everything fresh once it runs, after the
+    event. So at most one pass waits per object and later events return at once: an operator that restarts
+    over an InferenceService with N pods makes two passes, not N + 3 in a row (the resume's pass and the
+    autoscaler waited behind them all).
+    """
+    key = (namespace, name)
+    with ctx._guard:
+        if key in ctx._queued:
+            return
+        ctx._queued.add(key)
+    with ctx.lock_for(namespace, name):
+        with ctx._guard:
+            ctx._queued.discard(key)   # before the read: an event from now on needs a pass of its own
+        _reconcile_fresh(ctx, namespace, name)
+
+
+def _reconcile_fresh(ctx: Context, namespace: str, name: str) -> None:
+    try:
+        body = ctx.kube.get(resource_path(API_VERSION, KIND, namespace, name))
+    except ApiException as e:
+        raise kopf.TemporaryError(f"cannot read {namespace}/{name}: {e.status} {e.reason}", delay=10) from e
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return  # garbage collection takes the children
+    reconcile(ctx, body)
