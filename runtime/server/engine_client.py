@@ -203,10 +203,10 @@ class EngineClient:
     def _on_readable(self) -> None:
         try:
             messages = self._channel.receive()
-        except EOFError:
+        except (EOFError, ConnectionError):   # closed or reset by the engine's end: its process ended
             self._die(self._exit_reason())
             return
-        except OSError as error:
+        except OSError as error:   # anything else is this end's own failure, not an exit
             self._die(f"reading the engine's channel failed: {error!r}")
             return
         steps = 0
