@@ -136,8 +136,8 @@ def reconcile_soon(ctx: Context, namespace: str, name: str) -> None:
 
     A pass already waiting for the lock covers such an event: it reads everything fresh once it runs, after the
     event. So at most one pass waits per object and later events return at once: an operator that restarts
-    over an InferenceService with N pods makes two passes, not N + 3 in a row (the resume's pass and the
-    autoscaler waited behind them all).
+    over an InferenceService makes two such passes, not one per child event in a row (11 for 5 pods on kmock),
+    which the resume's pass and the autoscaler's first pass waited behind.
     """
     key = (namespace, name)
     with ctx._guard:

@@ -87,6 +87,8 @@ class PrefixIndex:
 
     def forget(self, replica: str) -> None:
         """Drops `replica` from every prefix: its cache is gone (it refused a connection: it restarted, or left)."""
+        if not self.footprint.get(replica):
+            return   # it owns no entry (the footprint counts them): no scan for each request a dead replica refuses
         for value in [value for value, owners in self._owners.items() if replica in owners]:
             owners = self._owners[value]
             owners.remove(replica)

@@ -4,6 +4,7 @@ import threading
 
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile import Context, reconcile_named, reconcile_soon
+from support import wait_for
 
 
 class BlockingKube:
@@ -40,8 +41,7 @@ def test_events_during_a_pass_make_one_more_pass_not_one_each():
     running = start(reconcile_soon, ctx, "default", "qwen")
     assert kube.first_read.wait(10)
     waiting = start(reconcile_soon, ctx, "default", "qwen")   # queues behind the running pass
-    while ("default", "qwen") not in ctx._queued:
-        threading.Event().wait(0.001)
+    wait_for(lambda: ("default", "qwen") in ctx._queued, 10, "the second pass to queue", 0.001)
     for _ in range(10):   # covered by the waiting pass: they return at once, while the first still runs
         reconcile_soon(ctx, "default", "qwen")
     other = start(reconcile_soon, ctx, "default", "other")   # another object is not folded in
