@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,7 +88,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 return "kubeinfer_router_replicas_up 2.0" in httpx.get(f"http://127.0.0.1:{router_port}/metrics").text
             except httpx.HTTPError:
                 return False
-        wait_for(router_up, 30, "the router with both replicas up")
+        def router_up_or_exited() -> bool:
+            assert router.poll() is None, (tmp / "router.log").read_text()[-3000:]
+            return router_up()
+        wait_for(router_up_or_exited, 120, "the router with both replicas up")
 
         rules = tmp / "rules.yaml"
         rules.write_text(yaml.safe_dump({"groups": monitoring.rule_groups({}, "https://example/guide.md")}))
@@ -101,8 +103,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
              "static_configs": static_targets([router_port], NAMESPACE, f"{SERVICE}-router")},
             {"job_name": "kube-state-metrics", "honor_labels": True,
              "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}]}], rule_files=[rules])
-        prometheus.wait_until("sum(up)", 4, timeout_s=30)
-        yield {"url": prometheus.url, "runtimes": (first, second), "router": f"http://127.0.0.1:{router_port}"}
+        prometheus.wait_until("sum(up)", 4)
+        yield {"url": prometheus.url, "prometheus": prometheus, "runtimes": (first, second),
+               "router": f"http://127.0.0.1:{router_port}"}
     finally:
         if prometheus is not None:
             prometheus.stop()
@@ -137,8 +140,9 @@ def loaded(fleet: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Two load phases a few scrapes apart (so every counter has an increase inside the windows), then a
     steady trickle while the queries run (so gauges like running/KV usage are non-zero in some samples)."""
     first, second = fleet["runtimes"]
+    prometheus: Prometheus = fleet["prometheus"]
     _load_phase(first, second, fleet["router"])
-    time.sleep(2.5)
+    prometheus.wait_rounds(2)   # scraped between the phases: every counter increases inside the windows
     _load_phase(first, second, fleet["router"])
     stop = threading.Event()
 
@@ -149,7 +153,7 @@ def loaded(fleet: dict[str, Any]) -> Iterator[dict[str, Any]]:
             _complete(first, f"trickle {i}", 24)
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
-    time.sleep(3)
+    prometheus.wait_rounds(3)
     try:
         yield fleet
     finally:
@@ -158,7 +162,7 @@ def loaded(fleet: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def query(url: str, promql: str) -> list[dict[str, Any]]:
-    body = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10).json()
+    body = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=60).json()
     assert body["status"] == "success", f"{promql}\n-> {body}"
     return body["data"]["result"]
 
@@ -187,15 +191,15 @@ def test_alert_signal_has_data_and_expression_runs(loaded: dict[str, Any], name:
 def test_alert_fires_when_its_threshold_trips(loaded: dict[str, Any], name: str) -> None:
     def fired() -> list[dict[str, Any]]:
         return query(loaded["url"], _rule(TRIPPING, name)["expr"])
-    assert wait_for(fired, 10, f"{name} to fire"), name
+    assert loaded["prometheus"].wait_for(fired, f"{name} to fire", rounds=10), name
 
 
 def test_prometheus_evaluates_every_rule_without_error(loaded: dict[str, Any]) -> None:
     def evaluated() -> list[dict[str, Any]] | None:
-        groups = httpx.get(f"{loaded['url']}/api/v1/rules").json()["data"]["groups"]
+        groups = httpx.get(f"{loaded['url']}/api/v1/rules", timeout=60).json()["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
         return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else None
-    rules = wait_for(evaluated, 10, "the rules to be evaluated")
+    rules = loaded["prometheus"].wait_for(evaluated, "the rules to be evaluated", rounds=10)
     assert sorted(r["name"] for r in rules) == sorted(ALERTS)
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
@@ -227,5 +231,5 @@ def test_dashboard_variables_list_the_fleet(loaded: dict[str, Any]) -> None:
         inner = var["definition"][len("label_values("):-1]
         series, label = (part.strip() for part in inner.rsplit(",", 1))
         response = httpx.get(f"{loaded['url']}/api/v1/label/{label}/values",
-                             params={"match[]": _dashboard_promql(series)}).json()
+                             params={"match[]": _dashboard_promql(series)}, timeout=60).json()
         assert response["status"] == "success" and expected[var["name"]] in response["data"], (var["name"], response)

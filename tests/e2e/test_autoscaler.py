@@ -116,7 +116,7 @@ def test_load_scales_up_the_new_pod_serves_and_the_fleet_scales_down_with_no_str
                  "resources": {"gpus": 0, "cpu": "250m", "memory": "2Gi"}, "autoscaling": AUTOSCALING}})
     [first] = eventually(lambda: ready_pods(kube, ns, NAME), 180, "the first pod Ready", 0.2)
     selector = f'{{namespace="{ns}",service="{NAME}"}}'
-    prometheus.wait_until(f"count(kubeinfer_num_requests_waiting{selector})", 1, timeout_s=60)
+    prometheus.wait_until(f"count(kubeinfer_num_requests_waiting{selector})", 1, rounds=60)
     eventually(lambda: condition(kube.get(isvc_path(ns, NAME)), "MetricsAvailable").get("status") == "True", 60,
                "the autoscaler reading Prometheus")
     assert kube.get(isvc_path(ns, NAME))["spec"]["replicas"] == 1

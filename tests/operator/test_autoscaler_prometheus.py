@@ -50,13 +50,13 @@ def runtime_pods(tmp_path: Path) -> Iterator[list[int]]:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, runtime_pods: list[int]) -> Iterator[str]:
+def prometheus(tmp_path: Path, runtime_pods: list[int]) -> Iterator[Prometheus]:
     targets = static_targets(runtime_pods, "ns", "svc")
     prometheus = Prometheus(tmp_path / "prometheus", [{"job_name": "kubeinfer", "static_configs": targets}])
     try:
-        prometheus.wait_until('count(up{job="kubeinfer"} == 1)', NUM_PODS, timeout_s=20)
-        prometheus.wait_until("count(kubeinfer_num_requests_waiting)", NUM_PODS, timeout_s=20)
-        yield prometheus.url
+        prometheus.wait_until('count(up{job="kubeinfer"} == 1)', NUM_PODS)
+        prometheus.wait_until("count(kubeinfer_num_requests_waiting)", NUM_PODS)
+        yield prometheus
     finally:
         prometheus.stop()
 
@@ -70,8 +70,8 @@ async def _client_loop(client: httpx.AsyncClient, port: int, stop: asyncio.Event
 
 
 async def test_load_raises_the_decision_and_its_removal_brings_it_down_after_the_window(
-        prometheus: str, runtime_pods: list[int]) -> None:
-    source = PrometheusSource(prometheus)
+        prometheus: Prometheus, runtime_pods: list[int]) -> None:
+    source = PrometheusSource(prometheus.url)
     selector = PodSelector({"namespace": "ns", "service": "svc"}, model_name=MODEL)
     hist = ScaleHistory()  # a fresh operator: no scale-down before one window of its own
     fleet = ReplicaCounts(current=NUM_PODS, ready=NUM_PODS)
@@ -96,8 +96,8 @@ async def test_load_raises_the_decision_and_its_removal_brings_it_down_after_the
             workers = [asyncio.create_task(_client_loop(client, port, stop, done))
                        for port in runtime_pods for _ in range(6)]
             try:
-                up = None
-                for _ in range(30):  # bounded: ~30 s at most
+                up, start = None, prometheus.scrape_rounds()
+                while prometheus.scrape_rounds() - start < 30:  # bounded by Prometheus's scrapes, not seconds
                     await asyncio.sleep(1)
                     d = await tick()
                     if d.reason == ap.SCALE_UP and log[-1][2] is not None and log[-1][2] > CONFIG.target_ttft_p95_seconds:
@@ -114,8 +114,8 @@ async def test_load_raises_the_decision_and_its_removal_brings_it_down_after_the
         assert done, "no request completed"
 
         # Load removed: the queue empties at once; the decision must not drop inside the window.
-        down = None
-        for _ in range(40):  # bounded: ~20 s at most
+        down, start = None, prometheus.scrape_rounds()
+        while prometheus.scrape_rounds() - start < 40:  # window + stabilization + scrapes to see the queue empty
             await asyncio.sleep(0.5)
             d = await tick()
             if d.desired_replicas < NUM_PODS:

@@ -40,7 +40,7 @@ def scrape_metrics(url: str) -> dict[tuple[str, tuple], float]:
     """Every sample of a server's `/metrics`, keyed by (name, sorted labels)."""
     from prometheus_client.parser import text_string_to_metric_families
     samples = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=60).text):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -140,6 +140,7 @@ def static_targets(ports: list[int], namespace: str, service: str) -> list[dict]
 
 class Prometheus:
     """Debian's Prometheus on a free loopback port, scraping every second; skips the test when absent."""
+    STALL_S = 120
 
     def __init__(self, workdir: Path, scrape_configs: list[dict], rule_files: list[Path] = ()):
         if PROMETHEUS_BIN is None:
@@ -155,7 +156,7 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def query(self, expr: str) -> list[dict]:
-        response = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
+        response = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=60)
         body = response.json()
         assert body["status"] == "success", f"{expr}: {body}"
         return body["data"]["result"]
@@ -168,8 +169,48 @@ class Prometheus:
             return None
         return float(result[0]["value"][1]) if result else None
 
-    def wait_until(self, expr: str, expected: float, timeout_s: float = 30) -> None:
-        wait_for(lambda: self.scalar(expr) == expected, timeout_s, f"Prometheus: {expr} == {expected}", 0.2)
+    def scrape_rounds(self) -> int:
+        """Scrapes done of its least-scraped target: Prometheus's own clock (0 before its first scrape)."""
+        return int(self.scalar("min(count_over_time(up[1h]))") or 0)
+
+    def wait_for(self, predicate: Callable[[], Any], what: str, rounds: int) -> Any:
+        """Polls until `predicate()` is truthy; fails once `rounds` more scrapes went by without it.
+
+        The budget is counted in Prometheus's scrapes, not in seconds: a busy machine that slows the scrapes
+        down gives the awaited thing as many chances. Only a Prometheus that stops scraping altogether (no
+        new scrape in STALL_S, at a 1 s interval) fails on the clock."""
+        start = last = self.scrape_rounds()
+        progressed_at = time.monotonic()
+        while True:
+            value = predicate()
+            if value:
+                return value
+            assert self.proc.poll() is None, f"Prometheus exited ({self.proc.returncode}) waiting for {what}"
+            now = self.scrape_rounds()
+            if now != last:
+                last, progressed_at = now, time.monotonic()
+            assert now - start < rounds, f"{rounds} scrapes went by without {what}"
+            assert time.monotonic() - progressed_at < self.STALL_S, f"Prometheus stopped scraping, waiting for {what}"
+            time.sleep(0.2)
+
+    def wait_rounds(self, rounds: int) -> None:
+        """Returns once Prometheus has scraped every target `rounds` more times."""
+        start = self.scrape_rounds()
+        self.wait_for(lambda: self.scrape_rounds() >= start + rounds, f"{rounds} scrapes", rounds + 1)
+
+    def wait_until(self, expr: str, expected: float, rounds: int = 20) -> None:
+        self.wait_ready()
+        self.wait_for(lambda: self.scalar(expr) == expected, f"Prometheus: {expr} == {expected}", rounds)
+
+    def wait_ready(self) -> None:
+        """Until its HTTP API answers; a Prometheus that exits (a bad config) fails at once."""
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"Prometheus exited ({self.proc.returncode}) while starting"
+            try:
+                return httpx.get(self.url + "/-/ready", timeout=60).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(ready, self.STALL_S, "Prometheus to start", 0.1)
 
     def stop(self) -> None:
         stop_process(self.proc)

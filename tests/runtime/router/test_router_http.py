@@ -1,6 +1,7 @@
 """`kubeinfer router` in front of two real replicas, with the official openai client as the reference client."""
 import json
 import signal
+import socket
 import threading
 
 import httpx
@@ -83,26 +84,42 @@ def test_one_hot_prefix_is_spread_within_the_load_bound(replicas, start_router):
     assert router.metric("kubeinfer_router_requests_in_flight", replica=replicas[0].url) == 0
 
 
+def _finished(replica_url: str) -> dict[str, float]:
+    """The replica's finished requests of model "tiny", by finish reason."""
+    samples = scrape_metrics(replica_url)
+    return {reason: metric_value(samples, "kubeinfer_request_success_total", model_name="tiny",
+                                 finished_reason=reason) for reason in ("abort", "length")}
+
+
+def _await_abort(replica_url: str, before: dict[str, float], what: str) -> None:
+    """Waits until the replica ends the request: it must be by abort. The request would end by itself (480
+    tokens: "length") if the disconnect never reached the replica, so no wall-clock guess decides the test."""
+    ended = wait_for(lambda: (now := _finished(replica_url)) != before and now, 120, f"the replica to end {what}")
+    assert ended == {**before, "abort": before["abort"] + 1}, f"{what} was not aborted: {before} -> {ended}"
+
+
 def test_client_disconnect_aborts_the_request_on_the_replica(replicas, start_router):
     router = start_router([replicas[0].url]).wait_up(1)
     replica = replicas[0]
-    aborted = lambda: metric_value(scrape_metrics(replica.url), "kubeinfer_request_success_total",   # noqa: E731
-                                   model_name="tiny", finished_reason="abort")
-    before = aborted()
+    running = lambda: metric_value(scrape_metrics(replica.url), "kubeinfer_num_requests_running",   # noqa: E731
+                                   model_name="tiny")
+    before = _finished(replica.url)
     body = {"model": "tiny", "prompt": "a long answer please", "max_tokens": 480, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60) as response:
         next(line for line in response.iter_lines() if line.startswith("data: "))
-    wait_for(lambda: aborted() == before + 1, 10, "the replica to abort the streamed request")
-    try:   # not streamed: the client gives up while the replica generates
-        httpx.post(router.url + "/v1/completions", timeout=0.3,
-                   json={"model": "tiny", "prompt": "another long one", "max_tokens": 480, "ignore_eos": True})
-    except httpx.ReadTimeout:
-        pass
-    wait_for(lambda: aborted() == before + 2, 10, "the replica to abort the non-streamed request")
-    running = lambda: metric_value(scrape_metrics(replica.url), "kubeinfer_num_requests_running",   # noqa: E731
-                                   model_name="tiny")
-    wait_for(lambda: running() == 0, 5, "nothing running on the replica")
-    assert router.metric("kubeinfer_router_requests_in_flight", replica=replica.url) == 0
+    _await_abort(replica.url, before, "the streamed request")
+    # Not streamed: the client gives up while the replica generates, i.e. once the replica runs the request.
+    before = _finished(replica.url)
+    body = json.dumps({"model": "tiny", "prompt": "another long one", "max_tokens": 480, "ignore_eos": True})
+    port = int(router.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                           f"content-length: {len(body)}\r\n\r\n{body}".encode())
+        wait_for(lambda: running() == 1 or _finished(replica.url) != before, 120, "the replica to start the request")
+    _await_abort(replica.url, before, "the non-streamed request")
+    wait_for(lambda: running() == 0, 120, "nothing running on the replica")
+    wait_for(lambda: router.metric("kubeinfer_router_requests_in_flight", replica=replica.url) == 0, 120,
+             "the router to count the request as ended")
 
 
 def test_sigterm_lets_open_streams_finish_then_the_router_exits(replicas, start_router):
