@@ -1,7 +1,14 @@
-"""Which implementation the ops use: Triton kernels or their PyTorch references."""
+"""Which implementation the ops use: Triton kernels, native CPU kernels, or their PyTorch references.
+
+- "auto": Triton on CUDA tensors; on the CPU the native kernels where they apply (`cpu_native`), else the
+  references.
+- "torch": always the references (the oracle the tests compare against).
+- "triton": always Triton (on CPU that needs `TRITON_INTERPRET=1`).
+- "cpu": the native CPU kernels where they apply, else the references (as "auto" on the CPU).
+"""
 import os
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "cpu")
 _backend = os.environ.get("KUBEINFER_KERNEL_BACKEND", "auto")
 
 
@@ -21,3 +28,8 @@ def use_triton(tensor) -> bool:
     if _backend == "auto":
         return tensor.is_cuda
     return _backend == "triton"
+
+
+def use_cpu_native(tensor) -> bool:
+    """Policy: "auto" and "cpu" run the native CPU kernels on CPU tensors (where a kernel supports them)."""
+    return _backend in ("auto", "cpu") and tensor.device.type == "cpu"

@@ -1,11 +1,12 @@
-"""The ops the runtime calls. Each routes to its Triton kernel or its PyTorch reference (see `backend`).
+"""The ops the runtime calls. Each routes to its Triton kernel, a native CPU kernel where one exists, or its
+PyTorch reference (see `backend`).
 
 Triton modules are imported only when chosen, so the reference path needs no Triton installed.
 """
 import torch
 
 from kubeinfer.kernels import references
-from kubeinfer.kernels.backend import use_triton
+from kubeinfer.kernels.backend import use_cpu_native, use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 
 
@@ -28,6 +29,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                     v_scale=v_scale)
         from kubeinfer.kernels.extend_attention import extend_attention
         return extend_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale=k_scale, v_scale=v_scale)
+    if use_cpu_native(q):
+        from kubeinfer.kernels import cpu_attention
+        if cpu_attention.supports(q, k_cache):
+            return cpu_attention.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
     return references.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, k_scale, v_scale)
 
 

@@ -21,7 +21,7 @@ ENGINE_FLAGS = [
     ("kv_cache_memory_gib", float, "KV cache memory budget in GiB"),
     ("gpu_memory_utilization", float, "share of GPU memory the runtime may use"),
     ("device", str, "auto | cpu | cuda[:N]"),
-    ("kernel_backend", str, "auto | torch | triton"),
+    ("kernel_backend", str, "auto | torch | triton | cpu"),
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),

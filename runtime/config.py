@@ -34,7 +34,7 @@ class EngineConfig:
     max_waiting_requests: int = 1024
     tensor_parallel_size: int = 1
     device: str = "auto"                   # auto = cuda when available, else cpu
-    kernel_backend: str = "auto"           # auto | torch | triton (see kubeinfer.kernels)
+    kernel_backend: str = "auto"           # auto | torch | triton | cpu (see kubeinfer.kernels.backend)
     enforce_eager: bool = False            # no CUDA graphs for decode
     cuda_graph_max_batch_size: int = 256   # largest decode batch replayed from a CUDA graph
     load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights

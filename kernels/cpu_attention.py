@@ -1,0 +1,58 @@
+"""Paged attention on the CPU, in place over the paged cache: the launcher of `csrc/paged_attention_cpu.c`.
+
+Scope: fp32 queries and cache (other dtypes, FP8 included, take the PyTorch reference); decode, speculative
+verification and prefill chunks, mixed in one call; GQA; sliding window. `references.paged_attention` defines
+the result; tests compare the two on odd shapes.
+"""
+import ctypes
+
+import torch
+
+from kubeinfer.kernels import cpu_native
+from kubeinfer.kernels.metadata import AttentionMetadata
+
+MAX_HEAD_DIM = 256
+_function = None
+
+
+def _kernel():
+    global _function
+    if _function is None:
+        lib = cpu_native.library("paged_attention_cpu")
+        if lib is None:
+            return None
+        function = lib.kubeinfer_paged_attention_f32
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+        function.argtypes = [p, i64, p, p, p, p, p, i64, i32, i32, i32, i32, i32, f32, i32, p]
+        function.restype = ctypes.c_int
+        _function = function
+    return _function
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether this kernel can run these tensors (and was built on this machine)."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+            and q.shape[-1] <= MAX_HEAD_DIM and _kernel() is not None)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """q `[num_tokens, H, D]` -> `[num_tokens, H, D]`, as `references.paged_attention` defines it."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    assert cache_head_dim == head_dim and v_cache.shape == k_cache.shape, (q.shape, k_cache.shape, v_cache.shape)
+    assert num_heads % num_kv_heads == 0, f"{num_heads} query heads over {num_kv_heads} KV heads"
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the paged cache must be contiguous"
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    cu_seqlens_q = meta.cu_seqlens_q.to(torch.int32).contiguous()
+    seq_lens = meta.seq_lens.to(torch.int32).contiguous()
+    tables = meta.block_tables.to(torch.int32).contiguous()
+    assert cu_seqlens_q.numel() == seq_lens.numel() + 1 and int(cu_seqlens_q[-1]) == num_tokens
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    status = _kernel()(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
+                       seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0) if tables.dim() == 2 else 0,
+                       seq_lens.numel(), num_heads, num_kv_heads, head_dim, block_size, scale,
+                       sliding_window or 0, out.data_ptr())
+    assert status == 0, f"paged_attention_cpu refused the shapes (status {status})"
+    return out

@@ -1,0 +1,739 @@
+/* Paged attention on the CPU, straight over the paged KV cache: no gather into dense tensors.
+
+   Scope: fp32 queries and cache; any mix of decode (one query token), short extend (speculative drafts)
+   and long extend (prefill chunks) in one call; GQA; causal with an optional sliding window.
+   Layouts (see kubeinfer.kernels): q [num_tokens, H, D] with a token stride and a head stride of D;
+   k_cache/v_cache [num_blocks, block_size, KVH, D] contiguous; out [num_tokens, H, D] contiguous.
+   Query token j of sequence i's chunk of n sits at position seq_lens[i] - n + j and sees keys up to it.
+
+   Work item: a sequence's chunk of a few query tokens with all its heads (decode), or a tile of TILE_Q query
+   tokens of one KV head (prefill): the item's query heads read each key and value row once. Items run in parallel under
+   OpenMP (the process's one pool: torch's libgomp, already loaded when this library is). Per query row the
+   online softmax keeps a running max, a denominator and an accumulator; keys are taken KEY_CHUNK at a time.
+   Each row visits only the keys it sees, so no value is ever infinite (the library is built with -ffast-math). */
+#include <math.h>
+#include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#include <stdint.h>
+#include <stdlib.h>
+
+#define TILE_Q 16      /* query tokens per prefill work item: one vector lane each */
+#define MAX_ROWS 128   /* query rows (tokens x group heads) per item */
+#define MAX_D 256
+#define KEY_CHUNK 64     /* keys per step of the online softmax (measured best of 16, 32, 64) */
+
+typedef struct {
+    int32_t seq, first, count;      /* query tokens [first, first + count) of the sequence's chunk */
+    int32_t kv_begin, kv_end;       /* KV heads [kv_begin, kv_end), with their query heads */
+    int32_t tile;                   /* a prefill tile (one KV head, count <= TILE_Q): see TILE_NAME */
+} work_item;
+
+
+/* by_key[j][t] = q_t[:, t] . k_rows[j] for a tile's TILE_Q tokens (one vector lane each) and n keys. */
+static inline void tile_scores(float q_t[][TILE_Q], const float *const *k_rows, int32_t n, int32_t d,
+                               float by_key[][TILE_Q]) {
+    int32_t j = 0;
+#if defined(__AVX512F__) && TILE_Q == 16
+    for (; j + 4 <= n; j += 4) {   /* four keys in flight: four independent FMA chains */
+        const float *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+        for (int32_t x = 0; x < d; x++) {
+            const __m512 qx = _mm512_load_ps(q_t[x]);
+            s0 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k0[x]), s0);
+            s1 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k1[x]), s1);
+            s2 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k2[x]), s2);
+            s3 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k3[x]), s3);
+        }
+        _mm512_store_ps(by_key[j], s0);
+        _mm512_store_ps(by_key[j + 1], s1);
+        _mm512_store_ps(by_key[j + 2], s2);
+        _mm512_store_ps(by_key[j + 3], s3);
+    }
+#endif
+    for (; j < n; j++) {
+        float lanes[TILE_Q] __attribute__((aligned(64))) = {0};
+        for (int32_t x = 0; x < d; x++)
+            for (int32_t t = 0; t < TILE_Q; t++) lanes[t] += q_t[x][t] * k_rows[j][x];
+        for (int32_t t = 0; t < TILE_Q; t++) by_key[j][t] = lanes[t];
+    }
+}
+
+/* One function per head size: with the size known at compile time the inner loops unroll and the row's
+   query and accumulator live in registers. attend_any takes any size up to MAX_D. */
+#define NAME attend_64
+#define TILE_NAME attend_64_tile
+#define HEAD_DIM 64
+static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                        const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                        const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                        int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                        float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;   /* position of the item's first query */
+    const int32_t heads = (item->kv_end - item->kv_begin) * group;          /* query heads per token */
+    const int32_t rows = item->count * heads;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;   /* between two tokens' rows in the cache */
+
+    float qs[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
+    float acc[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
+    float scores[MAX_ROWS][KEY_CHUNK] __attribute__((aligned(64)));
+    float running_max[MAX_ROWS], denominator[MAX_ROWS];
+    int32_t row_pos[MAX_ROWS], row_kv[MAX_ROWS], seen[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t head = item->kv_begin * group + r % heads;
+        const float *src = q + token * q_token_stride + (int64_t)head * d;
+        for (int32_t x = 0; x < d; x++) qs[r][x] = src[x] * scale;
+        for (int32_t x = 0; x < d; x++) acc[r][x] = 0.0f;
+        running_max[r] = 0.0f;
+        denominator[r] = 0.0f;
+        seen[r] = 0;
+        row_pos[r] = first_pos + r / heads;
+        row_kv[r] = (head / group) * d;   /* offset of the row's KV head inside a token's row */
+    }
+    const int32_t last_pos = first_pos + item->count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+
+    for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+        int32_t n = last_pos + 1 - start;
+        if (n > KEY_CHUNK) n = KEY_CHUNK;
+        const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        for (int32_t j = 0; j < n; j++) {   /* the chunk's tokens in the cache, through the block table */
+            const int32_t pos = start + j;
+            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+            k_rows[j] = k_cache + slot * token_stride;
+            v_rows[j] = v_cache + slot * token_stride;
+        }
+        /* The next chunk's rows are fetched while this one is computed: blocks lie anywhere in the cache, so
+           the hardware prefetcher loses the stream at each block edge. */
+        const int32_t next_end = start + 2 * KEY_CHUNK <= last_pos + 1 ? start + 2 * KEY_CHUNK : last_pos + 1;
+        for (int32_t pos = start + KEY_CHUNK; pos < next_end; pos++) {
+            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+            const char *k_next = (const char *)(k_cache + slot * token_stride + (int64_t)item->kv_begin * d);
+            const char *v_next = (const char *)(v_cache + slot * token_stride + (int64_t)item->kv_begin * d);
+            for (int32_t line = 0; line < (item->kv_end - item->kv_begin) * d * 4; line += 64) {
+                __builtin_prefetch(k_next + line);
+                __builtin_prefetch(v_next + line);
+            }
+        }
+        /* The keys of this chunk each row sees: a contiguous range [lo, hi] (causal, then the window). */
+        for (int32_t r = 0; r < rows; r++) {
+            lo[r] = 0;
+            hi[r] = row_pos[r] - start < n - 1 ? row_pos[r] - start : n - 1;
+            if (sliding_window > 0 && row_pos[r] - sliding_window + 1 - start > 0)
+                lo[r] = row_pos[r] - sliding_window + 1 - start;
+        }
+        /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
+        for (int32_t r = 0; r < rows; r++)
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {
+                const float *k = k_rows[j] + row_kv[r];
+                float dot = 0.0f;
+                for (int32_t x = 0; x < d; x++) dot += qs[r][x] * k[x];
+                scores[r][j] = dot;
+            }
+        /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
+        for (int32_t r = 0; r < rows; r++) {
+            if (lo[r] > hi[r]) {   /* sees none of this chunk */
+                for (int32_t j = 0; j < n; j++) scores[r][j] = 0.0f;
+                continue;
+            }
+            float chunk_max = scores[r][lo[r]];
+            for (int32_t j = lo[r] + 1; j <= hi[r]; j++) chunk_max = scores[r][j] > chunk_max ? scores[r][j] : chunk_max;
+            if (!seen[r] || chunk_max > running_max[r]) {
+                const float rescale = seen[r] ? expf(running_max[r] - chunk_max) : 0.0f;
+                running_max[r] = chunk_max;
+                denominator[r] *= rescale;
+                for (int32_t x = 0; x < d; x++) acc[r][x] *= rescale;
+                seen[r] = 1;
+            }
+            float sum = 0.0f;
+            const float row_max = running_max[r];
+            float *row = scores[r];
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {   /* branch-free: vectorized, exp included (libmvec) */
+                row[j] = expf(row[j] - row_max);
+                sum += row[j];
+            }
+            denominator[r] += sum;
+        }
+        for (int32_t r = 0; r < rows; r++) {   /* the row's accumulator stays in registers across the chunk */
+            float row_acc[MAX_D] __attribute__((aligned(64)));
+            for (int32_t x = 0; x < d; x++) row_acc[x] = acc[r][x];
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {
+                const float prob = scores[r][j];
+                const float *v = v_rows[j] + row_kv[r];
+                for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
+            }
+            for (int32_t x = 0; x < d; x++) acc[r][x] = row_acc[x];
+        }
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t head = item->kv_begin * group + r % heads;
+        float *dst = out + ((int64_t)token * num_heads + head) * d;
+        const float inv = denominator[r] > 0.0f ? 1.0f / denominator[r] : 0.0f;
+        for (int32_t x = 0; x < d; x++) dst[x] = acc[r][x] * inv;
+    }
+}
+
+/* A prefill tile: one KV head, up to TILE_Q query tokens, each of the group's query heads in turn. Scores are
+   computed for the TILE_Q tokens at once, one vector lane per token (Q transposed once per item), so the dot
+   products need no horizontal sums; softmax and the values then go row by row as in NAME. */
+static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                      const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                      const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                      int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                      float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM, count = item->count;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;
+    const int32_t first_token = cu_seqlens_q[item->seq] + item->first;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;
+    const int32_t last_pos = first_pos + count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+
+    float q_t[MAX_D][TILE_Q] __attribute__((aligned(64)));
+    float acc[TILE_Q][MAX_D] __attribute__((aligned(64)));
+    float by_key[KEY_CHUNK][TILE_Q] __attribute__((aligned(64)));
+    float scores[TILE_Q][KEY_CHUNK] __attribute__((aligned(64)));
+    float running_max[TILE_Q], denominator[TILE_Q];
+    int32_t seen[TILE_Q], lo[TILE_Q], hi[TILE_Q];
+    for (int32_t g = 0; g < group; g++) {
+        const int32_t head = item->kv_begin * group + g;
+        for (int32_t x = 0; x < d; x++)
+            for (int32_t t = 0; t < TILE_Q; t++)
+                q_t[x][t] = t < count ? q[(first_token + t) * q_token_stride + (int64_t)head * d + x] * scale : 0.0f;
+        for (int32_t t = 0; t < TILE_Q; t++) {
+            for (int32_t x = 0; x < d; x++) acc[t][x] = 0.0f;
+            running_max[t] = denominator[t] = 0.0f;
+            seen[t] = 0;
+        }
+        for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+            int32_t n = last_pos + 1 - start;
+            if (n > KEY_CHUNK) n = KEY_CHUNK;
+            const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+            for (int32_t j = 0; j < n; j++) {
+                const int32_t pos = start + j;
+                const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+                k_rows[j] = k_cache + slot * token_stride + (int64_t)item->kv_begin * d;
+                v_rows[j] = v_cache + slot * token_stride + (int64_t)item->kv_begin * d;
+            }
+            tile_scores(q_t, k_rows, n, d, by_key);
+            for (int32_t t = 0; t < count; t++) {
+                const int32_t pos = first_pos + t;
+                lo[t] = sliding_window > 0 && pos - sliding_window + 1 - start > 0 ? pos - sliding_window + 1 - start : 0;
+                hi[t] = pos - start < n - 1 ? pos - start : n - 1;
+                if (lo[t] > hi[t]) continue;
+                float *row = scores[t];
+                float chunk_max = by_key[lo[t]][t];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    row[j] = by_key[j][t];
+                    chunk_max = row[j] > chunk_max ? row[j] : chunk_max;
+                }
+                if (!seen[t] || chunk_max > running_max[t]) {
+                    const float rescale = seen[t] ? expf(running_max[t] - chunk_max) : 0.0f;
+                    running_max[t] = chunk_max;
+                    denominator[t] *= rescale;
+                    for (int32_t x = 0; x < d; x++) acc[t][x] *= rescale;
+                    seen[t] = 1;
+                }
+                float sum = 0.0f;
+                const float row_max = running_max[t];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    row[j] = expf(row[j] - row_max);
+                    sum += row[j];
+                }
+                denominator[t] += sum;
+                float row_acc[MAX_D] __attribute__((aligned(64)));
+                for (int32_t x = 0; x < d; x++) row_acc[x] = acc[t][x];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    const float prob = row[j];
+                    const float *v = v_rows[j];
+                    for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
+                }
+                for (int32_t x = 0; x < d; x++) acc[t][x] = row_acc[x];
+            }
+        }
+        for (int32_t t = 0; t < count; t++) {
+            float *dst = out + ((int64_t)(first_token + t) * num_heads + head) * d;
+            const float inv = denominator[t] > 0.0f ? 1.0f / denominator[t] : 0.0f;
+            for (int32_t x = 0; x < d; x++) dst[x] = acc[t][x] * inv;
+        }
+    }
+}
+#undef NAME
+#undef TILE_NAME
+#undef HEAD_DIM
+
+#define NAME attend_128
+#define TILE_NAME attend_128_tile
+#define HEAD_DIM 128
+static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                        const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                        const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                        int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                        float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;   /* position of the item's first query */
+    const int32_t heads = (item->kv_end - item->kv_begin) * group;          /* query heads per token */
+    const int32_t rows = item->count * heads;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;   /* between two tokens' rows in the cache */
+
+    float qs[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
+    float acc[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
+    float scores[MAX_ROWS][KEY_CHUNK] __attribute__((aligned(64)));
+    float running_max[MAX_ROWS], denominator[MAX_ROWS];
+    int32_t row_pos[MAX_ROWS], row_kv[MAX_ROWS], seen[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t head = item->kv_begin * group + r % heads;
+        const float *src = q + token * q_token_stride + (int64_t)head * d;
+        for (int32_t x = 0; x < d; x++) qs[r][x] = src[x] * scale;
+        for (int32_t x = 0; x < d; x++) acc[r][x] = 0.0f;
+        running_max[r] = 0.0f;
+        denominator[r] = 0.0f;
+        seen[r] = 0;
+        row_pos[r] = first_pos + r / heads;
+        row_kv[r] = (head / group) * d;   /* offset of the row's KV head inside a token's row */
+    }
+    const int32_t last_pos = first_pos + item->count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+
+    for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+        int32_t n = last_pos + 1 - start;
+        if (n > KEY_CHUNK) n = KEY_CHUNK;
+        const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        for (int32_t j = 0; j < n; j++) {   /* the chunk's tokens in the cache, through the block table */
+            const int32_t pos = start + j;
+            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+            k_rows[j] = k_cache + slot * token_stride;
+            v_rows[j] = v_cache + slot * token_stride;
+        }
+        /* The next chunk's rows are fetched while this one is computed: blocks lie anywhere in the cache, so
+           the hardware prefetcher loses the stream at each block edge. */
+        const int32_t next_end = start + 2 * KEY_CHUNK <= last_pos + 1 ? start + 2 * KEY_CHUNK : last_pos + 1;
+        for (int32_t pos = start + KEY_CHUNK; pos < next_end; pos++) {
+            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+            const char *k_next = (const char *)(k_cache + slot * token_stride + (int64_t)item->kv_begin * d);
+            const char *v_next = (const char *)(v_cache + slot * token_stride + (int64_t)item->kv_begin * d);
+            for (int32_t line = 0; line < (item->kv_end - item->kv_begin) * d * 4; line += 64) {
+                __builtin_prefetch(k_next + line);
+                __builtin_prefetch(v_next + line);
+            }
+        }
+        /* The keys of this chunk each row sees: a contiguous range [lo, hi] (causal, then the window). */
+        for (int32_t r = 0; r < rows; r++) {
+            lo[r] = 0;
+            hi[r] = row_pos[r] - start < n - 1 ? row_pos[r] - start : n - 1;
+            if (sliding_window > 0 && row_pos[r] - sliding_window + 1 - start > 0)
+                lo[r] = row_pos[r] - sliding_window + 1 - start;
+        }
+        /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
+        for (int32_t r = 0; r < rows; r++)
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {
+                const float *k = k_rows[j] + row_kv[r];
+                float dot = 0.0f;
+                for (int32_t x = 0; x < d; x++) dot += qs[r][x] * k[x];
+                scores[r][j] = dot;
+            }
+        /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
+        for (int32_t r = 0; r < rows; r++) {
+            if (lo[r] > hi[r]) {   /* sees none of this chunk */
+                for (int32_t j = 0; j < n; j++) scores[r][j] = 0.0f;
+                continue;
+            }
+            float chunk_max = scores[r][lo[r]];
+            for (int32_t j = lo[r] + 1; j <= hi[r]; j++) chunk_max = scores[r][j] > chunk_max ? scores[r][j] : chunk_max;
+            if (!seen[r] || chunk_max > running_max[r]) {
+                const float rescale = seen[r] ? expf(running_max[r] - chunk_max) : 0.0f;
+                running_max[r] = chunk_max;
+                denominator[r] *= rescale;
+                for (int32_t x = 0; x < d; x++) acc[r][x] *= rescale;
+                seen[r] = 1;
+            }
+            float sum = 0.0f;
+            const float row_max = running_max[r];
+            float *row = scores[r];
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {   /* branch-free: vectorized, exp included (libmvec) */
+                row[j] = expf(row[j] - row_max);
+                sum += row[j];
+            }
+            denominator[r] += sum;
+        }
+        for (int32_t r = 0; r < rows; r++) {   /* the row's accumulator stays in registers across the chunk */
+            float row_acc[MAX_D] __attribute__((aligned(64)));
+            for (int32_t x = 0; x < d; x++) row_acc[x] = acc[r][x];
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {
+                const float prob = scores[r][j];
+                const float *v = v_rows[j] + row_kv[r];
+                for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
+            }
+            for (int32_t x = 0; x < d; x++) acc[r][x] = row_acc[x];
+        }
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t head = item->kv_begin * group + r % heads;
+        float *dst = out + ((int64_t)token * num_heads + head) * d;
+        const float inv = denominator[r] > 0.0f ? 1.0f / denominator[r] : 0.0f;
+        for (int32_t x = 0; x < d; x++) dst[x] = acc[r][x] * inv;
+    }
+}
+
+/* A prefill tile: one KV head, up to TILE_Q query tokens, each of the group's query heads in turn. Scores are
+   computed for the TILE_Q tokens at once, one vector lane per token (Q transposed once per item), so the dot
+   products need no horizontal sums; softmax and the values then go row by row as in NAME. */
+static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                      const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                      const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                      int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                      float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM, count = item->count;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;
+    const int32_t first_token = cu_seqlens_q[item->seq] + item->first;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;
+    const int32_t last_pos = first_pos + count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+
+    float q_t[MAX_D][TILE_Q] __attribute__((aligned(64)));
+    float acc[TILE_Q][MAX_D] __attribute__((aligned(64)));
+    float by_key[KEY_CHUNK][TILE_Q] __attribute__((aligned(64)));
+    float scores[TILE_Q][KEY_CHUNK] __attribute__((aligned(64)));
+    float running_max[TILE_Q], denominator[TILE_Q];
+    int32_t seen[TILE_Q], lo[TILE_Q], hi[TILE_Q];
+    for (int32_t g = 0; g < group; g++) {
+        const int32_t head = item->kv_begin * group + g;
+        for (int32_t x = 0; x < d; x++)
+            for (int32_t t = 0; t < TILE_Q; t++)
+                q_t[x][t] = t < count ? q[(first_token + t) * q_token_stride + (int64_t)head * d + x] * scale : 0.0f;
+        for (int32_t t = 0; t < TILE_Q; t++) {
+            for (int32_t x = 0; x < d; x++) acc[t][x] = 0.0f;
+            running_max[t] = denominator[t] = 0.0f;
+            seen[t] = 0;
+        }
+        for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+            int32_t n = last_pos + 1 - start;
+            if (n > KEY_CHUNK) n = KEY_CHUNK;
+            const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+            for (int32_t j = 0; j < n; j++) {
+                const int32_t pos = start + j;
+                const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+                k_rows[j] = k_cache + slot * token_stride + (int64_t)item->kv_begin * d;
+                v_rows[j] = v_cache + slot * token_stride + (int64_t)item->kv_begin * d;
+            }
+            tile_scores(q_t, k_rows, n, d, by_key);
+            for (int32_t t = 0; t < count; t++) {
+                const int32_t pos = first_pos + t;
+                lo[t] = sliding_window > 0 && pos - sliding_window + 1 - start > 0 ? pos - sliding_window + 1 - start : 0;
+                hi[t] = pos - start < n - 1 ? pos - start : n - 1;
+                if (lo[t] > hi[t]) continue;
+                float *row = scores[t];
+                float chunk_max = by_key[lo[t]][t];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    row[j] = by_key[j][t];
+                    chunk_max = row[j] > chunk_max ? row[j] : chunk_max;
+                }
+                if (!seen[t] || chunk_max > running_max[t]) {
+                    const float rescale = seen[t] ? expf(running_max[t] - chunk_max) : 0.0f;
+                    running_max[t] = chunk_max;
+                    denominator[t] *= rescale;
+                    for (int32_t x = 0; x < d; x++) acc[t][x] *= rescale;
+                    seen[t] = 1;
+                }
+                float sum = 0.0f;
+                const float row_max = running_max[t];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    row[j] = expf(row[j] - row_max);
+                    sum += row[j];
+                }
+                denominator[t] += sum;
+                float row_acc[MAX_D] __attribute__((aligned(64)));
+                for (int32_t x = 0; x < d; x++) row_acc[x] = acc[t][x];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    const float prob = row[j];
+                    const float *v = v_rows[j];
+                    for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
+                }
+                for (int32_t x = 0; x < d; x++) acc[t][x] = row_acc[x];
+            }
+        }
+        for (int32_t t = 0; t < count; t++) {
+            float *dst = out + ((int64_t)(first_token + t) * num_heads + head) * d;
+            const float inv = denominator[t] > 0.0f ? 1.0f / denominator[t] : 0.0f;
+            for (int32_t x = 0; x < d; x++) dst[x] = acc[t][x] * inv;
+        }
+    }
+}
+#undef NAME
+#undef TILE_NAME
+#undef HEAD_DIM
+
+#define NAME attend_any
+#define TILE_NAME attend_any_tile
+#define HEAD_DIM head_dim
+static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                        const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                        const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                        int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                        float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;   /* position of the item's first query */
+    const int32_t heads = (item->kv_end - item->kv_begin) * group;          /* query heads per token */
+    const int32_t rows = item->count * heads;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;   /* between two tokens' rows in the cache */
+
+    float qs[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
+    float acc[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
+    float scores[MAX_ROWS][KEY_CHUNK] __attribute__((aligned(64)));
+    float running_max[MAX_ROWS], denominator[MAX_ROWS];
+    int32_t row_pos[MAX_ROWS], row_kv[MAX_ROWS], seen[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t head = item->kv_begin * group + r % heads;
+        const float *src = q + token * q_token_stride + (int64_t)head * d;
+        for (int32_t x = 0; x < d; x++) qs[r][x] = src[x] * scale;
+        for (int32_t x = 0; x < d; x++) acc[r][x] = 0.0f;
+        running_max[r] = 0.0f;
+        denominator[r] = 0.0f;
+        seen[r] = 0;
+        row_pos[r] = first_pos + r / heads;
+        row_kv[r] = (head / group) * d;   /* offset of the row's KV head inside a token's row */
+    }
+    const int32_t last_pos = first_pos + item->count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+
+    for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+        int32_t n = last_pos + 1 - start;
+        if (n > KEY_CHUNK) n = KEY_CHUNK;
+        const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        for (int32_t j = 0; j < n; j++) {   /* the chunk's tokens in the cache, through the block table */
+            const int32_t pos = start + j;
+            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+            k_rows[j] = k_cache + slot * token_stride;
+            v_rows[j] = v_cache + slot * token_stride;
+        }
+        /* The next chunk's rows are fetched while this one is computed: blocks lie anywhere in the cache, so
+           the hardware prefetcher loses the stream at each block edge. */
+        const int32_t next_end = start + 2 * KEY_CHUNK <= last_pos + 1 ? start + 2 * KEY_CHUNK : last_pos + 1;
+        for (int32_t pos = start + KEY_CHUNK; pos < next_end; pos++) {
+            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+            const char *k_next = (const char *)(k_cache + slot * token_stride + (int64_t)item->kv_begin * d);
+            const char *v_next = (const char *)(v_cache + slot * token_stride + (int64_t)item->kv_begin * d);
+            for (int32_t line = 0; line < (item->kv_end - item->kv_begin) * d * 4; line += 64) {
+                __builtin_prefetch(k_next + line);
+                __builtin_prefetch(v_next + line);
+            }
+        }
+        /* The keys of this chunk each row sees: a contiguous range [lo, hi] (causal, then the window). */
+        for (int32_t r = 0; r < rows; r++) {
+            lo[r] = 0;
+            hi[r] = row_pos[r] - start < n - 1 ? row_pos[r] - start : n - 1;
+            if (sliding_window > 0 && row_pos[r] - sliding_window + 1 - start > 0)
+                lo[r] = row_pos[r] - sliding_window + 1 - start;
+        }
+        /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
+        for (int32_t r = 0; r < rows; r++)
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {
+                const float *k = k_rows[j] + row_kv[r];
+                float dot = 0.0f;
+                for (int32_t x = 0; x < d; x++) dot += qs[r][x] * k[x];
+                scores[r][j] = dot;
+            }
+        /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
+        for (int32_t r = 0; r < rows; r++) {
+            if (lo[r] > hi[r]) {   /* sees none of this chunk */
+                for (int32_t j = 0; j < n; j++) scores[r][j] = 0.0f;
+                continue;
+            }
+            float chunk_max = scores[r][lo[r]];
+            for (int32_t j = lo[r] + 1; j <= hi[r]; j++) chunk_max = scores[r][j] > chunk_max ? scores[r][j] : chunk_max;
+            if (!seen[r] || chunk_max > running_max[r]) {
+                const float rescale = seen[r] ? expf(running_max[r] - chunk_max) : 0.0f;
+                running_max[r] = chunk_max;
+                denominator[r] *= rescale;
+                for (int32_t x = 0; x < d; x++) acc[r][x] *= rescale;
+                seen[r] = 1;
+            }
+            float sum = 0.0f;
+            const float row_max = running_max[r];
+            float *row = scores[r];
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {   /* branch-free: vectorized, exp included (libmvec) */
+                row[j] = expf(row[j] - row_max);
+                sum += row[j];
+            }
+            denominator[r] += sum;
+        }
+        for (int32_t r = 0; r < rows; r++) {   /* the row's accumulator stays in registers across the chunk */
+            float row_acc[MAX_D] __attribute__((aligned(64)));
+            for (int32_t x = 0; x < d; x++) row_acc[x] = acc[r][x];
+            for (int32_t j = lo[r]; j <= hi[r]; j++) {
+                const float prob = scores[r][j];
+                const float *v = v_rows[j] + row_kv[r];
+                for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
+            }
+            for (int32_t x = 0; x < d; x++) acc[r][x] = row_acc[x];
+        }
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t head = item->kv_begin * group + r % heads;
+        float *dst = out + ((int64_t)token * num_heads + head) * d;
+        const float inv = denominator[r] > 0.0f ? 1.0f / denominator[r] : 0.0f;
+        for (int32_t x = 0; x < d; x++) dst[x] = acc[r][x] * inv;
+    }
+}
+
+/* A prefill tile: one KV head, up to TILE_Q query tokens, each of the group's query heads in turn. Scores are
+   computed for the TILE_Q tokens at once, one vector lane per token (Q transposed once per item), so the dot
+   products need no horizontal sums; softmax and the values then go row by row as in NAME. */
+static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                      const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                      const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                      int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                      float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM, count = item->count;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;
+    const int32_t first_token = cu_seqlens_q[item->seq] + item->first;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;
+    const int32_t last_pos = first_pos + count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+
+    float q_t[MAX_D][TILE_Q] __attribute__((aligned(64)));
+    float acc[TILE_Q][MAX_D] __attribute__((aligned(64)));
+    float by_key[KEY_CHUNK][TILE_Q] __attribute__((aligned(64)));
+    float scores[TILE_Q][KEY_CHUNK] __attribute__((aligned(64)));
+    float running_max[TILE_Q], denominator[TILE_Q];
+    int32_t seen[TILE_Q], lo[TILE_Q], hi[TILE_Q];
+    for (int32_t g = 0; g < group; g++) {
+        const int32_t head = item->kv_begin * group + g;
+        for (int32_t x = 0; x < d; x++)
+            for (int32_t t = 0; t < TILE_Q; t++)
+                q_t[x][t] = t < count ? q[(first_token + t) * q_token_stride + (int64_t)head * d + x] * scale : 0.0f;
+        for (int32_t t = 0; t < TILE_Q; t++) {
+            for (int32_t x = 0; x < d; x++) acc[t][x] = 0.0f;
+            running_max[t] = denominator[t] = 0.0f;
+            seen[t] = 0;
+        }
+        for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+            int32_t n = last_pos + 1 - start;
+            if (n > KEY_CHUNK) n = KEY_CHUNK;
+            const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+            for (int32_t j = 0; j < n; j++) {
+                const int32_t pos = start + j;
+                const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+                k_rows[j] = k_cache + slot * token_stride + (int64_t)item->kv_begin * d;
+                v_rows[j] = v_cache + slot * token_stride + (int64_t)item->kv_begin * d;
+            }
+            tile_scores(q_t, k_rows, n, d, by_key);
+            for (int32_t t = 0; t < count; t++) {
+                const int32_t pos = first_pos + t;
+                lo[t] = sliding_window > 0 && pos - sliding_window + 1 - start > 0 ? pos - sliding_window + 1 - start : 0;
+                hi[t] = pos - start < n - 1 ? pos - start : n - 1;
+                if (lo[t] > hi[t]) continue;
+                float *row = scores[t];
+                float chunk_max = by_key[lo[t]][t];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    row[j] = by_key[j][t];
+                    chunk_max = row[j] > chunk_max ? row[j] : chunk_max;
+                }
+                if (!seen[t] || chunk_max > running_max[t]) {
+                    const float rescale = seen[t] ? expf(running_max[t] - chunk_max) : 0.0f;
+                    running_max[t] = chunk_max;
+                    denominator[t] *= rescale;
+                    for (int32_t x = 0; x < d; x++) acc[t][x] *= rescale;
+                    seen[t] = 1;
+                }
+                float sum = 0.0f;
+                const float row_max = running_max[t];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    row[j] = expf(row[j] - row_max);
+                    sum += row[j];
+                }
+                denominator[t] += sum;
+                float row_acc[MAX_D] __attribute__((aligned(64)));
+                for (int32_t x = 0; x < d; x++) row_acc[x] = acc[t][x];
+                for (int32_t j = lo[t]; j <= hi[t]; j++) {
+                    const float prob = row[j];
+                    const float *v = v_rows[j];
+                    for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
+                }
+                for (int32_t x = 0; x < d; x++) acc[t][x] = row_acc[x];
+            }
+        }
+        for (int32_t t = 0; t < count; t++) {
+            float *dst = out + ((int64_t)(first_token + t) * num_heads + head) * d;
+            const float inv = denominator[t] > 0.0f ? 1.0f / denominator[t] : 0.0f;
+            for (int32_t x = 0; x < d; x++) dst[x] = acc[t][x] * inv;
+        }
+    }
+}
+#undef NAME
+#undef TILE_NAME
+#undef HEAD_DIM
+
+/* Returns 0, or a negative code when a shape is outside this kernel's scope (the caller checks first). */
+int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const float *k_cache,
+                                  const float *v_cache, const int32_t *cu_seqlens_q, const int32_t *seq_lens,
+                                  const int32_t *block_tables, int64_t table_stride, int32_t num_seqs,
+                                  int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                  float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads;
+    if (head_dim > MAX_D || group > MAX_ROWS || num_heads % num_kv_heads != 0) return -1;
+    /* Per item: all KV heads for chunks of a few tokens (decode, drafts), so that each token's K and V rows are
+       read whole, as one stream; one KV head per tile of TILE_Q tokens for longer chunks (prefill). */
+    const int32_t tile = group * TILE_Q <= MAX_ROWS ? TILE_Q : MAX_ROWS / group;
+    /* Fewer sequences than a few per thread (the tail of a batch): split them by KV head too, or cores idle. */
+    const int whole = num_seqs >= 4 * omp_get_max_threads();
+    int64_t num_items = 0;
+    for (int32_t s = 0; s < num_seqs; s++) {
+        const int32_t q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+        num_items += whole && q_len * num_heads <= MAX_ROWS ? 1 : (int64_t)((q_len + tile - 1) / tile) * num_kv_heads;
+    }
+    work_item *items = malloc(sizeof(work_item) * (num_items ? num_items : 1));
+    if (items == NULL) return -2;
+    int64_t i = 0;
+    for (int32_t s = 0; s < num_seqs; s++) {
+        const int32_t q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+        if (whole && q_len * num_heads <= MAX_ROWS) {
+            items[i++] = (work_item){s, 0, q_len, 0, num_kv_heads, 0};
+            continue;
+        }
+        for (int32_t first = 0; first < q_len; first += tile)
+            for (int32_t h = 0; h < num_kv_heads; h++)
+                items[i++] = (work_item){s, first, q_len - first < tile ? q_len - first : tile, h, h + 1,
+                                         q_len - first > TILE_Q / 4 && tile == TILE_Q};
+    }
+    typedef void attend_fn(const work_item *, const float *, int64_t, const float *, const float *, const int32_t *,
+                           const int32_t *, const int32_t *, int64_t, int32_t, int32_t, int32_t, int32_t, float,
+                           int32_t, float *);
+    attend_fn *attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
+    attend_fn *attend_tile = head_dim == 64 ? attend_64_tile : head_dim == 128 ? attend_128_tile : attend_any_tile;
+    /* Taken from the end: a chunk's later tiles see more keys, so the largest items do not run last. */
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t w = 0; w < num_items; w++) {
+        const work_item *item = &items[num_items - 1 - w];
+        (item->tile ? attend_tile : attend)(item, q, q_token_stride, k_cache, v_cache, cu_seqlens_q, seq_lens,
+                                           block_tables, table_stride, num_heads, num_kv_heads, head_dim,
+                                           block_size, scale, sliding_window, out);
+    }
+    free(items);
+    return 0;
+}

@@ -1,0 +1,120 @@
+"""The native CPU paged attention (kernels/csrc/paged_attention_cpu.c) against the PyTorch reference.
+
+Odd shapes on purpose: head sizes with and without a specialised build (64, 128; 80, 32), GQA ratios 1 to 8,
+block sizes from 1 up, lengths crossing block and key-chunk edges, one-token prompts, mixed batches (decodes,
+speculative drafts, long prefill chunks after cached prefixes), sliding windows narrower than a block, batches
+small enough to split by KV head, queries that are strided views, and sequences whose blocks lie anywhere.
+"""
+import shutil
+
+import pytest
+import torch
+
+from kubeinfer.kernels import cpu_attention, cpu_native, ops, references, set_backend
+from kubeinfer.kernels.backend import get_backend
+
+if cpu_native.library("paged_attention_cpu") is None:
+    pytest.skip("no C compiler here: the native CPU kernels are not built (the references run instead)",
+                allow_module_level=True)
+
+# (seq_len, query chunk): one-token prompt, decodes, drafts, prefill past a 64-key chunk and a 16-token tile,
+# chunks after a cached prefix, a long chunk whose last tile is partial.
+MIXED = [(1, 1), (37, 1), (300, 1), (70, 5), (80, 80), (47, 15), (200, 140), (129, 17), (64, 64)]
+
+
+def check(make_paged, pairs, num_heads, num_kv_heads, head_dim, block_size, sliding_window=None, seed=0):
+    seq_lens, q_lens = zip(*pairs)
+    q, k_cache, v_cache, meta, _, _ = make_paged(list(seq_lens), list(q_lens), num_heads, num_kv_heads, head_dim,
+                                                 block_size, torch.float32, "cpu", seed=seed)
+    scale = head_dim ** -0.5
+    got = cpu_attention.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    want = references.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1), (2, 1), (14, 2), (32, 8)],
+                         ids=["mha", "gqa4", "gqa8", "mqa2", "gqa7", "llama3"])
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 32])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_mixed_batch_matches_reference(make_paged, num_heads, num_kv_heads, head_dim, block_size):
+    check(make_paged, MIXED, num_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size)
+
+
+@pytest.mark.parametrize("sliding_window", [1, 7, 16, 20, 65, 4096])
+def test_sliding_window(make_paged, sliding_window):
+    check(make_paged, MIXED, 8, 2, 64, 16, sliding_window, seed=sliding_window)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2, 7, 8, 40])
+def test_decode_batches_split_by_head_or_whole(make_paged, num_seqs):
+    """Fewer sequences than 4 per thread are split by KV head; more run whole. Both agree with the reference."""
+    check(make_paged, [(5 + 37 * i, 1) for i in range(num_seqs)], 8, 2, 64, 16, seed=num_seqs)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_any_thread_count(make_paged, threads):
+    """Also: with one KV head, a whole sequence's chunk of up to 64 tokens is one item (not a 16-token tile)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)   # the kernel runs in torch's OpenMP pool
+    try:
+        check(make_paged, MIXED, 8, 2, 64, 16, seed=threads)
+        check(make_paged, MIXED, 2, 1, 16, 16, seed=threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_strided_query_view(make_paged):
+    """q as the model passes it: a view into the fused QKV projection's output."""
+    q, k_cache, v_cache, meta, _, _ = make_paged([90, 3, 33], [90, 1, 2], 8, 2, 64, 16, torch.float32, "cpu")
+    qkv = torch.cat([q.flatten(1), torch.randn(q.shape[0], 2 * 2 * 64)], dim=1)
+    view = qkv[:, :8 * 64].view(-1, 8, 64)
+    assert not view.is_contiguous()
+    torch.testing.assert_close(cpu_attention.paged_attention(view, k_cache, v_cache, meta, 0.125),
+                               references.paged_attention(q, k_cache, v_cache, meta, 0.125), atol=2e-5, rtol=2e-5)
+
+
+def test_scope_left_to_the_reference():
+    """Other dtypes and very large heads are not this kernel's: `supports` says so and ops takes the reference."""
+    cache = torch.zeros(4, 16, 2, 64)
+    assert cpu_attention.supports(torch.zeros(1, 4, 64), cache)
+    assert not cpu_attention.supports(torch.zeros(1, 4, 64, dtype=torch.bfloat16), cache.bfloat16())
+    assert not cpu_attention.supports(torch.zeros(1, 4, 512), torch.zeros(4, 16, 2, 512))
+
+
+def test_ops_route_by_backend(make_paged, monkeypatch):
+    """"auto" and "cpu" take the native kernel on CPU fp32; "torch" (the tests' oracle) never does."""
+    q, k_cache, v_cache, meta, _, _ = make_paged([20, 9], [20, 1], 4, 2, 64, 16, torch.float32, "cpu")
+    calls = []
+    native = cpu_attention.paged_attention
+    monkeypatch.setattr(cpu_attention, "paged_attention", lambda *a, **k: calls.append(1) or native(*a, **k))
+    before = get_backend()
+    try:
+        for backend, expected in (("auto", 1), ("cpu", 2), ("torch", 2)):
+            set_backend(backend)
+            ops.paged_attention(q, k_cache, v_cache, meta, 0.125)
+            assert len(calls) == expected, backend
+    finally:
+        set_backend(before)
+
+
+def test_without_a_compiler_the_reference_runs(tmp_path, monkeypatch, caplog):
+    """No compiler on the machine: one warning, no library, and the ops still answer (by the reference)."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("KUBEINFER_KERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_native, "_loaded", {})
+    with caplog.at_level("WARNING"):
+        assert cpu_native.library("paged_attention_cpu") is None
+    assert "could not build the native CPU kernel" in caplog.text
+
+
+def test_build_is_cached_by_source_and_cpu(tmp_path, monkeypatch):
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no cc or gcc")
+    monkeypatch.setenv("KUBEINFER_KERNEL_CACHE_DIR", str(tmp_path))
+    compiler = cpu_native._compiler()
+    first = cpu_native._build("paged_attention_cpu", compiler)
+    assert first.parent == tmp_path and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert cpu_native._build("paged_attention_cpu", compiler) == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(cpu_native, "_cpu_identity", lambda: "another CPU")
+    assert cpu_native._build("paged_attention_cpu", compiler) != first
