@@ -13,6 +13,7 @@ from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.context import ForwardContext, set_context
+from kubeinfer.runtime.cpu_allocator import keep_freed_memory
 from kubeinfer.runtime.cpu_threads import configure_torch_threads
 from kubeinfer.runtime.engine.block_manager import BlockManager, slot_mapping
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
@@ -87,6 +88,8 @@ class ModelRunner:
             raise RuntimeError(f"tensor_parallel_size is {config.tensor_parallel_size} but this process is in a "
                                f"group of {tp_size()}: one tensor-parallel engine per process, alone")
         self.device = rank_device(config, self.rank)
+        if self.device.type == "cpu":
+            keep_freed_memory()   # each step's activations reuse the heap, not fresh pages
         if self.device.type == "cpu" and config.tensor_parallel_size == 1:   # TP workers share the CPUs
             threads = configure_torch_threads(config.cpu_threads)
             if threads is not None:
