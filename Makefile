@@ -24,13 +24,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch is pinned first, explicitly: a looser requirement would pull gigabytes of CUDA packages.
+# gcc builds the native CPU kernels at first use (kernels/cpu_native.py); without it the CPU runs the slower
+# PyTorch references. Installed from Debian when missing and root, as Prometheus is for the tests.
+CC_CHECK = @command -v cc >/dev/null || command -v gcc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null; } \
+	  || echo "warning: no C compiler and could not install gcc; the CPU runs the PyTorch reference kernels (slower)"
+
 install: $(BIN)/python
 	$(PIP) torch==2.13.0
 	$(PIP) -e .
+	$(CC_CHECK)
 
 install-test: $(BIN)/python
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[test]'
+	$(CC_CHECK)
 	@command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; } \
 	  || echo "warning: could not install Debian's prometheus; the tests that need it will be skipped"
 
