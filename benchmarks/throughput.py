@@ -1,15 +1,25 @@
-"""Offline throughput: ours vs transformers.generate, on the same random-weight model, in one run.
+"""Offline throughput: ours against vLLM's CPU build (or transformers.generate), same model, same token ids.
 
-Workload (fixed seed), like `vllm bench throughput`: random prompt tokens, mixed prompt and output lengths,
-ignore_eos. transformers runs the requests in padded batches (left padding), each batch generating up to
-its longest requested output; only the requested tokens count for both.
+Workloads (fixed seed), like `vllm bench throughput`: random prompt tokens, mixed lengths, ignore_eos.
+- `short` (the default): 64 requests, prompts 32-512 tokens, outputs 16-256.
+- `long`: 64 requests, prompts 128-1024 tokens, outputs 256-512.
 
-    python benchmarks/throughput.py [--num-requests 64] [--hf-batch-size 16]
+Each engine warms up on the first two requests, then runs every request twice: first on prompts it has not
+seen (the figure compared), then on the same prompts again, when every prefix is in its cache (reported beside).
+With `--peer vllm` the engines alternate, `--repeats` times each, on the same model folder and token ids;
+vLLM runs in its own venv (benchmarks/peers/vllm_env.py creates it on first use), in the configurations of
+`--vllm-configs`. Greedy outputs are compared token by token (fp32 both; a random model's near-ties may differ).
+
+    python benchmarks/throughput.py [--workload short|long] [--peer vllm|transformers|none] [--repeats 3]
 """
 import argparse
 import json
+import os
 import platform
 import random
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,33 +30,65 @@ from kubeinfer.runtime.demo import train_tokenizer, write_llama_model
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import vllm_env   # noqa: E402
+
+WORKLOADS = {"short": ((32, 512), (16, 256)), "long": ((128, 1024), (256, 512))}
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 256, 2048, 4096
+
 
 def build_model(path: Path, hidden: int, layers: int) -> Path:
     write_llama_model(path, train_tokenizer(vocab_size=1024), hidden_size=hidden, intermediate_size=hidden * 8 // 3,
                       num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                      num_key_value_heads=hidden // 128, head_dim=64, max_position_embeddings=4096)
+                      num_key_value_heads=hidden // 128, head_dim=64, max_position_embeddings=MAX_MODEL_LEN)
     return path
 
 
-def workload(num: int, vocab: int, seed: int = 0):
+def workload(num: int, vocab: int, seed: int = 0, name: str = "short"):
+    (prompt_lo, prompt_hi), (out_lo, out_hi) = WORKLOADS[name]
     rng = random.Random(seed)
-    prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(32, 512))] for _ in range(num)]
-    outputs = [rng.randint(16, 256) for _ in range(num)]
+    prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(prompt_lo, prompt_hi))] for _ in range(num)]
+    outputs = [rng.randint(out_lo, out_hi) for _ in range(num)]
     return prompts, outputs
 
 
-def run_ours(model: Path, prompts, outputs) -> float:
-    llm = LLM(str(model), max_num_seqs=256, max_num_batched_tokens=2048)
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
-    llm.generate(prompts[:2], params[:2])   # warm-up
-    started = time.perf_counter()
-    results = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - started
-    assert [len(r.token_ids) for r in results] == outputs
-    return elapsed
+def ours_settings(threads: int | None) -> dict:
+    return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
+                kv_cache_memory_gib=vllm_env.KV_CACHE_GIB, cpu_threads=threads)
 
 
-def run_transformers(model: Path, prompts, outputs, batch_size: int) -> float:
+def run_ours(model: Path, prompts, outputs, threads: int | None = None) -> dict:
+    """A fresh engine: warm-up, then both passes."""
+    with LLM(str(model), **ours_settings(threads)) as llm:
+        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
+        llm.generate(prompts[:2], params[:2])   # warm-up
+        passes = []
+        for _ in range(2):
+            started = time.perf_counter()
+            results = llm.generate(prompts, params)
+            passes.append(time.perf_counter() - started)
+            assert [len(r.token_ids) for r in results] == outputs
+    return {"seconds": passes[0], "cached_seconds": passes[1], "tokens": [list(r.token_ids) for r in results]}
+
+
+def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: Path) -> dict:
+    settings = {"dtype": "float32", "max_model_len": MAX_MODEL_LEN, "seed": 0}
+    if config == "best":
+        settings |= {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}
+    spec = workdir / "vllm-workload.json"
+    spec.write_text(json.dumps({"model": str(model), "prompts": prompts, "outputs": outputs, "settings": settings}))
+    log = workdir / f"vllm-{config}.log"
+    with log.open("w") as out:
+        done = subprocess.run([str(python), str(Path(__file__).parent / "peers" / "vllm_offline.py"), str(spec)],
+                              env=vllm_env.environment(config), stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        sys.exit(f"vLLM ({config}) failed, exit {done.returncode}:\n" + log.read_text()[-3000:])
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_transformers(model: Path, prompts, outputs, batch_size: int = 16) -> dict:
+    """transformers.generate in padded batches (left padding), each up to its longest requested output."""
     import transformers as tf
     hf = tf.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     hf.generate(torch.tensor([prompts[0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)   # warm-up
@@ -60,31 +102,73 @@ def run_transformers(model: Path, prompts, outputs, batch_size: int) -> float:
             out = hf.generate(ids, attention_mask=mask, max_new_tokens=max(wanted), min_new_tokens=max(wanted),
                               do_sample=False, pad_token_id=0, eos_token_id=None)
         assert out.shape[1] == width + max(wanted)
-    return time.perf_counter() - started
+    return {"seconds": time.perf_counter() - started}
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
+    """How far the greedy outputs agree: identical requests, and the mean identical prefix."""
+    same = sum(a == b for a, b in zip(ours, theirs))
+    prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(ours, theirs)]
+    return f"{same}/{len(ours)} identical, mean identical prefix {statistics.mean(prefix):.0f} tokens"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
     parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--peer", choices=("vllm", "transformers", "none"), default="vllm")
+    parser.add_argument("--vllm-venv", type=Path, default=vllm_env.DEFAULT_VENV,
+                        help="vLLM's venv (created there when missing)")
+    parser.add_argument("--vllm-configs", nargs="+", choices=("best", "defaults"), default=["best", "defaults"])
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each engine")
+    parser.add_argument("--threads", type=int, default=None, help="our torch threads (default: every CPU)")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
     torch.manual_seed(0)
+    python = vllm_env.ensure_venv(args.vllm_venv) if args.peer == "vllm" else None
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "model", args.hidden, args.layers)
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-        prompts, outputs = workload(args.num_requests, vocab)
+        prompts, outputs = workload(args.num_requests, vocab, name=args.workload)
         prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outputs)
-        print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-              f"torch {torch.__version__}; model: Llama hidden {args.hidden}, {args.layers} layers, fp32, CPU")
-        print(f"workload: {len(prompts)} requests, {prompt_tokens} prompt + {output_tokens} output tokens")
-        ours = run_ours(model, prompts, outputs)
-        theirs = run_transformers(model, prompts, outputs, args.hf_batch_size)
-    print(f"{'engine':<28}{'seconds':>9}{'output tok/s':>14}{'total tok/s':>13}")
-    for name, seconds in (("kubeinfer", ours), (f"transformers (batch {args.hf_batch_size})", theirs)):
-        print(f"{name:<28}{seconds:>9.2f}{output_tokens / seconds:>14.1f}{(prompt_tokens + output_tokens) / seconds:>13.1f}")
-    print(f"speed-up: {theirs / ours:.2f}x")
+        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
+              f"model: Llama hidden {args.hidden}, {args.layers} layers, fp32, CPU")
+        print(f"workload {args.workload}: {len(prompts)} requests, {prompt_tokens} prompt + {output_tokens} output tokens")
+        print(f"kubeinfer: {ours_settings(args.threads)}, kernel backend auto (native CPU attention)")
+        engines = ["kubeinfer"]
+        if args.peer == "vllm":
+            engines += [f"vllm-{config}" for config in args.vllm_configs]
+            for config in args.vllm_configs:
+                print(f"vllm-{config}: {vllm_env.describe(config)}")
+        elif args.peer == "transformers":
+            engines += ["transformers"]
+        runs: dict[str, list[dict]] = {name: [] for name in engines}
+        for repeat in range(args.repeats):
+            for name in engines:
+                if name == "kubeinfer":
+                    result = run_ours(model, prompts, outputs, args.threads)
+                elif name == "transformers":
+                    result = run_transformers(model, prompts, outputs)
+                else:
+                    result = run_vllm(python, model, prompts, outputs, name.removeprefix("vllm-"), Path(tmp))
+                runs[name].append(result)
+                cached = f", prefixes cached {result['cached_seconds']:.2f} s" if "cached_seconds" in result else ""
+                print(f"  run {repeat + 1} {name:<16} {result['seconds']:6.2f} s{cached}", flush=True)
+    print(f"\n{'engine':<18}{'median s':>9}{'runs':>22}{'output tok/s':>14}{'total tok/s':>13}{'cached s':>10}")
+    medians = {}
+    for name, results in runs.items():
+        seconds = [r["seconds"] for r in results]
+        medians[name] = statistics.median(seconds)
+        cached = [r["cached_seconds"] for r in results if "cached_seconds" in r]
+        print(f"{name:<18}{medians[name]:>9.2f}{' / '.join(f'{s:.2f}' for s in seconds):>22}"
+              f"{output_tokens / medians[name]:>14.1f}{(prompt_tokens + output_tokens) / medians[name]:>13.1f}"
+              f"{statistics.median(cached) if cached else float('nan'):>10.2f}")
+    for name in engines[1:]:
+        print(f"kubeinfer vs {name}: {medians[name] / medians['kubeinfer']:.2f}x "
+              f"({'faster' if medians[name] > medians['kubeinfer'] else 'slower'})")
+        if "tokens" in runs[name][0]:
+            print(f"  greedy outputs vs {name}: {agreement(runs['kubeinfer'][0]['tokens'], runs[name][0]['tokens'])}")
 
 
 if __name__ == "__main__":
