@@ -31,6 +31,67 @@ typedef struct {
 } work_item;
 
 
+
+
+/* acc += sum over j in [lo, hi] of probs[j] * (v_rows[j] + offset). With AVX-512 and d a multiple of 16 (up to
+   256), the accumulator lives in registers for the whole range. */
+static inline void row_values(float *acc, const float *probs, const float *const *v_rows, int32_t offset,
+                              int32_t lo, int32_t hi, int32_t d) {
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 128) {
+        __m512 a[8];
+        const int32_t n = d / 16;
+        for (int32_t x = 0; x < n; x++) a[x] = _mm512_loadu_ps(acc + 16 * x);
+        for (int32_t j = lo; j <= hi; j++) {
+            const __m512 p = _mm512_set1_ps(probs[j]);
+            const float *v = v_rows[j] + offset;
+            for (int32_t x = 0; x < n; x++) a[x] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * x), a[x]);
+        }
+        for (int32_t x = 0; x < n; x++) _mm512_storeu_ps(acc + 16 * x, a[x]);
+        return;
+    }
+#endif
+    for (int32_t j = lo; j <= hi; j++) {
+        const float prob = probs[j];
+        const float *v = v_rows[j] + offset;
+        for (int32_t x = 0; x < d; x++) acc[x] += prob * v[x];
+    }
+}
+
+/* scores[j] = q . (k_rows[j] + offset) for j in [lo, hi]. With AVX-512 and d a multiple of 16, four keys at a time
+   in independent FMA chains (a single chain per dot product waits on its own latency). */
+static inline void row_scores(const float *q, const float *const *k_rows, int32_t offset, int32_t lo, int32_t hi,
+                              int32_t d, float *scores) {
+    int32_t j = lo;
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 256) {
+        __m512 qv[16];
+        for (int32_t x = 0; x < d / 16; x++) qv[x] = _mm512_loadu_ps(q + 16 * x);
+        for (; j + 4 <= hi + 1; j += 4) {
+            const float *k0 = k_rows[j] + offset, *k1 = k_rows[j + 1] + offset;
+            const float *k2 = k_rows[j + 2] + offset, *k3 = k_rows[j + 3] + offset;
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+            for (int32_t x = 0; x < d / 16; x++) {
+                a0 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k0 + 16 * x), a0);
+                a1 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k1 + 16 * x), a1);
+                a2 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k2 + 16 * x), a2);
+                a3 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k3 + 16 * x), a3);
+            }
+            scores[j] = _mm512_reduce_add_ps(a0);
+            scores[j + 1] = _mm512_reduce_add_ps(a1);
+            scores[j + 2] = _mm512_reduce_add_ps(a2);
+            scores[j + 3] = _mm512_reduce_add_ps(a3);
+        }
+    }
+#endif
+    for (; j <= hi; j++) {
+        const float *k = k_rows[j] + offset;
+        float dot = 0.0f;
+        for (int32_t x = 0; x < d; x++) dot += q[x] * k[x];
+        scores[j] = dot;
+    }
+}
+
 /* by_key[j][t] = q_t[:, t] . k_rows[j] for a tile's TILE_Q tokens (one vector lane each) and n keys. */
 static inline void tile_scores(float q_t[][TILE_Q], const float *const *k_rows, int32_t n, int32_t d,
                                float by_key[][TILE_Q]) {
@@ -130,12 +191,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         }
         /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
         for (int32_t r = 0; r < rows; r++)
-            for (int32_t j = lo[r]; j <= hi[r]; j++) {
-                const float *k = k_rows[j] + row_kv[r];
-                float dot = 0.0f;
-                for (int32_t x = 0; x < d; x++) dot += qs[r][x] * k[x];
-                scores[r][j] = dot;
-            }
+            row_scores(qs[r], k_rows, row_kv[r], lo[r], hi[r], d, scores[r]);
         /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
         for (int32_t r = 0; r < rows; r++) {
             if (lo[r] > hi[r]) {   /* sees none of this chunk */
@@ -160,16 +216,8 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
             }
             denominator[r] += sum;
         }
-        for (int32_t r = 0; r < rows; r++) {   /* the row's accumulator stays in registers across the chunk */
-            float row_acc[MAX_D] __attribute__((aligned(64)));
-            for (int32_t x = 0; x < d; x++) row_acc[x] = acc[r][x];
-            for (int32_t j = lo[r]; j <= hi[r]; j++) {
-                const float prob = scores[r][j];
-                const float *v = v_rows[j] + row_kv[r];
-                for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
-            }
-            for (int32_t x = 0; x < d; x++) acc[r][x] = row_acc[x];
-        }
+        for (int32_t r = 0; r < rows; r++)   /* the row's accumulator stays in registers across the chunk */
+            row_values(acc[r], scores[r], v_rows, row_kv[r], lo[r], hi[r], d);
     }
     for (int32_t r = 0; r < rows; r++) {
         const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
@@ -250,14 +298,7 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
                     sum += row[j];
                 }
                 denominator[t] += sum;
-                float row_acc[MAX_D] __attribute__((aligned(64)));
-                for (int32_t x = 0; x < d; x++) row_acc[x] = acc[t][x];
-                for (int32_t j = lo[t]; j <= hi[t]; j++) {
-                    const float prob = row[j];
-                    const float *v = v_rows[j];
-                    for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
-                }
-                for (int32_t x = 0; x < d; x++) acc[t][x] = row_acc[x];
+                row_values(acc[t], row, v_rows, 0, lo[t], hi[t], d);
             }
         }
         for (int32_t t = 0; t < count; t++) {
@@ -339,12 +380,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         }
         /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
         for (int32_t r = 0; r < rows; r++)
-            for (int32_t j = lo[r]; j <= hi[r]; j++) {
-                const float *k = k_rows[j] + row_kv[r];
-                float dot = 0.0f;
-                for (int32_t x = 0; x < d; x++) dot += qs[r][x] * k[x];
-                scores[r][j] = dot;
-            }
+            row_scores(qs[r], k_rows, row_kv[r], lo[r], hi[r], d, scores[r]);
         /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
         for (int32_t r = 0; r < rows; r++) {
             if (lo[r] > hi[r]) {   /* sees none of this chunk */
@@ -369,16 +405,8 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
             }
             denominator[r] += sum;
         }
-        for (int32_t r = 0; r < rows; r++) {   /* the row's accumulator stays in registers across the chunk */
-            float row_acc[MAX_D] __attribute__((aligned(64)));
-            for (int32_t x = 0; x < d; x++) row_acc[x] = acc[r][x];
-            for (int32_t j = lo[r]; j <= hi[r]; j++) {
-                const float prob = scores[r][j];
-                const float *v = v_rows[j] + row_kv[r];
-                for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
-            }
-            for (int32_t x = 0; x < d; x++) acc[r][x] = row_acc[x];
-        }
+        for (int32_t r = 0; r < rows; r++)   /* the row's accumulator stays in registers across the chunk */
+            row_values(acc[r], scores[r], v_rows, row_kv[r], lo[r], hi[r], d);
     }
     for (int32_t r = 0; r < rows; r++) {
         const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
@@ -459,14 +487,7 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
                     sum += row[j];
                 }
                 denominator[t] += sum;
-                float row_acc[MAX_D] __attribute__((aligned(64)));
-                for (int32_t x = 0; x < d; x++) row_acc[x] = acc[t][x];
-                for (int32_t j = lo[t]; j <= hi[t]; j++) {
-                    const float prob = row[j];
-                    const float *v = v_rows[j];
-                    for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
-                }
-                for (int32_t x = 0; x < d; x++) acc[t][x] = row_acc[x];
+                row_values(acc[t], row, v_rows, 0, lo[t], hi[t], d);
             }
         }
         for (int32_t t = 0; t < count; t++) {
@@ -548,12 +569,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         }
         /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
         for (int32_t r = 0; r < rows; r++)
-            for (int32_t j = lo[r]; j <= hi[r]; j++) {
-                const float *k = k_rows[j] + row_kv[r];
-                float dot = 0.0f;
-                for (int32_t x = 0; x < d; x++) dot += qs[r][x] * k[x];
-                scores[r][j] = dot;
-            }
+            row_scores(qs[r], k_rows, row_kv[r], lo[r], hi[r], d, scores[r]);
         /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
         for (int32_t r = 0; r < rows; r++) {
             if (lo[r] > hi[r]) {   /* sees none of this chunk */
@@ -578,16 +594,8 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
             }
             denominator[r] += sum;
         }
-        for (int32_t r = 0; r < rows; r++) {   /* the row's accumulator stays in registers across the chunk */
-            float row_acc[MAX_D] __attribute__((aligned(64)));
-            for (int32_t x = 0; x < d; x++) row_acc[x] = acc[r][x];
-            for (int32_t j = lo[r]; j <= hi[r]; j++) {
-                const float prob = scores[r][j];
-                const float *v = v_rows[j] + row_kv[r];
-                for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
-            }
-            for (int32_t x = 0; x < d; x++) acc[r][x] = row_acc[x];
-        }
+        for (int32_t r = 0; r < rows; r++)   /* the row's accumulator stays in registers across the chunk */
+            row_values(acc[r], scores[r], v_rows, row_kv[r], lo[r], hi[r], d);
     }
     for (int32_t r = 0; r < rows; r++) {
         const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
@@ -668,14 +676,7 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
                     sum += row[j];
                 }
                 denominator[t] += sum;
-                float row_acc[MAX_D] __attribute__((aligned(64)));
-                for (int32_t x = 0; x < d; x++) row_acc[x] = acc[t][x];
-                for (int32_t j = lo[t]; j <= hi[t]; j++) {
-                    const float prob = row[j];
-                    const float *v = v_rows[j];
-                    for (int32_t x = 0; x < d; x++) row_acc[x] += prob * v[x];
-                }
-                for (int32_t x = 0; x < d; x++) acc[t][x] = row_acc[x];
+                row_values(acc[t], row, v_rows, 0, lo[t], hi[t], d);
             }
         }
         for (int32_t t = 0; t < count; t++) {
@@ -689,12 +690,14 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
 #undef TILE_NAME
 #undef HEAD_DIM
 
-/* Returns 0, or a negative code when a shape is outside this kernel's scope (the caller checks first). */
+/* Returns 0, or a negative code when a shape is outside this kernel's scope (the caller checks first).
+   Sequences whose chunk has skip_from_q_len query tokens or more (when > 0) are left alone: their rows of
+   `out` are not written. */
 int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const float *k_cache,
                                   const float *v_cache, const int32_t *cu_seqlens_q, const int32_t *seq_lens,
                                   const int32_t *block_tables, int64_t table_stride, int32_t num_seqs,
                                   int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                                  float scale, int32_t sliding_window, float *out) {
+                                  float scale, int32_t sliding_window, int32_t skip_from_q_len, float *out) {
     const int32_t group = num_heads / num_kv_heads;
     if (head_dim > MAX_D || group > MAX_ROWS || num_heads % num_kv_heads != 0) return -1;
     /* Per item: all KV heads for chunks of a few tokens (decode, drafts), so that each token's K and V rows are
@@ -705,6 +708,7 @@ int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const 
     int64_t num_items = 0;
     for (int32_t s = 0; s < num_seqs; s++) {
         const int32_t q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+        if (skip_from_q_len > 0 && q_len >= skip_from_q_len) continue;
         num_items += whole && q_len * num_heads <= MAX_ROWS ? 1 : (int64_t)((q_len + tile - 1) / tile) * num_kv_heads;
     }
     work_item *items = malloc(sizeof(work_item) * (num_items ? num_items : 1));
@@ -712,6 +716,7 @@ int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const 
     int64_t i = 0;
     for (int32_t s = 0; s < num_seqs; s++) {
         const int32_t q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+        if (skip_from_q_len > 0 && q_len >= skip_from_q_len) continue;   /* the caller's: see cpu_attention.py */
         if (whole && q_len * num_heads <= MAX_ROWS) {
             items[i++] = (work_item){s, 0, q_len, 0, num_kv_heads, 0};
             continue;
