@@ -21,7 +21,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 SOURCES = Path(__file__).parent / "csrc"
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+COMPILE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC")
+# Linked WITHOUT -ffast-math: with it gcc links crtfastmath.o, whose constructor turns on flush-to-zero and
+# denormals-are-zero for the whole process when the library loads (every thread's floats, not only ours).
+LINK_FLAGS = ("-shared", "-fopenmp")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
@@ -51,7 +54,8 @@ def _cpu_identity() -> str:
 def _build(name: str, compiler: str) -> Path:
     source = SOURCES / f"{name}.c"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    key = hashlib.sha256("\0".join([source.read_text(), " ".join(FLAGS), version, _cpu_identity()]).encode())
+    flags = " ".join(COMPILE_FLAGS + LINK_FLAGS)
+    key = hashlib.sha256("\0".join([source.read_text(), flags, version, _cpu_identity()]).encode())
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -64,11 +68,12 @@ def _build(name: str, compiler: str) -> Path:
     if target.exists():
         return target
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:   # built aside, then renamed: atomic
-        built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source), "-lm"], capture_output=True,
-                                text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed on {source.name}: {result.stderr.strip()[-2000:]}")
+        built, objects = Path(tmp) / target.name, Path(tmp) / f"{name}.o"
+        for command in ([compiler, *COMPILE_FLAGS, "-c", "-o", str(objects), str(source)],
+                        [compiler, *LINK_FLAGS, "-o", str(built), str(objects), "-lm"]):
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{compiler} failed on {source.name}: {result.stderr.strip()[-2000:]}")
         os.replace(built, target)
     logger.info("built the native CPU kernel %s into %s", name, target)
     return target

@@ -127,3 +127,17 @@ def test_build_is_cached_by_source_and_cpu(tmp_path, monkeypatch):
     assert cpu_native._build("paged_attention_cpu", compiler) == first and first.stat().st_mtime_ns == stamp
     monkeypatch.setattr(cpu_native, "_cpu_identity", lambda: "another CPU")
     assert cpu_native._build("paged_attention_cpu", compiler) != first
+
+
+def test_loading_the_library_leaves_the_process_floats_alone():
+    """-ffast-math at link time would load crtfastmath.o, which flushes subnormals to zero process-wide (caught
+    once by the server's fuzz test: hypothesis refuses to run in such a process)."""
+    import subprocess
+    import sys
+    script = ("import torch\n"
+              "from kubeinfer.kernels import cpu_native\n"
+              "assert cpu_native.library('paged_attention_cpu') is not None\n"
+              "tiny = 5e-324\n"
+              "print(tiny * 1.0 != 0.0, float(torch.tensor([1e-40]) * 1.0) != 0.0)")
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
