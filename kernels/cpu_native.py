@@ -55,7 +55,8 @@ def _build(name: str, compiler: str) -> Path:
     source = SOURCES / f"{name}.c"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     flags = " ".join(COMPILE_FLAGS + LINK_FLAGS)
-    key = hashlib.sha256("\0".join([source.read_text(), flags, version, _cpu_identity()]).encode())
+    texts = [path.read_text() for path in [source, *sorted(SOURCES.glob("*.h"))]]   # the source and its headers
+    key = hashlib.sha256("\0".join([*texts, flags, version, _cpu_identity()]).encode())
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
