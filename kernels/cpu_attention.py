@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from kubeinfer.kernels import cpu_native
+from kubeinfer.kernels import cpu_native, references
 from kubeinfer.kernels.metadata import AttentionMetadata
 
 MAX_HEAD_DIM = 256
@@ -78,11 +78,10 @@ def _long_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, t
     per KV head: scores = Q K^T, masked (causal, window), softmax, times V; QUERY_BLOCK queries at a time, each
     block against only the keys it can see."""
     num_q, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    blocks = table[:-(-seq_len // block_size)].long()
-    keys_t = k_cache[blocks].flatten(0, 1)[:seq_len].permute(1, 2, 0)     # [KVH, D, L]
-    values = v_cache[blocks].flatten(0, 1)[:seq_len].permute(1, 0, 2)     # [KVH, L, D]
+    keys_t = references._gather_kv(k_cache, table, seq_len).permute(1, 2, 0)     # [KVH, D, L]
+    values = references._gather_kv(v_cache, table, seq_len).permute(1, 0, 2)     # [KVH, L, D]
     out = torch.empty_like(q)
     first_pos = seq_len - num_q
     for start in range(0, num_q, QUERY_BLOCK):
@@ -92,11 +91,8 @@ def _long_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, t
         rows = q[start:end].reshape(end - start, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)
         scores = torch.bmm(rows.reshape(num_kv_heads, -1, head_dim) * scale, keys_t[:, :, lo:hi])
         query_pos = torch.arange(first_pos + start, first_pos + end).repeat_interleave(group).view(-1, 1)
-        key_pos = torch.arange(lo, hi).view(1, -1)
-        hidden = key_pos > query_pos
-        if sliding_window is not None:
-            hidden |= key_pos <= query_pos - sliding_window
-        scores.masked_fill_(hidden, float("-inf"))   # every query sees itself: no row is all -inf
+        visible = references._visible(query_pos, torch.arange(lo, hi).view(1, -1), sliding_window)
+        scores.masked_fill_(~visible, float("-inf"))   # every query sees itself: no row is all -inf
         mixed = torch.bmm(torch.softmax(scores, dim=-1), values[:, lo:hi])  # [KVH, (end-start) x group, D]
         out[start:end] = mixed.view(num_kv_heads, end - start, group, head_dim).permute(1, 0, 2, 3).reshape(
             end - start, num_heads, head_dim)
