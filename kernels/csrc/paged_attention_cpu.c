@@ -30,11 +30,29 @@ typedef struct {
     int32_t tile;                   /* a prefill tile (one KV head, count <= TILE_Q): see TILE_NAME */
 } work_item;
 
+/* The K and V rows of keys [start, start + n) of one sequence, through its block table; `offset` selects a KV head
+   inside a token's row (0: the row from its first head). */
+static inline void chunk_rows(const int32_t *table, int32_t block_size, const float *k_cache, const float *v_cache,
+                              int64_t token_stride, int64_t offset, int32_t start, int32_t n, const float **k_rows,
+                              const float **v_rows) {
+    for (int32_t j = 0; j < n; j++) {
+        const int32_t pos = start + j;
+        const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+        k_rows[j] = k_cache + slot * token_stride + offset;
+        v_rows[j] = v_cache + slot * token_stride + offset;
+    }
+}
 
-
+/* The keys of a chunk [start, start + n) that the query at `pos` sees, as chunk indices [*lo, *hi] (empty when
+   *lo > *hi): causal, then the sliding window when one is set. */
+static inline void visible_range(int32_t pos, int32_t start, int32_t n, int32_t sliding_window, int32_t *lo,
+                                 int32_t *hi) {
+    *hi = pos - start < n - 1 ? pos - start : n - 1;
+    *lo = sliding_window > 0 && pos - sliding_window + 1 - start > 0 ? pos - sliding_window + 1 - start : 0;
+}
 
 /* acc += sum over j in [lo, hi] of probs[j] * (v_rows[j] + offset). With AVX-512 and d a multiple of 16 (up to
-   256), the accumulator lives in registers for the whole range. */
+   128), the accumulator lives in registers for the whole range. */
 static inline void row_values(float *acc, const float *probs, const float *const *v_rows, int32_t offset,
                               int32_t lo, int32_t hi, int32_t d) {
 #if defined(__AVX512F__)

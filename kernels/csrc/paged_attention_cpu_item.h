@@ -39,12 +39,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         int32_t n = last_pos + 1 - start;
         if (n > KEY_CHUNK) n = KEY_CHUNK;
         const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
-        for (int32_t j = 0; j < n; j++) {   /* the chunk's tokens in the cache, through the block table */
-            const int32_t pos = start + j;
-            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
-            k_rows[j] = k_cache + slot * token_stride;
-            v_rows[j] = v_cache + slot * token_stride;
-        }
+        chunk_rows(table, block_size, k_cache, v_cache, token_stride, 0, start, n, k_rows, v_rows);
         /* The next chunk's rows are fetched while this one is computed: blocks lie anywhere in the cache, so
            the hardware prefetcher loses the stream at each block edge. */
         const int32_t next_end = start + 2 * KEY_CHUNK <= last_pos + 1 ? start + 2 * KEY_CHUNK : last_pos + 1;
@@ -57,24 +52,14 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
                 __builtin_prefetch(v_next + line);
             }
         }
-        /* The keys of this chunk each row sees: a contiguous range [lo, hi] (causal, then the window). */
-        for (int32_t r = 0; r < rows; r++) {
-            lo[r] = 0;
-            hi[r] = row_pos[r] - start < n - 1 ? row_pos[r] - start : n - 1;
-            if (sliding_window > 0 && row_pos[r] - sliding_window + 1 - start > 0)
-                lo[r] = row_pos[r] - sliding_window + 1 - start;
-        }
+        for (int32_t r = 0; r < rows; r++) visible_range(row_pos[r], start, n, sliding_window, &lo[r], &hi[r]);
         /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
         for (int32_t r = 0; r < rows; r++)
             row_scores(qs[r], k_rows, row_kv[r], lo[r], hi[r], d, scores[r]);
         /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
-        for (int32_t r = 0; r < rows; r++) {
-            if (lo[r] > hi[r]) {   /* sees none of this chunk */
-                for (int32_t j = 0; j < n; j++) scores[r][j] = 0.0f;
-                continue;
-            }
-            softmax_chunk(scores[r], lo[r], hi[r], &running_max[r], &denominator[r], &seen[r], acc[r], d);
-        }
+        for (int32_t r = 0; r < rows; r++)
+            if (lo[r] <= hi[r]) softmax_chunk(scores[r], lo[r], hi[r], &running_max[r], &denominator[r], &seen[r],
+                                              acc[r], d);
         for (int32_t r = 0; r < rows; r++)   /* the row's accumulator stays in registers across the chunk */
             row_values(acc[r], scores[r], v_rows, row_kv[r], lo[r], hi[r], d);
     }
@@ -125,17 +110,11 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
             int32_t n = last_pos + 1 - start;
             if (n > KEY_CHUNK) n = KEY_CHUNK;
             const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
-            for (int32_t j = 0; j < n; j++) {
-                const int32_t pos = start + j;
-                const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
-                k_rows[j] = k_cache + slot * token_stride + (int64_t)item->kv_begin * d;
-                v_rows[j] = v_cache + slot * token_stride + (int64_t)item->kv_begin * d;
-            }
+            chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d, start, n,
+                       k_rows, v_rows);
             tile_scores(q_t, k_rows, n, d, by_key);
             for (int32_t t = 0; t < count; t++) {
-                const int32_t pos = first_pos + t;
-                lo[t] = sliding_window > 0 && pos - sliding_window + 1 - start > 0 ? pos - sliding_window + 1 - start : 0;
-                hi[t] = pos - start < n - 1 ? pos - start : n - 1;
+                visible_range(first_pos + t, start, n, sliding_window, &lo[t], &hi[t]);
                 if (lo[t] > hi[t]) continue;
                 float *row = scores[t];
                 for (int32_t j = lo[t]; j <= hi[t]; j++) row[j] = by_key[j][t];   /* the token's scores, as a row */
