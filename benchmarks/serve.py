@@ -16,9 +16,10 @@ the same model folder (benchmarks/throughput.py's Llama) and the same load, at 4
 after the other, each warmed up by one request. The issue's load:
 
     python benchmarks/serve.py --peer vllm --num-requests 64 --min-prompt 100 --max-prompt 300 \
-        --min-output 128 --max-output 128 --per-token `--engine-modes`
-runs the same workload against a server started in each engine mode, one after the other, in one run:
-`thread` (the engine loop on a thread of the HTTP process, as before) and `process` (its own process).
+        --min-output 128 --max-output 128 --per-token
+
+`--engine-modes` runs the same workload against a server started in each engine mode, one after the other, in
+one run: `thread` (the engine loop on a thread of the HTTP process, as before) and `process` (its own process).
 """
 import argparse
 import asyncio
@@ -39,12 +40,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The sample at rank q of `values` (nearest rank below)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def percentiles(values: list[float]) -> str:
     if not values:
         return "n/a"
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]   # noqa: E731
-    return f"{pick(0.5) * 1e3:8.1f} {pick(0.95) * 1e3:8.1f} {pick(0.99) * 1e3:8.1f}"
+    return f"{quantile(values, 0.5) * 1e3:8.1f} {quantile(values, 0.95) * 1e3:8.1f} {quantile(values, 0.99) * 1e3:8.1f}"
 
 
 SERVER_HISTOGRAMS = ("kubeinfer_engine_step_seconds", "kubeinfer_inter_token_latency_seconds",
@@ -146,9 +151,8 @@ async def run(args, url: str, model: str) -> None:
         text = await server_metrics(session, url)
         server_after, itl_after = histogram_sums(text), itl_buckets(text)
     itl = [value for r in results for value in r["itl"]]
-    figures = {"ttft": [r["ttft"] for r in results], "itl": itl, "tokens_per_s": sum(r["tokens"] for r in results) / elapsed,
-               "elapsed": elapsed}
     tokens = sum(r["tokens"] for r in results)
+    figures = {"ttft": [r["ttft"] for r in results], "itl": itl, "tokens_per_s": tokens / elapsed, "elapsed": elapsed}
     arrivals = (f"{args.concurrency} concurrent streams" if args.concurrency else
                 "burst" if args.burst else f"Poisson {args.request_rate}/s")
     print(f"{len(results)} requests, {arrivals}, prompts {args.min_prompt}-{args.max_prompt} words, "
@@ -254,10 +258,9 @@ def compare_with_vllm(args) -> None:
     for level in args.levels:
         for name in figures:
             f = figures[name][level]
-            ttft, itl = sorted(f["ttft"]), sorted(f["itl"])
-            pick = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] * 1e3   # noqa: E731
-            print(f"{level:>7} {name:<10}{pick(ttft, .5):>10.0f}{pick(ttft, .95):>10.0f}{pick(itl, .5):>9.1f}"
-                  f"{pick(itl, .95):>9.1f}{f['tokens_per_s']:>8.0f}{f['elapsed']:>8.1f}")
+            ms = lambda values, q: quantile(values, q) * 1e3   # noqa: E731
+            print(f"{level:>7} {name:<10}{ms(f['ttft'], .5):>10.0f}{ms(f['ttft'], .95):>10.0f}{ms(f['itl'], .5):>9.1f}"
+                  f"{ms(f['itl'], .95):>9.1f}{f['tokens_per_s']:>8.0f}{f['elapsed']:>8.1f}")
 
 
 async def one_warm_up(url: str, model: str) -> None:
