@@ -188,14 +188,12 @@ static inline void softmax_chunk(float *scores, int32_t lo, int32_t hi, float *r
 #undef TILE_NAME
 #undef HEAD_DIM
 
-/* Returns 0, or a negative code when a shape is outside this kernel's scope (the caller checks first).
-   Sequences whose chunk has skip_from_q_len query tokens or more (when > 0) are left alone: their rows of
-   `out` are not written. */
+/* Returns 0, or a negative code when a shape is outside this kernel's scope (the caller checks first). */
 int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const float *k_cache,
                                   const float *v_cache, const int32_t *cu_seqlens_q, const int32_t *seq_lens,
                                   const int32_t *block_tables, int64_t table_stride, int32_t num_seqs,
                                   int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                                  float scale, int32_t sliding_window, int32_t skip_from_q_len, float *out) {
+                                  float scale, int32_t sliding_window, float *out) {
     const int32_t group = num_heads / num_kv_heads;
     if (head_dim > MAX_D || group > MAX_ROWS || num_heads % num_kv_heads != 0) return -1;
     /* Per item: all KV heads for chunks of a few tokens (decode, drafts), so that each token's K and V rows are
@@ -206,7 +204,6 @@ int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const 
     int64_t num_items = 0;
     for (int32_t s = 0; s < num_seqs; s++) {
         const int32_t q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
-        if (skip_from_q_len > 0 && q_len >= skip_from_q_len) continue;
         num_items += whole && q_len * num_heads <= MAX_ROWS ? 1 : (int64_t)((q_len + tile - 1) / tile) * num_kv_heads;
     }
     work_item *items = malloc(sizeof(work_item) * (num_items ? num_items : 1));
@@ -214,7 +211,6 @@ int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const 
     int64_t i = 0;
     for (int32_t s = 0; s < num_seqs; s++) {
         const int32_t q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
-        if (skip_from_q_len > 0 && q_len >= skip_from_q_len) continue;   /* the caller's: see cpu_attention.py */
         if (whole && q_len * num_heads <= MAX_ROWS) {
             items[i++] = (work_item){s, 0, q_len, 0, num_kv_heads, 0};
             continue;

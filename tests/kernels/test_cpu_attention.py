@@ -20,8 +20,7 @@ if cpu_native.library("paged_attention_cpu") is None:
 # (seq_len, query chunk): one-token prompt, decodes, drafts, prefill past a 64-key chunk and a 16-token tile,
 # chunks after a cached prefix, a long chunk whose last tile is partial.
 MIXED = [(1, 1), (37, 1), (300, 1), (70, 5), (80, 80), (47, 15), (200, 140), (129, 17), (64, 64)]
-# Chunks from LONG_CHUNK (256) query tokens on run as GEMMs, beside the C kernel's sequences in the same call:
-# exactly at the threshold, past a query block (256) after a cached prefix, and a whole long prompt.
+# Long prefill chunks beside decodes in one call: 256 tokens, 400 after a cached prefix, a whole long prompt.
 LONG = [(256, 256), (700, 400), (530, 530), (40, 1), (90, 7)]
 
 
@@ -50,7 +49,7 @@ def test_sliding_window(make_paged, sliding_window):
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(8, 2, 64), (4, 4, 80), (8, 1, 128)])
-def test_long_chunks_as_gemms_beside_the_kernel(make_paged, num_heads, num_kv_heads, head_dim):
+def test_long_chunks_beside_decodes(make_paged, num_heads, num_kv_heads, head_dim):
     check(make_paged, LONG, num_heads, num_kv_heads, head_dim, 16, seed=head_dim)
 
 
