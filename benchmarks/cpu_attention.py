@@ -4,7 +4,8 @@
   DRAM, not from cache): the bytes of K/V read per second, beside a streaming `sum` over a tensor of the same
   total size (what this machine reads at best) and the PyTorch reference (gather + SDPA).
 - Prefill: one sequence's chunk of n tokens, causal: GFLOP/s of the kernel beside PyTorch's
-  `scaled_dot_product_attention` on the same dense tensors.
+  `scaled_dot_product_attention` on the same dense tensors, and beside this machine's fp32 GEMM rate
+  (`F.linear` on the model's gate/up shape, 2048 x 512 x 2730: about what a CPU attention could reach).
 
     python benchmarks/cpu_attention.py [--repeats 7]
 """
@@ -82,6 +83,9 @@ def main() -> None:
     decode((800, 1500), 4, args.repeats)
     for n in (128, 512, 2048):
         prefill(n, args.repeats)
+    x, weight = torch.randn(2048, 512), torch.randn(2730, 512)
+    gemm = best_seconds(lambda: F.linear(x, weight), args.repeats)
+    print(f"fp32 GEMM, F.linear 2048x512x2730: {2 * 2048 * 512 * 2730 / gemm / 1e9:.0f} GFLOP/s")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -62,13 +63,15 @@ def run_ours(model: Path, prompts, outputs, threads: int | None = None) -> dict:
     with LLM(str(model), **ours_settings(threads)) as llm:
         params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
         llm.generate(prompts[:2], params[:2])   # warm-up
-        passes = []
+        passes, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(2):
             started = time.perf_counter()
             results = llm.generate(prompts, params)
             passes.append(time.perf_counter() - started)
             assert [len(r.token_ids) for r in results] == outputs
-    return {"seconds": passes[0], "cached_seconds": passes[1], "tokens": [list(r.token_ids) for r in results]}
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"seconds": passes[0], "cached_seconds": passes[1], "tokens": [list(r.token_ids) for r in results],
+            "page_faults": faults // 2}
 
 
 def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: Path) -> dict:
@@ -154,7 +157,8 @@ def main() -> None:
                     result = run_vllm(python, model, prompts, outputs, name.removeprefix("vllm-"), Path(tmp))
                 runs[name].append(result)
                 cached = f", prefixes cached {result['cached_seconds']:.2f} s" if "cached_seconds" in result else ""
-                print(f"  run {repeat + 1} {name:<16} {result['seconds']:6.2f} s{cached}", flush=True)
+                faults = f", {result['page_faults']:,} minor page faults a pass" if "page_faults" in result else ""
+                print(f"  run {repeat + 1} {name:<16} {result['seconds']:6.2f} s{cached}{faults}", flush=True)
     print(f"\n{'engine':<18}{'median s':>9}{'runs':>22}{'output tok/s':>14}{'total tok/s':>13}{'cached s':>10}")
     medians = {}
     for name, results in runs.items():
