@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+from support import wait_for
+
 MODEL = "tiny"
 
 
@@ -107,9 +109,15 @@ def test_api_keys_and_token_quota(llama_dir, tmp_path, start_server):
             client.models.list()
 
 
-def test_full_queue_gives_429_with_retry_after(llama_dir, start_server):
-    # Room for 2 requests (1 running + 1 waiting); 16 arrive at once, each taking ~100 engine steps.
-    with start_server(llama_dir, max_model_len=256, max_num_seqs=1, max_waiting_requests=1) as (url, state):
+def test_full_queue_gives_429_with_retry_after(llama_dir, start_server, monkeypatch):
+    # Room for 2 requests (1 running + 1 waiting); 16 arrive at once. The engine's steps are held (a gate between
+    # steps, the engine on a thread) until every request is refused or admitted: the admitted stay in flight however
+    # fast the engine is, so the queue is full for the rest.
+    from kubeinfer.runtime.engine.core import EngineCore
+    gate, step = threading.Event(), EngineCore.step
+    monkeypatch.setattr(EngineCore, "step", lambda core: gate.wait() and step(core))
+    with start_server(llama_dir, max_model_len=256, max_num_seqs=1, max_waiting_requests=1,
+                      engine_mode="thread") as (url, state):
         body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "ignore_eos": True}
         responses, barrier = [None] * 16, threading.Barrier(16)
 
@@ -118,8 +126,16 @@ def test_full_queue_gives_429_with_retry_after(llama_dir, start_server):
             responses[i] = post(url, "/v1/completions", body)
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(16)]
-        for thread in threads:
-            thread.start()
+        try:
+            for thread in threads:
+                thread.start()
+            # Each request is refused or admitted (in flight). Not `16 - capacity` answered: admission can let in
+            # more than the capacity when requests arrive together (the check and the stream's registration are
+            # apart; see the session note), so the count to wait for is what the server holds.
+            wait_for(lambda: sum(r is not None for r in responses) + state.engine.num_in_flight == 16, 60,
+                     "every request to be refused or admitted")
+        finally:
+            gate.set()
         for thread in threads:
             thread.join()
         codes = sorted(r.status_code for r in responses)
