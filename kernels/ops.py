@@ -40,6 +40,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     if use_triton(x):
         from kubeinfer.kernels.rmsnorm import rms_norm as triton_rms_norm
         return triton_rms_norm(x, weight, eps, residual)
+    if use_cpu_native(x):
+        from kubeinfer.kernels import cpu_elementwise
+        if (normed := cpu_elementwise.rms_norm(x, weight, eps, residual)) is not None:
+            return normed
     return references.rms_norm(x, weight, eps, residual)
 
 
@@ -48,6 +52,10 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if use_triton(q):
         from kubeinfer.kernels.rotary import rotary_embedding as triton_rotary
         return triton_rotary(positions, q, k, cos_sin_cache)
+    if use_cpu_native(q):
+        from kubeinfer.kernels import cpu_elementwise
+        if (rotated := cpu_elementwise.rotary_embedding(positions, q, k, cos_sin_cache)) is not None:
+            return rotated
     return references.rotary_embedding(positions, q, k, cos_sin_cache)
 
 
@@ -55,4 +63,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if use_triton(x):
         from kubeinfer.kernels.activation import silu_and_mul as triton_silu_and_mul
         return triton_silu_and_mul(x)
+    if use_cpu_native(x):
+        from kubeinfer.kernels import cpu_elementwise
+        if (out := cpu_elementwise.silu_and_mul(x)) is not None:
+            return out
     return references.silu_and_mul(x)

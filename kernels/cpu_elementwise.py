@@ -1,0 +1,101 @@
+"""RMSNorm, rotary embedding and SiLU-and-mul on the CPU, one pass each: the launcher of `csrc/elementwise_cpu.c`.
+
+Scope: fp32 CPU tensors whose last dimension is contiguous (other dtypes take the PyTorch references). Each
+function returns None when the kernel cannot run these tensors, and the caller then takes the reference, which
+defines the result.
+"""
+import ctypes
+
+import torch
+
+from kubeinfer.kernels import cpu_native
+
+_functions: dict[str, ctypes._CFuncPtr] | None = None
+
+
+def _kernels() -> dict | None:
+    global _functions
+    if _functions is None:
+        lib = cpu_native.library("elementwise_cpu")
+        if lib is None:
+            return None
+        p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        signatures = {
+            "kubeinfer_rms_norm_f32": [p, i64, i64, i64, i64, p, p, i64, f32, p, p],
+            "kubeinfer_rotary_f32": [p, i64, p, i64, i64, p, i64, i64, i64, p, p, p],
+            "kubeinfer_silu_and_mul_f32": [p, i64, i64, i64, p],
+        }
+        functions = {}
+        for name, argtypes in signatures.items():
+            function = getattr(lib, name)
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+            functions[name] = function
+        _functions = functions
+    return _functions
+
+
+def _runs(*tensors: torch.Tensor) -> bool:
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+            and _kernels() is not None)
+
+
+def _row_strides(x: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(outer, inner, outer stride, inner stride) addressing every row of `x`'s last dimension, or None."""
+    if x.dim() == 1:
+        return 1, 1, 0, 0
+    if x.dim() == 2:
+        return x.shape[0], 1, x.stride(0), 0
+    if x.dim() == 3:
+        return x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """As `references.rms_norm`; None where this kernel does not apply."""
+    strides = _row_strides(x)
+    if strides is None or not _runs(x, weight) or weight.shape != x.shape[-1:] or not weight.is_contiguous():
+        return None
+    if residual is not None:
+        if residual.shape != x.shape or not _runs(residual):
+            return None
+        residual = residual.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    kept = torch.empty(x.shape, dtype=torch.float32) if residual is not None else None
+    status = _kernels()["kubeinfer_rms_norm_f32"](
+        x.data_ptr(), *strides, residual.data_ptr() if residual is not None else None, weight.data_ptr(),
+        x.shape[-1], eps, out.data_ptr(), kept.data_ptr() if kept is not None else None)
+    assert status == 0
+    return out if residual is None else (out, kept)
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """As `references.rotary_embedding` for q `[T, H, D]` and k `[T, KVH, D]` whose heads are contiguous within a
+    token (views split out of the QKV projection qualify); None where this kernel does not apply."""
+    if q.dim() != 3 or k.dim() != 3 or not _runs(q, k, cos_sin_cache) or not cos_sin_cache.is_contiguous():
+        return None
+    tokens, q_heads, d = q.shape
+    if (k.shape[0] != tokens or k.shape[2] != d or d % 2 or cos_sin_cache.shape[-1] != d
+            or q.stride(1) != d or k.stride(1) != d):
+        return None
+    positions = positions.to(torch.int64).contiguous()
+    q_out = torch.empty(q.shape, dtype=torch.float32)
+    k_out = torch.empty(k.shape, dtype=torch.float32)
+    status = _kernels()["kubeinfer_rotary_f32"](
+        positions.data_ptr(), tokens, q.data_ptr(), q.stride(0), q_heads, k.data_ptr(), k.stride(0), k.shape[1], d,
+        cos_sin_cache.data_ptr(), q_out.data_ptr(), k_out.data_ptr())
+    assert status == 0
+    return q_out, k_out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """As `references.silu_and_mul`; None where this kernel does not apply."""
+    if x.dim() < 1 or x.shape[-1] % 2 or not _runs(x):
+        return None
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x   # a view for any x whose rows are evenly spaced
+    d = x.shape[-1] // 2
+    out = torch.empty(*x.shape[:-1], d, dtype=torch.float32)
+    status = _kernels()["kubeinfer_silu_and_mul_f32"](rows.data_ptr(), rows.shape[0], rows.stride(0), d,
+                                                      out.data_ptr())
+    assert status == 0
+    return out

@@ -1,0 +1,99 @@
+"""The native CPU RMSNorm, rotary embedding and SiLU-and-mul (kernels/csrc/elementwise_cpu.c) against the PyTorch
+references: odd sizes, strided views as the model passes them, one row and thousands, extreme activations; and
+`ops` routing to them on the CPU while the "torch" backend still takes the references."""
+import pytest
+import torch
+
+from kubeinfer.kernels import cpu_elementwise, cpu_native, get_backend, ops, references, set_backend
+
+if cpu_native.library("elementwise_cpu") is None:
+    pytest.skip("no C compiler here: the native CPU kernels are not built (the references run instead)",
+                allow_module_level=True)
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def randn(*shape, seed=0, scale=1.0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 64), (3, 96), (2048, 512), (17, 4096), (5, 7)])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+def test_rms_norm_matches_reference(rows, cols, with_residual):
+    x, weight = randn(rows, cols, seed=rows), randn(cols, seed=cols)
+    residual = randn(rows, cols, seed=rows + 1, scale=3.0) if with_residual else None
+    got = cpu_elementwise.rms_norm(x, weight, 1e-6, residual)
+    want = references.rms_norm(x, weight, 1e-6, residual)
+    if with_residual:
+        torch.testing.assert_close(got[0], want[0], **TOL)
+        torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)   # x + residual: one rounding, as torch's
+    else:
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_rms_norm_of_head_views_as_qwen3_norms_q_and_k():
+    """q split out of a fused QKV output, viewed [tokens, heads, D]: rows two strides apart, normed per head."""
+    qkv = randn(37, 8 * 64 + 2 * 2 * 64, seed=3)
+    q = qkv[:, :8 * 64].view(37, 8, 64)
+    weight = randn(64, seed=4)
+    torch.testing.assert_close(cpu_elementwise.rms_norm(q, weight, 1e-6), references.rms_norm(q, weight, 1e-6), **TOL)
+    assert qkv.equal(randn(37, 8 * 64 + 2 * 2 * 64, seed=3)), "the input was written"
+
+
+@pytest.mark.parametrize("tokens,heads,kv_heads,head_dim", [(1, 8, 2, 64), (300, 8, 4, 64), (33, 32, 8, 128),
+                                                            (5, 3, 1, 80), (2048, 8, 4, 64)])
+def test_rotary_matches_reference_on_qkv_views(tokens, heads, kv_heads, head_dim):
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    qkv = randn(tokens, q_size + 2 * kv_size, seed=tokens)
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q, k = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim)
+    cos_sin = randn(4096, head_dim, seed=head_dim)
+    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(1))
+    got_q, got_k = cpu_elementwise.rotary_embedding(positions, q, k, cos_sin)
+    want_q, want_k = references.rotary_embedding(positions, q, k, cos_sin)
+    torch.testing.assert_close(got_q, want_q, **TOL)
+    torch.testing.assert_close(got_k, want_k, **TOL)
+
+
+@pytest.mark.parametrize("shape", [(1, 2 * 1365), (2048, 2 * 1365), (3, 5, 2 * 48), (4, 2)])
+def test_silu_and_mul_matches_reference(shape):
+    x = randn(*shape, seed=shape[0], scale=4.0)
+    torch.testing.assert_close(cpu_elementwise.silu_and_mul(x), references.silu_and_mul(x), **TOL)
+
+
+def test_silu_and_mul_of_extreme_gates_stays_finite():
+    """The library is built with -ffast-math (no infinities assumed): a gate of -1e4 must give ~0, not NaN."""
+    gate = torch.tensor([[-1e4, -100.0, -88.0, 0.0, 88.0, 1e4]])
+    x = torch.cat([gate, torch.full_like(gate, 2.0)], dim=-1)
+    got = cpu_elementwise.silu_and_mul(x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, references.silu_and_mul(x), **TOL)
+
+
+def test_unsupported_inputs_are_declined_not_wrong():
+    """Other dtypes and layouts return None, so that ops take the reference."""
+    assert cpu_elementwise.silu_and_mul(randn(4, 6).to(torch.bfloat16)) is None
+    assert cpu_elementwise.rms_norm(randn(4, 6).t(), randn(4), 1e-6) is None   # last dimension not contiguous
+    q = randn(3, 2, 6)
+    assert cpu_elementwise.rotary_embedding(torch.arange(3), q, q[:, :, :4], randn(8, 6)) is None
+
+
+@pytest.fixture
+def backend():
+    before = get_backend()
+    yield set_backend
+    set_backend(before)
+
+
+def test_ops_route_to_the_native_kernels_on_cpu_and_to_the_references_under_torch(backend, monkeypatch):
+    x, weight = randn(6, 32, seed=5), randn(32, seed=6)
+    calls = []
+    native = cpu_elementwise.silu_and_mul
+    monkeypatch.setattr(cpu_elementwise, "silu_and_mul", lambda t: calls.append(t) or native(t))
+    backend("cpu")
+    torch.testing.assert_close(ops.silu_and_mul(x), references.silu_and_mul(x), **TOL)
+    torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5), references.rms_norm(x, weight, 1e-5), **TOL)
+    assert len(calls) == 1
+    backend("torch")
+    ops.silu_and_mul(x)
+    assert len(calls) == 1, "the torch backend (the tests' oracle) must not run the native kernels"
