@@ -120,7 +120,9 @@ async def server_metrics(session: aiohttp.ClientSession, url: str) -> str:
 
 
 async def run(args, url: str, model: str) -> None:
-    rng = random.Random(args.seed)
+    # Prompts differ per concurrency level: with the same prompts, a server's prefix cache would answer the
+    # later levels from the earlier ones' blocks.
+    rng = random.Random(args.seed * 1000 + args.concurrency)
     words = ["pod", "node", "GPU", "cache", "token", "replica", "scheduler", "batch", "queue", "model"]
     prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(args.min_prompt, args.max_prompt)))
                for _ in range(args.num_requests)]

@@ -34,7 +34,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
 
-WORKLOADS = {"short": ((32, 512), (16, 256)), "long": ((128, 1024), (256, 512))}
+WORKLOADS = {"short": ((32, 512), (16, 256)), "long": ((128, 1024), (256, 512)), "prefill": ((256, 1024), (1, 1))}
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 256, 2048, 4096
 
 
