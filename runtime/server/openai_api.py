@@ -3,6 +3,10 @@
 Admission, in order, before anything reaches the engine: API key (401), draining (503), model name (404),
 request shape and sampling values (400), room in the waiting queue (429), the key's token quota (429).
 Each (prompt, choice) pair is one engine request; a client that goes away aborts all of them.
+
+Room is reserved at admission, in the same event-loop turn as the check, and given back when the response ends,
+however it ends (finished, failed, the client gone, a stream whose body never started): requests that arrive
+together can never be admitted past the capacity.
 """
 import asyncio
 import time
@@ -37,6 +41,7 @@ class ServerState:
     keys: KeyRing
     metrics: EngineMetrics
     draining: bool = False
+    admitted: int = 0   # engine requests of admitted jobs whose responses have not ended
 
     @property
     def capacity(self) -> int:
@@ -51,6 +56,13 @@ class Job:
     params: list[SamplingParams]   # one per (prompt, choice), in choice-index order
     n: int
     key: str | None
+    state: ServerState | None = None   # holds the job's room until `release`
+
+    def release(self) -> None:
+        """Gives the job's room back (once, whichever path ends the response first)."""
+        if self.state is not None:
+            self.state.admitted -= len(self.params)
+            self.state = None
 
     def sub_requests(self):
         for index, params in enumerate(self.params):
@@ -86,7 +98,7 @@ def _admit(state: ServerState, body, key: str | None, prompts: list[list[int]], 
             raise InvalidRequestError(f"max_tokens {wanted} plus the prompt's {len(prompt)} tokens exceeds this "
                                       f"model's {max_len}-token limit", "max_tokens")
         params.extend(body.sampling_params(wanted, logprobs, choice) for choice in range(body.n))
-    if state.engine.num_in_flight + len(params) > state.capacity:
+    if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)
     job = Job(f"{prefix}-{uuid.uuid4().hex}", prompts, params, body.n, key)
@@ -95,6 +107,8 @@ def _admit(state: ServerState, body, key: str | None, prompts: list[list[int]], 
         raise APIError(429, f"token quota of {state.keys.limit(key)} tokens per minute exceeded",
                        code="quota_exceeded", retry_after=wait)
     state.keys.charge(key, job.num_prompt_tokens)
+    state.admitted += len(params)   # no await since the check: nothing else was admitted in between
+    job.state = state
     return job
 
 
@@ -130,9 +144,29 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
 async def _respond(state: ServerState, job: Job, formatter: Formatter, body, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream(state, job, formatter, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _JobStream(job, _stream(state, job, formatter, include_usage), media_type="text/event-stream",
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        return await _collect(state, job, formatter, request)
+    finally:
+        job.release()
 
+
+class _JobStream(StreamingResponse):
+    """A streamed response that gives its job's room back when it ends, even when its body never started."""
+
+    def __init__(self, job: Job, content, **kwargs):
+        super().__init__(content, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.release()
+
+
+async def _collect(state: ServerState, job: Job, formatter: Formatter, request: Request):
     async def collect(sub_id, prompt, params):
         last = None
         async for output in state.engine.generate(sub_id, prompt, params):
