@@ -23,6 +23,8 @@
 #define MAX_ROWS 128   /* query rows (tokens x group heads) per item */
 #define MAX_D 256
 #define KEY_CHUNK 64     /* keys per step of the online softmax (measured best of 16, 32, 64) */
+#define CONCAT_(a, b) a##b
+#define CONCAT(a, b) CONCAT_(a, b)   /* names pasted after expansion: attend_64_tile + _heads */
 
 typedef struct {
     int32_t seq, first, count;      /* query tokens [first, first + count) of the sequence's chunk */
@@ -138,6 +140,12 @@ static inline void tile_scores(float q_t[][TILE_Q], const float *const *k_rows, 
         for (int32_t t = 0; t < TILE_Q; t++) by_key[j][t] = lanes[t];
     }
 }
+
+#if defined(__AVX512F__)
+/* expf of 16 lanes: glibc's vector math library (libmvec, linked through -lm), as gcc's vectorizer calls it. */
+__m512 _ZGVeN16v_expf(__m512);
+static inline __m512 exp16(__m512 x) { return _ZGVeN16v_expf(x); }
+#endif
 
 /* One key chunk of the online softmax for one query row: scores[lo..hi] become probabilities under the row's
    running max, which moves up when the chunk's max is higher (what was summed under the old one, the

@@ -72,6 +72,152 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
     }
 }
 
+#if defined(__AVX512F__) && TILE_Q == 16
+#define TILE_HEADS CONCAT(TILE_NAME, _heads)
+/* A prefill tile: one KV head, up to 16 query tokens, one vector lane per token throughout; its query heads two
+   at a time (P = 2; P = 1 for the last of an odd group), so that each key or value element, broadcast once,
+   feeds both heads. Scores come as by_key[p][j] (head p's 16 tokens' scores for key j, Q transposed once); the
+   softmax's max, exponentials, sums and causal mask are lane-wise vector ops; the values go into accumulators
+   held transposed (acc_t[p][x] = dimension x of the 16 tokens), 16 / P dimensions at a time in registers.
+   Nothing is transposed per key chunk. */
+static inline __attribute__((always_inline)) void TILE_HEADS(
+        const work_item *item, const float *q, int64_t q_token_stride, const float *k_cache, const float *v_cache,
+        const int32_t *cu_seqlens_q, const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+        int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
+        int32_t sliding_window, float *out, int32_t head0, const int32_t P) {
+    const int32_t d = HEAD_DIM, count = item->count;
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;
+    const int32_t first_token = cu_seqlens_q[item->seq] + item->first;
+    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int64_t token_stride = (int64_t)num_kv_heads * d;
+    const int32_t last_pos = first_pos + count - 1;
+    int32_t key_begin = 0;
+    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
+    const __mmask16 live = (__mmask16)((1u << count) - 1);   /* lanes holding a query token */
+
+    float q_t[2][MAX_D][TILE_Q] __attribute__((aligned(64)));
+    float acc_t[2][MAX_D][TILE_Q] __attribute__((aligned(64)));
+    float by_key[2][KEY_CHUNK][TILE_Q] __attribute__((aligned(64)));
+    __m512 row_max[2], denominator[2];
+    for (int32_t p = 0; p < P; p++) {
+        for (int32_t x = 0; x < d; x++)
+            for (int32_t t = 0; t < TILE_Q; t++)
+                q_t[p][x][t] = t < count ? q[(first_token + t) * q_token_stride + (int64_t)(head0 + p) * d + x] * scale
+                                         : 0.0f;
+        for (int32_t x = 0; x < d; x++) _mm512_store_ps(acc_t[p][x], _mm512_setzero_ps());
+        row_max[p] = _mm512_set1_ps(-1e30f);   /* finite: the library is built with -ffast-math */
+        denominator[p] = _mm512_setzero_ps();
+    }
+    for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+        int32_t n = last_pos + 1 - start;
+        if (n > KEY_CHUNK) n = KEY_CHUNK;
+        const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d, start, n,
+                   k_rows, v_rows);
+        int32_t j = 0;
+        for (; j + 4 <= n; j += 4) {   /* four keys in flight per head: independent FMA chains */
+            const float *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
+            __m512 s[2][4];
+            for (int32_t p = 0; p < P; p++)
+                for (int32_t c = 0; c < 4; c++) s[p][c] = _mm512_setzero_ps();
+            for (int32_t x = 0; x < d; x++) {
+                const __m512 b0 = _mm512_set1_ps(k0[x]), b1 = _mm512_set1_ps(k1[x]);
+                const __m512 b2 = _mm512_set1_ps(k2[x]), b3 = _mm512_set1_ps(k3[x]);
+                for (int32_t p = 0; p < P; p++) {
+                    const __m512 qx = _mm512_load_ps(q_t[p][x]);
+                    s[p][0] = _mm512_fmadd_ps(qx, b0, s[p][0]);
+                    s[p][1] = _mm512_fmadd_ps(qx, b1, s[p][1]);
+                    s[p][2] = _mm512_fmadd_ps(qx, b2, s[p][2]);
+                    s[p][3] = _mm512_fmadd_ps(qx, b3, s[p][3]);
+                }
+            }
+            for (int32_t p = 0; p < P; p++)
+                for (int32_t c = 0; c < 4; c++) _mm512_store_ps(by_key[p][j + c], s[p][c]);
+        }
+        for (; j < n; j++)
+            for (int32_t p = 0; p < P; p++) {
+                __m512 s = _mm512_setzero_ps();
+                for (int32_t x = 0; x < d; x++) s = _mm512_fmadd_ps(_mm512_load_ps(q_t[p][x]), _mm512_set1_ps(k_rows[j][x]), s);
+                _mm512_store_ps(by_key[p][j], s);
+            }
+        /* Key j is seen by the lanes t with start + j <= first_pos + t (causal) and, with a window,
+           start + j > first_pos + t - sliding_window. */
+        __mmask16 seen_by[KEY_CHUNK];
+        for (int32_t j = 0; j < n; j++) {
+            const int32_t from = start + j - first_pos;   /* the first lane that sees key j */
+            uint32_t lanes = from <= 0 ? 0xFFFFu : from >= TILE_Q ? 0u : (0xFFFFu << from) & 0xFFFFu;
+            if (sliding_window > 0) {
+                const int32_t until = from + sliding_window;   /* lanes from `until` on are past the window */
+                lanes &= until <= 0 ? 0u : until >= TILE_Q ? 0xFFFFu : (1u << until) - 1;
+            }
+            seen_by[j] = (__mmask16)lanes & live;
+        }
+        for (int32_t p = 0; p < P; p++) {
+            __m512 chunk_max = _mm512_set1_ps(-1e30f);
+            for (int32_t j = 0; j < n; j++)
+                chunk_max = _mm512_mask_max_ps(chunk_max, seen_by[j], chunk_max, _mm512_load_ps(by_key[p][j]));
+            const __m512 new_max = _mm512_max_ps(row_max[p], chunk_max);
+            if (_mm512_cmp_ps_mask(new_max, row_max[p], _CMP_GT_OQ)) {   /* a lane's max moved up: rescale */
+                const __m512 rescale = exp16(_mm512_sub_ps(row_max[p], new_max));
+                denominator[p] = _mm512_mul_ps(denominator[p], rescale);
+                for (int32_t x = 0; x < d; x++)
+                    _mm512_store_ps(acc_t[p][x], _mm512_mul_ps(_mm512_load_ps(acc_t[p][x]), rescale));
+                row_max[p] = new_max;
+            }
+            for (int32_t j = 0; j < n; j++) {   /* probabilities, in place: 0 where the lane does not see key j */
+                const __m512 probs = _mm512_maskz_mov_ps(
+                    seen_by[j], exp16(_mm512_sub_ps(_mm512_load_ps(by_key[p][j]), row_max[p])));
+                denominator[p] = _mm512_add_ps(denominator[p], probs);
+                _mm512_store_ps(by_key[p][j], probs);
+            }
+        }
+        const int32_t block = 16 / P;   /* value dimensions per register pass */
+        for (int32_t x0 = 0; x0 < d; x0 += block) {
+            const int32_t width = d - x0 < block ? d - x0 : block;
+            __m512 a[2][16];
+            for (int32_t p = 0; p < P; p++)
+                for (int32_t i = 0; i < width; i++) a[p][i] = _mm512_load_ps(acc_t[p][x0 + i]);
+            for (int32_t j = 0; j < n; j++) {
+                const float *v = v_rows[j] + x0;
+                __m512 probs[2];
+                for (int32_t p = 0; p < P; p++) probs[p] = _mm512_load_ps(by_key[p][j]);
+                for (int32_t i = 0; i < width; i++) {
+                    const __m512 b = _mm512_set1_ps(v[i]);
+                    for (int32_t p = 0; p < P; p++) a[p][i] = _mm512_fmadd_ps(probs[p], b, a[p][i]);
+                }
+            }
+            for (int32_t p = 0; p < P; p++)
+                for (int32_t i = 0; i < width; i++) _mm512_store_ps(acc_t[p][x0 + i], a[p][i]);
+        }
+    }
+    for (int32_t p = 0; p < P; p++) {
+        float sums[TILE_Q] __attribute__((aligned(64)));
+        _mm512_store_ps(sums, denominator[p]);
+        for (int32_t t = 0; t < count; t++) {
+            float *dst = out + ((int64_t)(first_token + t) * num_heads + head0 + p) * d;
+            const float inv = sums[t] > 0.0f ? 1.0f / sums[t] : 0.0f;
+            for (int32_t x = 0; x < d; x++) dst[x] = acc_t[p][x][t] * inv;
+        }
+    }
+}
+
+static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_stride,
+                      const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                      const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
+                      int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                      float scale, int32_t sliding_window, float *out) {
+    const int32_t group = num_heads / num_kv_heads, head = item->kv_begin * group;
+    int32_t g = 0;
+    for (; g + 2 <= group; g += 2)
+        TILE_HEADS(item, q, q_token_stride, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, table_stride,
+                   num_heads, num_kv_heads, head_dim, block_size, scale, sliding_window, out, head + g, 2);
+    if (g < group)
+        TILE_HEADS(item, q, q_token_stride, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, table_stride,
+                   num_heads, num_kv_heads, head_dim, block_size, scale, sliding_window, out, head + g, 1);
+}
+#undef TILE_HEADS
+#else
 /* A prefill tile: one KV head, up to TILE_Q query tokens, each of the group's query heads in turn. Scores are
    computed for the TILE_Q tokens at once, one vector lane per token (Q transposed once per item), so the dot
    products need no horizontal sums; softmax and the values then go row by row as in NAME. */
@@ -129,3 +275,4 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
         }
     }
 }
+#endif
