@@ -1,6 +1,7 @@
 """Paged attention on the CPU, in place over the paged cache: the launcher of `csrc/paged_attention_cpu.c`.
 
-Scope: fp32 queries and cache (other dtypes, FP8 included, take the PyTorch reference); decode, speculative
+Scope: an fp32 cache (other cache dtypes, FP8 included, take the PyTorch reference); fp32 queries, or 16-bit
+ones (a bf16 model over the CPU's fp32 cache: converted to fp32, the output back to their dtype); decode, speculative
 verification and prefill chunks, mixed in one call; GQA; sliding window. `references.paged_attention` defines
 the result; tests compare the two on odd shapes.
 """
@@ -12,6 +13,7 @@ from kubeinfer.kernels import cpu_native
 from kubeinfer.kernels.metadata import AttentionMetadata
 
 MAX_HEAD_DIM = 256
+QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _function = None
 
 
@@ -31,7 +33,7 @@ def _kernel():
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether this kernel can run these tensors (and was built on this machine)."""
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+    return (q.device.type == "cpu" and q.dtype in QUERY_DTYPES and k_cache.dtype == torch.float32
             and q.shape[-1] <= MAX_HEAD_DIM and _kernel() is not None)
 
 
@@ -43,7 +45,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert cache_head_dim == head_dim and v_cache.shape == k_cache.shape, (q.shape, k_cache.shape, v_cache.shape)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads over {num_kv_heads} KV heads"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the paged cache must be contiguous"
-    if q.stride(2) != 1 or q.stride(1) != head_dim:
+    dtype = q.dtype
+    if dtype != torch.float32:
+        q = q.float()
+    elif q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
     cu_seqlens_q = meta.cu_seqlens_q.to(torch.int32).contiguous()
     seq_lens = meta.seq_lens.to(torch.int32).contiguous()
@@ -55,4 +60,4 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                        seq_lens.numel(), num_heads, num_kv_heads, head_dim, block_size, scale,
                        sliding_window or 0, out.data_ptr())
     assert status == 0, f"paged_attention_cpu refused the shapes (status {status})"
-    return out
+    return out if dtype == torch.float32 else out.to(dtype)

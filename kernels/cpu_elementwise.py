@@ -1,6 +1,7 @@
 """RMSNorm, rotary embedding and SiLU-and-mul on the CPU, one pass each: the launcher of `csrc/elementwise_cpu.c`.
 
-Scope: fp32 CPU tensors whose last dimension is contiguous (other dtypes take the PyTorch references). Each
+Scope: fp32 or bf16 CPU tensors whose last dimension is contiguous, all of a call in one dtype (others take the
+PyTorch references; bf16 rounds where the reference does, see the C source). Each
 function returns None when the kernel cannot run these tensors, and the caller then takes the reference, which
 defines the result.
 """
@@ -20,10 +21,11 @@ def _kernels() -> dict | None:
         if lib is None:
             return None
         p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        i32 = ctypes.c_int32
         signatures = {
-            "kubeinfer_rms_norm_f32": [p, i64, i64, i64, i64, p, p, i64, f32, p, p],
-            "kubeinfer_rotary_f32": [p, i64, p, i64, i64, p, i64, i64, i64, p, p, p],
-            "kubeinfer_silu_and_mul_f32": [p, i64, i64, i64, p],
+            "kubeinfer_rms_norm": [p, i64, i64, i64, i64, p, p, i64, f32, p, p, i32],
+            "kubeinfer_rotary": [p, i64, p, i64, i64, p, i64, i64, i64, p, p, p, i32],
+            "kubeinfer_silu_and_mul": [p, i64, i64, i64, p, i32],
         }
         functions = {}
         for name, argtypes in signatures.items():
@@ -34,8 +36,13 @@ def _kernels() -> dict | None:
     return _functions
 
 
+DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _runs(*tensors: torch.Tensor) -> bool:
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+    """Whether the kernels take these tensors: CPU, one supported dtype, last dimension contiguous."""
+    dtype = tensors[0].dtype
+    return (dtype in DTYPES and all(t.device.type == "cpu" and t.dtype == dtype and t.stride(-1) == 1 for t in tensors)
             and _kernels() is not None)
 
 
@@ -59,11 +66,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         if residual.shape != x.shape or not _runs(residual):
             return None
         residual = residual.contiguous()
-    out = torch.empty(x.shape, dtype=torch.float32)
-    kept = torch.empty(x.shape, dtype=torch.float32) if residual is not None else None
-    status = _kernels()["kubeinfer_rms_norm_f32"](
+    out = torch.empty(x.shape, dtype=x.dtype)
+    kept = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
+    status = _kernels()["kubeinfer_rms_norm"](
         x.data_ptr(), *strides, residual.data_ptr() if residual is not None else None, weight.data_ptr(),
-        x.shape[-1], eps, out.data_ptr(), kept.data_ptr() if kept is not None else None)
+        x.shape[-1], eps, out.data_ptr(), kept.data_ptr() if kept is not None else None, x.dtype == torch.bfloat16)
     assert status == 0
     return out if residual is None else (out, kept)
 
@@ -72,18 +79,19 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """As `references.rotary_embedding` for q `[T, H, D]` and k `[T, KVH, D]` whose heads are contiguous within a
     token (views split out of the QKV projection qualify); None where this kernel does not apply."""
-    if q.dim() != 3 or k.dim() != 3 or not _runs(q, k, cos_sin_cache) or not cos_sin_cache.is_contiguous():
+    if (q.dim() != 3 or k.dim() != 3 or not _runs(q, k) or cos_sin_cache.dtype != torch.float32
+            or not cos_sin_cache.is_contiguous()):
         return None
     tokens, q_heads, d = q.shape
     if (k.shape[0] != tokens or k.shape[2] != d or d % 2 or cos_sin_cache.shape[-1] != d
             or q.stride(1) != d or k.stride(1) != d):
         return None
     positions = positions.to(torch.int64).contiguous()
-    q_out = torch.empty(q.shape, dtype=torch.float32)
-    k_out = torch.empty(k.shape, dtype=torch.float32)
-    status = _kernels()["kubeinfer_rotary_f32"](
+    q_out = torch.empty(q.shape, dtype=q.dtype)
+    k_out = torch.empty(k.shape, dtype=k.dtype)
+    status = _kernels()["kubeinfer_rotary"](
         positions.data_ptr(), tokens, q.data_ptr(), q.stride(0), q_heads, k.data_ptr(), k.stride(0), k.shape[1], d,
-        cos_sin_cache.data_ptr(), q_out.data_ptr(), k_out.data_ptr())
+        cos_sin_cache.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), q.dtype == torch.bfloat16)
     assert status == 0
     return q_out, k_out
 
@@ -94,8 +102,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
         return None
     rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x   # a view for any x whose rows are evenly spaced
     d = x.shape[-1] // 2
-    out = torch.empty(*x.shape[:-1], d, dtype=torch.float32)
-    status = _kernels()["kubeinfer_silu_and_mul_f32"](rows.data_ptr(), rows.shape[0], rows.stride(0), d,
-                                                      out.data_ptr())
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype)
+    status = _kernels()["kubeinfer_silu_and_mul"](rows.data_ptr(), rows.shape[0], rows.stride(0), d, out.data_ptr(),
+                                                  x.dtype == torch.bfloat16)
     assert status == 0
     return out

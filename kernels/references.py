@@ -22,6 +22,8 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         rows = new.reshape(-1, row)
         if cache.dtype == FP8_DTYPE:   # index_copy_ has no FP8 kernel on the CPU: copy the bytes
             cache, rows = cache.view(torch.uint8), quantize_fp8(rows, scale).view(torch.uint8)
+        elif rows.dtype != cache.dtype:   # a 16-bit model over an fp32 cache (the CPU's)
+            rows = rows.to(cache.dtype)
         cache.view(-1, row).index_copy_(0, slots, rows)
 
 

@@ -25,7 +25,8 @@ ENGINE_FLAGS = [
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
-    ("kv_cache_dtype", str, "auto | fp8_e4m3 (8-bit K/V: twice the tokens of a 16-bit cache in the same memory)"),
+    ("kv_cache_dtype", str, "auto (the model's dtype; fp32 on the CPU, whose attention computes in fp32) | float32 | "
+                            "fp8_e4m3 (8-bit K/V: twice the tokens of a 16-bit cache in the same memory)"),
     ("speculative_method", str, "ngram: speculative decoding by prompt lookup; draft: by a small draft model "
                                 "(--speculative-model); none: off"),
     ("speculative_model", str, "the draft model's folder (same tokenizer as the model), for speculative_method draft"),

@@ -2,92 +2,146 @@
    rotary embedding of q and k, and SiLU-and-mul. PyTorch runs each as five to ten whole-tensor passes (pow, mean,
    rsqrt, mul, cat...), which at prefill sizes stream megabytes through memory per pass.
 
-   Scope: fp32. Rows are addressed by two strides (outer, inner), so a view [tokens, heads, D] split out of a fused
-   QKV projection needs no copy; the last dimension is contiguous. Outputs are new contiguous tensors: inputs are
-   never written. Rows run in parallel under OpenMP (the process's pool: torch's libgomp) when there are enough of
-   them to pay for the fork. The reference of each is in kubeinfer/kernels/references.py. */
+   Scope: fp32 and bf16 tensors (all of one call in one dtype). bf16 computes in fp32 and rounds (to nearest even)
+   where the PyTorch reference rounds: after each op the reference runs in bf16, so that both agree to the bit but
+   for summation order. Rows are addressed by two strides (outer, inner), so a view [tokens, heads, D] split out of
+   a fused QKV projection needs no copy; the last dimension is contiguous. Outputs are new contiguous tensors:
+   inputs are never written. Rows run in parallel under OpenMP (the process's pool: torch's libgomp) when there are
+   enough of them to pay for the fork. The reference of each is in kubeinfer/kernels/references.py. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PARALLEL_MIN_ELEMENTS 16384   /* below this, one thread: a decode step's few rows */
+#define INLINE static inline __attribute__((always_inline))
 
-static inline const float *row_at(const float *base, int64_t row, int64_t inner, int64_t outer_stride,
-                                  int64_t inner_stride) {
-    return base + (row / inner) * outer_stride + (row % inner) * inner_stride;
+INLINE float bf16_to_f32(uint16_t b) {
+    const uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+INLINE uint16_t f32_to_bf16(float f) {   /* round to nearest even (finite values: -ffast-math) */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* Element i of a row of the call's dtype (bf16 = 1: uint16 storage), as fp32; and back. */
+INLINE float load(const void *row, int64_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+INLINE void store(void *row, int64_t i, float value, int bf16) {
+    if (bf16) ((uint16_t *)row)[i] = f32_to_bf16(value);
+    else ((float *)row)[i] = value;
+}
+
+/* What a bf16 op's result is: the fp32 value rounded to bf16 (fp32: itself). */
+INLINE float rounded(float value, int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(value)) : value; }
+
+INLINE const char *row_at(const char *base, int64_t row, int64_t inner, int64_t outer_stride, int64_t inner_stride,
+                          int64_t size) {
+    return base + ((row / inner) * outer_stride + (row % inner) * inner_stride) * size;
 }
 
 /* out[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps) over rows = outer * inner rows of `cols`.
    With `residual` (rows of `cols`, contiguous): x + residual is normalised, and written to `residual_out`. */
-int kubeinfer_rms_norm_f32(const float *x, int64_t outer, int64_t inner, int64_t outer_stride, int64_t inner_stride,
-                           const float *residual, const float *weight, int64_t cols, float eps, float *out,
-                           float *residual_out) {
-    const int64_t rows = outer * inner;
+INLINE void rms_norm(const void *x, int64_t outer, int64_t inner, int64_t outer_stride, int64_t inner_stride,
+                     const void *residual, const void *weight, int64_t cols, float eps, void *out,
+                     void *residual_out, int bf16) {
+    const int64_t rows = outer * inner, size = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_MIN_ELEMENTS)
     for (int64_t r = 0; r < rows; r++) {
-        const float *src = row_at(x, r, inner, outer_stride, inner_stride);
-        float *dst = out + r * cols;
+        const char *src = row_at(x, r, inner, outer_stride, inner_stride, size);
+        char *dst = (char *)out + r * cols * size;
         float sum = 0.0f;
         if (residual) {
-            const float *add = residual + r * cols;
-            float *keep = residual_out + r * cols;
+            const char *add = (const char *)residual + r * cols * size;
+            char *keep = (char *)residual_out + r * cols * size;
             for (int64_t c = 0; c < cols; c++) {
-                const float v = src[c] + add[c];
-                keep[c] = v;
+                const float v = rounded(load(src, c, bf16) + load(add, c, bf16), bf16);
+                store(keep, c, v, bf16);
                 sum += v * v;
             }
             src = keep;
         } else {
-            for (int64_t c = 0; c < cols; c++)
-                sum += src[c] * src[c];
+            for (int64_t c = 0; c < cols; c++) {
+                const float v = load(src, c, bf16);
+                sum += v * v;
+            }
         }
         const float inv = 1.0f / sqrtf(sum / (float)cols + eps);
-        for (int64_t c = 0; c < cols; c++)
-            dst[c] = weight[c] * (src[c] * inv);
+        for (int64_t c = 0; c < cols; c++)   /* normed in fp32, rounded to the dtype, then times the weight */
+            store(dst, c, load(weight, c, bf16) * rounded(load(src, c, bf16) * inv, bf16), bf16);
     }
+}
+
+int kubeinfer_rms_norm(const void *x, int64_t outer, int64_t inner, int64_t outer_stride, int64_t inner_stride,
+                       const void *residual, const void *weight, int64_t cols, float eps, void *out,
+                       void *residual_out, int32_t bf16) {
+    if (bf16) rms_norm(x, outer, inner, outer_stride, inner_stride, residual, weight, cols, eps, out, residual_out, 1);
+    else rms_norm(x, outer, inner, outer_stride, inner_stride, residual, weight, cols, eps, out, residual_out, 0);
     return 0;
 }
 
 /* Rotary embedding, NeoX layout (rotate halves), of `heads` heads of size d per token: token t's head h sits at
-   x + t * token_stride + h * d. cos_sin: [max_positions, d], cos in the first half, sin in the second. */
-static void rotate(const float *x, int64_t token_stride, const int64_t *positions, const float *cos_sin,
-                   int64_t tokens, int64_t heads, int64_t d, float *out) {
-    const int64_t half = d / 2;
+   x + t * token_stride + h * d (elements). cos_sin: fp32 [max_positions, d], cos in the first half, sin in the
+   second; in bf16 they are rounded to bf16 first, as the reference casts them to q's dtype. */
+INLINE void rotate(const void *x, int64_t token_stride, const int64_t *positions, const float *cos_sin,
+                   int64_t tokens, int64_t heads, int64_t d, void *out, int bf16) {
+    const int64_t half = d / 2, size = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN_ELEMENTS)
     for (int64_t t = 0; t < tokens; t++) {
         const float *cosines = cos_sin + positions[t] * d;
         const float *sines = cosines + half;
         for (int64_t h = 0; h < heads; h++) {
-            const float *src = x + t * token_stride + h * d;
-            float *dst = out + (t * heads + h) * d;
+            const char *src = (const char *)x + (t * token_stride + h * d) * size;
+            char *dst = (char *)out + (t * heads + h) * d * size;
             for (int64_t i = 0; i < half; i++) {
-                const float x1 = src[i], x2 = src[half + i];
-                dst[i] = x1 * cosines[i] - x2 * sines[i];
-                dst[half + i] = x2 * cosines[i] + x1 * sines[i];
+                const float x1 = load(src, i, bf16), x2 = load(src, half + i, bf16);
+                const float c = rounded(cosines[i], bf16), s = rounded(sines[i], bf16);
+                store(dst, i, rounded(x1 * c, bf16) - rounded(x2 * s, bf16), bf16);
+                store(dst, half + i, rounded(x2 * c, bf16) + rounded(x1 * s, bf16), bf16);
             }
         }
     }
 }
 
-int kubeinfer_rotary_f32(const int64_t *positions, int64_t tokens, const float *q, int64_t q_stride,
-                         int64_t q_heads, const float *k, int64_t k_stride, int64_t k_heads, int64_t d,
-                         const float *cos_sin, float *q_out, float *k_out) {
+int kubeinfer_rotary(const int64_t *positions, int64_t tokens, const void *q, int64_t q_stride, int64_t q_heads,
+                     const void *k, int64_t k_stride, int64_t k_heads, int64_t d, const float *cos_sin, void *q_out,
+                     void *k_out, int32_t bf16) {
     if (d % 2)
         return 1;
-    rotate(q, q_stride, positions, cos_sin, tokens, q_heads, d, q_out);
-    rotate(k, k_stride, positions, cos_sin, tokens, k_heads, d, k_out);
+    if (bf16) {
+        rotate(q, q_stride, positions, cos_sin, tokens, q_heads, d, q_out, 1);
+        rotate(k, k_stride, positions, cos_sin, tokens, k_heads, d, k_out, 1);
+    } else {
+        rotate(q, q_stride, positions, cos_sin, tokens, q_heads, d, q_out, 0);
+        rotate(k, k_stride, positions, cos_sin, tokens, k_heads, d, k_out, 0);
+    }
     return 0;
 }
 
-/* out[r] = silu(x[r, :d]) * x[r, d:] for rows of 2d at x + r * row_stride. The exponent is capped so that it
-   stays finite (the build assumes no infinities): silu(g) for g < -80 is then g * 1.8e-35, not -0. */
-int kubeinfer_silu_and_mul_f32(const float *x, int64_t rows, int64_t row_stride, int64_t d, float *out) {
+/* out[r] = silu(x[r, :d]) * x[r, d:] for rows of 2d at x + r * row_stride (elements). The exponent is capped so
+   that it stays finite (the build assumes no infinities): silu(g) for g < -80 is then g * 1.8e-35, not -0. */
+INLINE void silu_and_mul(const void *x, int64_t rows, int64_t row_stride, int64_t d, void *out, int bf16) {
+    const int64_t size = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * d >= PARALLEL_MIN_ELEMENTS)
     for (int64_t r = 0; r < rows; r++) {
-        const float *gate = x + r * row_stride, *up = gate + d;
-        float *dst = out + r * d;
-        for (int64_t c = 0; c < d; c++)
-            dst[c] = gate[c] / (1.0f + expf(fminf(-gate[c], 80.0f))) * up[c];   /* finite: -ffast-math */
+        const char *gate = (const char *)x + r * row_stride * size, *up = gate + d * size;
+        char *dst = (char *)out + r * d * size;
+        for (int64_t c = 0; c < d; c++) {
+            const float g = load(gate, c, bf16);
+            store(dst, c, rounded(g / (1.0f + expf(fminf(-g, 80.0f))), bf16) * load(up, c, bf16), bf16);
+        }
     }
+}
+
+int kubeinfer_silu_and_mul(const void *x, int64_t rows, int64_t row_stride, int64_t d, void *out, int32_t bf16) {
+    if (bf16) silu_and_mul(x, rows, row_stride, d, out, 1);
+    else silu_and_mul(x, rows, row_stride, d, out, 0);
     return 0;
 }

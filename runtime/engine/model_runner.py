@@ -66,6 +66,16 @@ class StepInputs:
         return tuple(getattr(self, f.name) for f in fields(self))
 
 
+def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's dtype: "auto" is the model's, except on the CPU, whose attention kernel computes in fp32
+    (a 16-bit model there keeps fp32 K/V: twice the bytes per token, no conversion in the kernel's inner loops)."""
+    if name == "fp8_e4m3":
+        return FP8_DTYPE
+    if name == "float32" or device.type == "cpu":
+        return torch.float32
+    return model_dtype
+
+
 class ModelRunner:
     """Rank 0's runner builds each step's inputs, runs the forward and samples; with tensor parallelism it
     first starts ranks 1..N-1 (see `tp_worker`), each with a runner of its own that only runs `execute`."""
@@ -95,7 +105,7 @@ class ModelRunner:
             if threads is not None:
                 logger.info("CPU: %d torch threads (--cpu-threads, else the CPUs this process may use)", threads)
         self.dtype = config.torch_dtype
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else FP8_DTYPE
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         set_backend(config.kernel_backend)
         torch.manual_seed(config.seed)   # draws of requests without a seed
         self.startup_phases: dict[str, float] = {}

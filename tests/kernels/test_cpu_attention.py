@@ -140,3 +140,23 @@ def test_loading_the_library_leaves_the_process_floats_alone():
               "print(tiny * 1.0 != 0.0, float(torch.tensor([1e-40]) * 1.0) != 0.0)")
     done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
+
+
+def test_bf16_queries_over_an_fp32_cache(make_paged):
+    """A bf16 model on the CPU keeps an fp32 cache (runtime.engine.model_runner.kv_cache_dtype): its queries are
+    attended in fp32 and the output comes back in bf16, as the reference in fp32 rounded once."""
+    q, k_cache, v_cache, meta, _, _ = make_paged([40, 300, 70], [40, 1, 5], 8, 2, 64, 16, torch.float32, "cpu", seed=7)
+    q16 = q.to(torch.bfloat16)
+    got = ops.paged_attention(q16, k_cache, v_cache, meta, 64 ** -0.5)
+    want = references.paged_attention(q16.float(), k_cache, v_cache, meta, 64 ** -0.5).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)
+
+
+def test_store_kv_of_bf16_rows_into_an_fp32_cache():
+    k_cache, v_cache = torch.zeros(4, 2, 1, 8), torch.zeros(4, 2, 1, 8)
+    key, value = torch.randn(3, 1, 8).to(torch.bfloat16), torch.randn(3, 1, 8).to(torch.bfloat16)
+    ops.store_kv(key, value, k_cache, v_cache, torch.tensor([5, -1, 0]))
+    assert torch.equal(k_cache.view(-1, 8)[[5, 0]], key[[0, 2], 0].float())
+    assert torch.equal(v_cache.view(-1, 8)[[5, 0]], value[[0, 2], 0].float())
+    assert k_cache.view(-1, 8)[1:5].abs().sum() == 0
