@@ -53,14 +53,14 @@ def workload(num: int, vocab: int, seed: int = 0, name: str = "short"):
     return prompts, outputs
 
 
-def ours_settings(threads: int | None) -> dict:
+def ours_settings(threads: int | None, dtype: str = "float32") -> dict:
     return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-                kv_cache_memory_gib=vllm_env.KV_CACHE_GIB, cpu_threads=threads)
+                kv_cache_memory_gib=vllm_env.KV_CACHE_GIB, cpu_threads=threads, dtype=dtype)
 
 
-def run_ours(model: Path, prompts, outputs, threads: int | None = None) -> dict:
+def run_ours(model: Path, prompts, outputs, threads: int | None = None, dtype: str = "float32") -> dict:
     """A fresh engine: warm-up, then both passes."""
-    with LLM(str(model), **ours_settings(threads)) as llm:
+    with LLM(str(model), **ours_settings(threads, dtype)) as llm:
         params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
         llm.generate(prompts[:2], params[:2])   # warm-up
         passes, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -74,8 +74,8 @@ def run_ours(model: Path, prompts, outputs, threads: int | None = None) -> dict:
             "page_faults": faults // 2}
 
 
-def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: Path) -> dict:
-    settings = {"dtype": "float32", "max_model_len": MAX_MODEL_LEN, "seed": 0}
+def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: Path, dtype: str = "float32") -> dict:
+    settings = {"dtype": dtype, "max_model_len": MAX_MODEL_LEN, "seed": 0}
     if config == "best":
         settings |= {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}
     spec = workdir / "vllm-workload.json"
@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="our torch threads (default: every CPU)")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both engines' weights and activations (ours keeps an fp32 KV cache on the CPU)")
     args = parser.parse_args()
     torch.manual_seed(0)
     python = vllm_env.ensure_venv(args.vllm_venv) if args.peer == "vllm" else None
@@ -136,9 +138,9 @@ def main() -> None:
         prompts, outputs = workload(args.num_requests, vocab, name=args.workload)
         prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outputs)
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
-              f"model: Llama hidden {args.hidden}, {args.layers} layers, fp32, CPU")
+              f"model: Llama hidden {args.hidden}, {args.layers} layers, {args.dtype}, CPU")
         print(f"workload {args.workload}: {len(prompts)} requests, {prompt_tokens} prompt + {output_tokens} output tokens")
-        print(f"kubeinfer: {ours_settings(args.threads)}, kernel backend auto (native CPU attention)")
+        print(f"kubeinfer: {ours_settings(args.threads, args.dtype)}, kernel backend auto (native CPU attention)")
         engines = ["kubeinfer"]
         if args.peer == "vllm":
             engines += [f"vllm-{config}" for config in args.vllm_configs]
@@ -150,11 +152,12 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name in engines:
                 if name == "kubeinfer":
-                    result = run_ours(model, prompts, outputs, args.threads)
+                    result = run_ours(model, prompts, outputs, args.threads, args.dtype)
                 elif name == "transformers":
                     result = run_transformers(model, prompts, outputs)
                 else:
-                    result = run_vllm(python, model, prompts, outputs, name.removeprefix("vllm-"), Path(tmp))
+                    result = run_vllm(python, model, prompts, outputs, name.removeprefix("vllm-"), Path(tmp),
+                                      args.dtype)
                 runs[name].append(result)
                 cached = f", prefixes cached {result['cached_seconds']:.2f} s" if "cached_seconds" in result else ""
                 faults = f", {result['page_faults']:,} minor page faults a pass" if "page_faults" in result else ""
