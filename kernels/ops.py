@@ -68,3 +68,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         if (out := cpu_elementwise.silu_and_mul(x)) is not None:
             return out
     return references.silu_and_mul(x)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+              weights_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return references.moe_route(router_logits, top_k, renormalize, weights_in_fp32)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, first_expert: int = 0) -> torch.Tensor:
+    """The experts of a mixture-of-experts layer (see `references.fused_moe`); on the CPU a loop over the active
+    experts, each one GEMM pair over all its tokens."""
+    return references.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)

@@ -161,3 +161,40 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """`silu(x[..., :d]) * x[..., d:]` for `x` of last size `2d`."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+              weights_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k softmax routing: `(weights [T, k], expert ids [T, k])`. Softmax in fp32; the weights rescaled to sum
+    to 1 when `renormalize`; cast to the logits' dtype unless `weights_in_fp32` (Mixtral keeps fp32)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights if weights_in_fp32 else weights.to(router_logits.dtype)), ids
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, first_expert: int = 0) -> torch.Tensor:
+    """Sum over each token's experts of weight * down(silu(gate(x)) * up(x)).
+
+    x `[T, H]`; w13 `[E, 2I, H]` (gate rows, then up rows) and w2 `[E, H, I]` of experts
+    `[first_expert, first_expert + E)`: ids outside that range add nothing (another rank holds them). The
+    (token, expert) pairs are grouped by expert; each active expert runs once over its tokens, and the results are
+    added into the output in ascending expert order (the order transformers adds them in)."""
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros_like(x)
+    flat = topk_ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=first_expert + w13.shape[0]).tolist()
+    start = sum(counts[:first_expert])
+    for expert in range(first_expert, first_expert + w13.shape[0]):
+        pairs = order[start:start + counts[expert]]
+        start += counts[expert]
+        if pairs.numel() == 0:
+            continue
+        tokens = pairs // top_k
+        hidden = silu_and_mul(F.linear(x[tokens], w13[expert - first_expert]))
+        hidden = F.linear(hidden, w2[expert - first_expert]) * topk_weights.flatten()[pairs, None]
+        out.index_add_(0, tokens, hidden.to(out.dtype))
+    return out

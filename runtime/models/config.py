@@ -11,6 +11,9 @@ ARCHITECTURES = {
     "MistralForCausalLM": ("attention_bias", False, True),
     "Qwen2ForCausalLM": (True, False, False),
     "Qwen3ForCausalLM": ("attention_bias", True, False),
+    "MixtralForCausalLM": ("attention_bias", False, True),
+    "Qwen2MoeForCausalLM": (True, False, False),
+    "Qwen3MoeForCausalLM": ("attention_bias", True, False),
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 # Checkpoint dtypes by name, with their size in bytes. Names, not torch dtypes: reading a config needs no torch
@@ -26,6 +29,18 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The mixture-of-experts part of a model: which layers route, to how many experts of what size."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int                  # of one expert
+    renormalize: bool                       # the top-k probabilities rescaled to sum to 1
+    sparse_layers: tuple[bool, ...]         # per layer: experts (True) or a dense MLP (False)
+    shared_expert_intermediate_size: int    # Qwen2-MoE's always-on expert, behind a sigmoid gate; 0 = none
+    weights_in_fp32: bool                   # Mixtral keeps the routing weights in fp32; Qwen casts them
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,7 @@ class ModelConfig:
     dtype_name: str                           # a key of DTYPE_BYTES
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    moe: MoeConfig | None = None              # None: a dense model
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -107,7 +123,27 @@ def parse_config(raw: dict, eos_token_id: int | list[int] | None = None) -> Mode
         dtype_name=dtype_name,
         eos_token_ids=tuple(eos_token_id or ()),
         bos_token_id=raw.get("bos_token_id"),
+        moe=parse_moe(raw, architecture, num_layers),
     )
+
+
+def parse_moe(raw: dict, architecture: str, num_layers: int) -> MoeConfig | None:
+    """Mixtral: every layer routes, renormalized top-k. Qwen2/3-MoE: layers route per `decoder_sparse_step` and
+    `mlp_only_layers`, renormalized when `norm_topk_prob`; Qwen2-MoE adds a shared expert."""
+    if "Moe" not in architecture and architecture != "MixtralForCausalLM":
+        return None
+    num_experts = raw.get("num_experts") or raw.get("num_local_experts")
+    top_k = raw.get("num_experts_per_tok")
+    if not num_experts or not top_k or top_k > num_experts:
+        raise UnsupportedModelError(f"{architecture}: num_experts ({num_experts}) and num_experts_per_tok ({top_k}) "
+                                    f"must be set, with 1 <= num_experts_per_tok <= num_experts")
+    if architecture == "MixtralForCausalLM":
+        return MoeConfig(num_experts, top_k, raw["intermediate_size"], True, (True,) * num_layers, 0, True)
+    step, dense = raw.get("decoder_sparse_step") or 1, set(raw.get("mlp_only_layers") or ())
+    sparse = tuple(layer not in dense and (layer + 1) % step == 0 for layer in range(num_layers))
+    shared = raw.get("shared_expert_intermediate_size") or 0 if architecture == "Qwen2MoeForCausalLM" else 0
+    return MoeConfig(num_experts, top_k, raw["moe_intermediate_size"], bool(raw.get("norm_topk_prob", False)),
+                     sparse, shared, False)
 
 
 def parse_rope(raw: dict) -> RopeConfig:

@@ -1,4 +1,5 @@
-"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (q/k RMSNorm).
+"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (q/k RMSNorm), and their
+mixture-of-experts variants: Mixtral, Qwen2-MoE (with a shared expert), Qwen3-MoE (dense layers among sparse ones).
 
 Inputs are flattened along tokens (`input_ids`, `positions`: `[num_tokens]`); the paged-attention
 metadata comes from the forward context. Parameter names follow the Hugging Face checkpoints, except the
@@ -10,7 +11,9 @@ from torch import nn
 from kubeinfer.runtime.layers.activation import SiluAndMul
 from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from kubeinfer.runtime.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from kubeinfer.runtime.layers.fused_moe import FusedMoE
+from kubeinfer.runtime.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear,
+                                             RowParallelLinear)
 from kubeinfer.runtime.layers.norm import RMSNorm
 from kubeinfer.runtime.layers.rotary import RotaryEmbedding
 from kubeinfer.runtime.models.config import ModelConfig
@@ -46,9 +49,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
-        size = config.intermediate_size
+        size = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], bias=config.mlp_bias)
         self.down_proj = RowParallelLinear(size, config.hidden_size, bias=config.mlp_bias)
         self.act = SiluAndMul()
@@ -57,11 +60,33 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+class SparseMoeBlock(nn.Module):
+    """A router over experts (`FusedMoE`), plus Qwen2-MoE's shared expert behind its sigmoid gate."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        moe = config.moe
+        self.gate = ReplicatedLinear(config.hidden_size, moe.num_experts, bias=False)
+        self.experts = FusedMoE(moe.num_experts, moe.top_k, config.hidden_size, moe.intermediate_size,
+                                moe.renormalize, moe.weights_in_fp32)
+        self.shared_expert = self.shared_expert_gate = None
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = LlamaMLP(config, moe.shared_expert_intermediate_size)
+            self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, self.gate(x))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, max_positions: int):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer, max_positions)
-        self.mlp = LlamaMLP(config)
+        sparse = config.moe is not None and config.moe.sparse_layers[layer]
+        self.mlp = SparseMoeBlock(config) if sparse else LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

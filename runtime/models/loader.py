@@ -1,6 +1,7 @@
 """Loads a Hugging Face safetensors checkpoint into our modules, each rank reading only its shards, straight
 into the parameters (runtime/models/checkpoint.py)."""
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -8,11 +9,14 @@ import torch
 from torch import nn
 
 from kubeinfer.runtime.errors import ModelLoadError
+from kubeinfer.runtime.layers.fused_moe import EXPERT_PROJECTIONS
 from kubeinfer.runtime.layers.linear import load_rows
 from kubeinfer.runtime.models.checkpoint import CheckpointReader
 
 logger = logging.getLogger(__name__)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+RENAMED_PARTS = {".block_sparse_moe.": ".mlp."}   # Mixtral's MoE block, named as Qwen's
+EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
 def load_weights(model: nn.Module, model_dir: str | Path) -> None:
@@ -75,6 +79,12 @@ def _load_whole(param, source, shard_id=None) -> None:
 
 
 def _map_name(name: str, packed: dict[str, tuple[str, object]]) -> tuple[str, object]:
+    for old, new in RENAMED_PARTS.items():
+        name = name.replace(old, new)
+    expert = EXPERT_TENSOR.match(name)   # one expert's projection -> the grouped parameter, (expert, part)
+    if expert and expert.group(3) in EXPERT_PROJECTIONS:
+        target, part = EXPERT_PROJECTIONS[expert.group(3)]
+        return f"{expert.group(1)}.{target}", (int(expert.group(2)), part)
     for checkpoint_part, (our_part, shard) in packed.items():
         if f".{checkpoint_part}." in name:
             return name.replace(f".{checkpoint_part}.", f".{our_part}."), shard
@@ -85,7 +95,10 @@ def _expected_shards(params: dict[str, nn.Parameter], packed: dict[str, tuple[st
     shards_of: dict[str, list[object]] = {}
     for our_part, shard in packed.values():
         shards_of.setdefault(our_part, []).append(shard)
-    for name in params:
+    for name, param in params.items():
+        if hasattr(param, "checkpoint_shards"):   # a grouped parameter says which tensors fill it
+            yield from ((name, shard) for shard in param.checkpoint_shards)
+            continue
         part = next((p for p in shards_of if f".{p}." in name), None)
         for shard in shards_of[part] if part else [None]:
             yield name, shard

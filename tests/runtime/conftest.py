@@ -8,6 +8,7 @@ import torch
 from kubeinfer.runtime.demo import save_tokenizer, train_tokenizer
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
+MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe"]
 
 
 def _hf_config(arch: str, vocab_size: int, eos_id: int):
@@ -28,6 +29,16 @@ def _hf_config(arch: str, vocab_size: int, eos_id: int):
         return tf.Qwen2Config(**common, num_key_value_heads=2, tie_word_embeddings=True)
     if arch == "qwen3":
         return tf.Qwen3Config(**common, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False)
+    moe = dict(common, num_hidden_layers=3, num_key_value_heads=2, num_experts_per_tok=2)
+    if arch == "mixtral":   # 8 experts of 48, top-2 renormalized, a window shorter than the prompts
+        return tf.MixtralConfig(**dict(moe, intermediate_size=48), num_local_experts=8, sliding_window=12,
+                                tie_word_embeddings=False)
+    if arch == "qwen2moe":   # a shared expert behind its sigmoid gate; top-k weights not renormalized
+        return tf.Qwen2MoeConfig(**moe, num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=96,
+                                 norm_topk_prob=False, tie_word_embeddings=True)
+    if arch == "qwen3moe":   # layer 1 dense among sparse ones (mlp_only_layers), q/k norms, renormalized top-k
+        return tf.Qwen3MoeConfig(**moe, num_experts=8, moe_intermediate_size=32, head_dim=32, mlp_only_layers=[1],
+                                 norm_topk_prob=True, tie_word_embeddings=False)
     raise ValueError(arch)
 
 
@@ -55,6 +66,12 @@ def build_hf_model(arch: str, path: Path, seed: int = 0) -> Path:
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     return {arch: build_hf_model(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def moe_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("moe-models")
+    return {arch: build_hf_model(arch, root / arch) for arch in MOE_ARCHS}
 
 
 @pytest.fixture(scope="session")

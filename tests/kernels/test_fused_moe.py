@@ -1,0 +1,60 @@
+"""The fused MoE op (`ops.fused_moe`, experts grouped, one GEMM pair per active expert) against the definition
+written per token: odd shapes, an expert receiving no token, one expert receiving every token, top-k of 1, 2 and 8,
+and experts split over ranks (each rank's share adds up to the whole)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kubeinfer.kernels import ops
+
+
+def per_token(x, w13, w2, weights, ids):
+    """The definition: each token, each of its experts, one at a time."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for weight, expert in zip(weights[t], ids[t].tolist()):
+            gate, up = F.linear(x[t], w13[expert]).chunk(2)
+            out[t] += weight * F.linear(F.silu(gate) * up, w2[expert])
+    return out
+
+
+def make(num_tokens, hidden, intermediate, num_experts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(num_tokens, hidden, generator=g), torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / 8,
+            torch.randn(num_experts, hidden, intermediate, generator=g) / 8,
+            torch.randn(num_tokens, num_experts, generator=g))
+
+
+@pytest.mark.parametrize("num_tokens,hidden,intermediate,num_experts,top_k",
+                         [(1, 16, 8, 4, 1), (7, 24, 40, 8, 2), (33, 64, 48, 8, 8), (100, 32, 16, 60, 4)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_matches_the_per_token_definition(num_tokens, hidden, intermediate, num_experts, top_k, renormalize):
+    x, w13, w2, logits = make(num_tokens, hidden, intermediate, num_experts, seed=num_tokens)
+    weights, ids = ops.moe_route(logits, top_k, renormalize)
+    if renormalize:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(num_tokens))
+    assert ids.shape == (num_tokens, top_k) and (ids.sort(-1).values.diff(dim=-1) > 0).all()   # distinct experts
+    torch.testing.assert_close(ops.fused_moe(x, w13, w2, weights, ids), per_token(x, w13, w2, weights, ids),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_one_expert_takes_every_token_and_the_others_none():
+    x, w13, w2, _ = make(19, 16, 8, 6)
+    ids, weights = torch.full((19, 1), 4), torch.rand(19, 1)
+    torch.testing.assert_close(ops.fused_moe(x, w13, w2, weights, ids), per_token(x, w13, w2, weights, ids))
+
+
+def test_experts_split_over_ranks_add_up_to_the_whole():
+    """Expert parallelism: a rank holding experts [first, first + n) adds only their part."""
+    x, w13, w2, logits = make(29, 32, 24, 8, seed=3)
+    weights, ids = ops.moe_route(logits, 2, True)
+    whole = ops.fused_moe(x, w13, w2, weights, ids)
+    halves = [ops.fused_moe(x, w13[first:first + 4], w2[first:first + 4], weights, ids, first_expert=first)
+              for first in (0, 4)]
+    torch.testing.assert_close(halves[0] + halves[1], whole, atol=1e-6, rtol=1e-6)
+
+
+def test_routing_weights_dtype():
+    logits = torch.randn(5, 8).to(torch.bfloat16)
+    assert ops.moe_route(logits, 2, True)[0].dtype == torch.bfloat16          # Qwen: cast to the activations'
+    assert ops.moe_route(logits, 2, True, weights_in_fp32=True)[0].dtype == torch.float32   # Mixtral: fp32
