@@ -23,6 +23,8 @@ ENGINE_FLAGS = [
     ("device", str, "auto | cpu | cuda[:N]"),
     ("kernel_backend", str, "auto | torch | triton | cpu"),
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
+    ("expert_parallel_size", int, "a mixture-of-experts model's experts split over N of the tensor-parallel ranks "
+                                  "(each holds num_experts / N whole experts); N = tensor_parallel_size"),
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
     ("kv_cache_dtype", str, "auto (the model's dtype; fp32 on the CPU, whose attention computes in fp32) | float32 | "
@@ -36,7 +38,7 @@ ENGINE_FLAGS = [
     ("cpu_threads", int, "torch threads on CPU (none: the CPUs this process may use, from its cgroup quota "
                          "and affinity; OMP_NUM_THREADS also works)"),
 ]
-BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager"]
+BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel"]
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -82,6 +84,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
                         default=_env_bool("enforce_eager", False),
                         help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")
+    parser.add_argument("--enable-expert-parallel", dest="enable_expert_parallel", action="store_true",
+                        default=_env_bool("enable_expert_parallel", False),
+                        help="split a mixture-of-experts model's experts over the tensor-parallel ranks instead of "
+                             "each expert's width [env KUBEINFER_ENABLE_EXPERT_PARALLEL]")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:

@@ -4,6 +4,7 @@ No torch here: the API process builds and validates the config and never imports
 device (is CUDA there, how many GPUs) is checked by `resolve_device()`, which the model runner calls first
 in the engine's own process; its errors reach the user in one line all the same.
 """
+import dataclasses
 import os
 import stat
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_waiting_requests: int = 1024
     tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks
+    enable_expert_parallel: bool = False   # = expert_parallel_size tensor_parallel_size
     device: str = "auto"                   # auto = cuda when available, else cpu
     kernel_backend: str = "auto"           # auto | torch | triton | cpu (see kubeinfer.kernels.backend)
     enforce_eager: bool = False            # no CUDA graphs for decode
@@ -97,6 +100,7 @@ class EngineConfig:
         _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,
                  f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
         self._validate_tensor_parallel()
+        self._validate_experts()
 
     def _validate_draft_model(self) -> None:
         """The draft model of `speculative_method draft`: there, readable, and speaking the target's vocabulary."""
@@ -147,11 +151,38 @@ class EngineConfig:
         _require(model.num_kv_heads % n == 0 or n % model.num_kv_heads == 0,
                  f"tensor_parallel_size {n} neither divides the model's {model.num_kv_heads} KV heads nor is "
                  f"a multiple of them")
-        _require(model.intermediate_size % n == 0, f"tensor_parallel_size {n} does not divide the model's "
-                 f"intermediate size {model.intermediate_size}")
+        dense_layers = model.moe is None or not all(model.moe.sparse_layers)
+        _require(not dense_layers or model.intermediate_size % n == 0, f"tensor_parallel_size {n} does not divide "
+                 f"the model's intermediate size {model.intermediate_size}")
         if self.device.startswith("cuda"):
             _require(self.device == "cuda", f"with tensor_parallel_size {n}, set device to cuda (rank r uses "
                      f"cuda:r), not {self.device!r}")
+
+    def _validate_experts(self) -> None:
+        """Expert parallelism splits whole experts over the tensor-parallel ranks (attention stays tensor-parallel);
+        without it every rank holds every expert with a share of its width."""
+        model, tp = self.model_config, self.tensor_parallel_size
+        if self.enable_expert_parallel and self.expert_parallel_size == 1:
+            self.expert_parallel_size = tp
+        ep = self.expert_parallel_size
+        _require(ep >= 1, f"expert_parallel_size must be >= 1, got {ep}")
+        if model.moe is None:
+            _require(ep == 1, f"expert_parallel_size {ep} needs a mixture-of-experts model; "
+                              f"{model.architecture} is dense")
+            return
+        if ep > 1:
+            _require(ep == tp, f"expert_parallel_size {ep} must equal tensor_parallel_size {tp}: experts are split "
+                               f"over the tensor-parallel ranks (EP with replicated attention is not supported yet)")
+            _require(model.moe.num_experts % ep == 0, f"expert_parallel_size {ep} does not divide the model's "
+                     f"{model.moe.num_experts} experts; use a divisor of {model.moe.num_experts}")
+        elif tp > 1:
+            _require(model.moe.intermediate_size % tp == 0, f"tensor_parallel_size {tp} does not divide the "
+                     f"experts' intermediate size {model.moe.intermediate_size}; use --enable-expert-parallel")
+        shared = model.moe.shared_expert_intermediate_size
+        _require(shared % tp == 0, f"tensor_parallel_size {tp} does not divide the shared expert's intermediate "
+                                   f"size {shared}")
+        self.model_config = dataclasses.replace(
+            model, moe=dataclasses.replace(model.moe, expert_parallel_size=ep))
 
     @property
     def torch_dtype(self):

@@ -15,9 +15,11 @@ from kubeinfer.runtime.engine.model_runner import ModelRunner
 from kubeinfer.runtime.engine.scheduler import Scheduler
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.layers.fused_moe import expert_load_summary
 from kubeinfer.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+EXPERT_LOAD_INTERVAL_S = 1.0
 
 
 class EngineCore:
@@ -28,6 +30,7 @@ class EngineCore:
                                           config.max_blocks_per_seq, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
+        self._expert_load_read: tuple[float, tuple] | None = None   # (when, figures) of the last MoE load read
         self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
                                config.model_config.vocab_size, eos_token_ids,
                                dict(self.model_runner.startup_phases),
@@ -85,7 +88,17 @@ class EngineCore:
         return EngineStats(len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
                            stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
                            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
-                           tuple(stats.accepted_per_position))
+                           tuple(stats.accepted_per_position), *self._expert_load())
+
+    def _expert_load(self) -> tuple[tuple[int, ...], float]:
+        """The MoE load figures, read from the device at most once a second (a read waits for the step)."""
+        now = time.monotonic()
+        if self._expert_load_read is not None and now - self._expert_load_read[0] < EXPERT_LOAD_INTERVAL_S:
+            return self._expert_load_read[1]
+        per_layer = self.model_runner.expert_load()
+        summary = expert_load_summary(per_layer) if per_layer else ((), 0.0)
+        self._expert_load_read = (now, summary)
+        return summary
 
     def shutdown(self) -> None:
         """Stops the other tensor-parallel ranks, if any. Idempotent."""

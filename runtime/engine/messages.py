@@ -39,6 +39,8 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()  # accepted drafts by position 0..k-1
+    expert_tokens: tuple[int, ...] = ()               # MoE: tokens routed to each expert, summed over layers
+    expert_imbalance: float = 0.0                     # MoE: the worst layer's busiest expert over its mean
 
 
 @dataclass

@@ -9,6 +9,7 @@ import torch
 
 from kubeinfer.kernels import set_backend
 from kubeinfer.kernels.metadata import FP8_DTYPE
+from kubeinfer.runtime.layers.fused_moe import FusedMoE
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -127,6 +128,8 @@ class ModelRunner:
             if self._graphs_wanted(config):
                 with self._phase("cuda_graphs"):
                     self._capture_graphs(config)
+        for moe in (m for m in self.model.modules() if isinstance(m, FusedMoE)):
+            moe.routed_tokens.zero_()   # warm-up and capture routed no request's tokens
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -231,6 +234,12 @@ class ModelRunner:
         if num_blocks < 1:
             raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB)")
         return num_blocks
+
+    def expert_load(self) -> list[list[int]] | None:
+        """Tokens routed to each expert since start-up, per MoE layer (None for a dense model). Rank 0 routes every
+        token (the router is replicated), so its counts are the whole engine's."""
+        counts = [m.routed_tokens for m in self.model.modules() if isinstance(m, FusedMoE)]
+        return torch.stack(counts).tolist() if counts else None
 
     def shutdown(self) -> None:
         """Stops the other tensor-parallel ranks, if any. Idempotent."""

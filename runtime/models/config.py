@@ -41,6 +41,7 @@ class MoeConfig:
     sparse_layers: tuple[bool, ...]         # per layer: experts (True) or a dense MLP (False)
     shared_expert_intermediate_size: int    # Qwen2-MoE's always-on expert, behind a sigmoid gate; 0 = none
     weights_in_fp32: bool                   # Mixtral keeps the routing weights in fp32; Qwen casts them
+    expert_parallel_size: int = 1           # set by the engine: whole experts split over this many ranks
 
 
 @dataclass(frozen=True)

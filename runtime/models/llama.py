@@ -68,7 +68,7 @@ class SparseMoeBlock(nn.Module):
         moe = config.moe
         self.gate = ReplicatedLinear(config.hidden_size, moe.num_experts, bias=False)
         self.experts = FusedMoE(moe.num_experts, moe.top_k, config.hidden_size, moe.intermediate_size,
-                                moe.renormalize, moe.weights_in_fp32)
+                                moe.renormalize, moe.weights_in_fp32, moe.expert_parallel_size > 1)
         self.shared_expert = self.shared_expert_gate = None
         if moe.shared_expert_intermediate_size:
             self.shared_expert = LlamaMLP(config, moe.shared_expert_intermediate_size)

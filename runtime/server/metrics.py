@@ -54,6 +54,12 @@ class EngineMetrics:
             "per_position": metric(Counter, "kubeinfer_spec_decode_num_accepted_tokens_per_pos",
                                    "Draft tokens accepted, by position in the draft", ["position"]),
         }
+        # Mixture-of-experts models: where the router sends tokens (series appear with the first MoE stats).
+        self.expert_tokens = metric(Counter, "kubeinfer_moe_expert_routed_tokens",
+                                    "Tokens routed to each expert, summed over the MoE layers", ["expert"])
+        self.expert_imbalance = metric(Gauge, "kubeinfer_moe_load_imbalance",
+                                       "Busiest expert's routed tokens over the mean, worst layer (1 = even)")
+        self._seen_experts: tuple[int, ...] = ()
         self.model_name = model_name
         # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
         # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
@@ -106,6 +112,7 @@ class EngineMetrics:
                 self.labels(counter).inc(new - old)
         self._seen = seen
         self._observe_speculation(stats)
+        self._observe_experts(stats)
         self.labels(self.running).set(stats.num_running)
         self.labels(self.waiting).set(stats.num_waiting)
         self.labels(self.kv_usage).set(stats.kv_cache_usage)
@@ -113,6 +120,17 @@ class EngineMetrics:
             self.labels(self.vllm["running"]).set(stats.num_running)
             self.labels(self.vllm["waiting"]).set(stats.num_waiting)
             self.labels(self.vllm["kv_usage"]).set(stats.kv_cache_usage)
+
+    def _observe_experts(self, stats: EngineStats) -> None:
+        if not stats.expert_tokens or stats.expert_tokens == self._seen_experts:
+            return
+        old = self._seen_experts or (0,) * len(stats.expert_tokens)
+        for expert, (new, before) in enumerate(zip(stats.expert_tokens, old)):
+            child = self.labels(self.expert_tokens, str(expert))
+            if new > before:
+                child.inc(new - before)
+        self._seen_experts = stats.expert_tokens
+        self.labels(self.expert_imbalance).set(stats.expert_imbalance)
 
     def _observe_speculation(self, stats: EngineStats) -> None:
         seen = (stats.spec_num_drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens,

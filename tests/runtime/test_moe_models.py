@@ -57,14 +57,20 @@ def test_prefix_hits_preemption_and_speculation_keep_the_tokens(moe_dirs, arch):
         assert [o.token_ids for o in llm.generate(prompt_ids, params)] == want
 
 
-@pytest.mark.parametrize("arch", ["qwen2moe", "mixtral"])
-def test_tp2_matches_tp1_on_real_processes(moe_dirs, arch):
-    """Tensor parallelism over gloo: every rank holds every expert with half its intermediate size (Qwen2-MoE's
-    shared expert too); the partial sums are all-reduced. Same greedy tokens and logprobs as one rank."""
+@pytest.mark.parametrize("arch,parallel", [("qwen2moe", {}), ("mixtral", {}), ("qwen3moe", {"expert_parallel_size": 2}),
+                                           ("qwen2moe", {"enable_expert_parallel": True})],
+                         ids=["qwen2moe-tp2", "mixtral-tp2", "qwen3moe-ep2", "qwen2moe-ep2"])
+def test_two_ranks_match_one_on_real_processes(moe_dirs, arch, parallel):
+    """Two processes over gloo. TP: every rank holds every expert with half its width (Qwen2-MoE's shared expert
+    too). EP: each holds 4 of the 8 experts, whole, and computes their share of every token. Either way the
+    partial sums are all-reduced: the same greedy tokens as one rank, logprobs within summation-order error."""
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
     outputs = []
-    for tp in (1, 2):
-        with LLM(str(moe_dirs[arch]), tensor_parallel_size=tp, max_num_batched_tokens=32, num_kvcache_blocks=64) as llm:
+    for settings in ({}, {"tensor_parallel_size": 2, **parallel}):
+        with LLM(str(moe_dirs[arch]), max_num_batched_tokens=32, num_kvcache_blocks=64, **settings) as llm:
+            if settings.get("expert_parallel_size") or settings.get("enable_expert_parallel"):
+                experts = llm.engine.model_runner  # the rank-0 model holds half of the experts
+                assert experts.model.model.layers[0].mlp.experts.w13.shape[0] == 4
             outputs.append(llm.generate([llm.tokenizer.encode(p) for p in PROMPTS], params))
     for one, two in zip(*outputs, strict=True):
         assert two.token_ids == one.token_ids
@@ -72,3 +78,59 @@ def test_tp2_matches_tp1_on_real_processes(moe_dirs, arch):
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
             torch.testing.assert_close(torch.tensor([v for _, v in b.top]), torch.tensor([v for _, v in a.top]),
                                        atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"tensor_parallel_size": 4, "expert_parallel_size": 4}, "expert_parallel_size 4 does not divide the model's 6 "
+                                                             "experts; use a divisor of 6"),
+    ({"tensor_parallel_size": 2, "expert_parallel_size": 4}, "must equal tensor_parallel_size 2"),
+    ({"tensor_parallel_size": 4}, "tensor_parallel_size 4 does not divide the experts' intermediate size 6"),
+])
+def test_bad_expert_settings_are_one_line_errors(moe_dirs, tmp_path, settings, message):
+    """Checked when the engine's settings are read, before any process starts or weight loads."""
+    import json
+    import shutil
+    from kubeinfer.runtime.config import EngineConfig
+    from kubeinfer.runtime.errors import ConfigError
+    folder = shutil.copytree(moe_dirs["mixtral"], tmp_path / "six-experts")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"num_local_experts": 6, "intermediate_size": 6}))
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(model=str(folder), **settings)
+
+
+def test_expert_parallelism_needs_an_moe_model(model_dirs):
+    from kubeinfer.runtime.config import EngineConfig
+    from kubeinfer.runtime.errors import ConfigError
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model; LlamaForCausalLM is dense"):
+        EngineConfig(model=str(model_dirs["llama"]), tensor_parallel_size=2, expert_parallel_size=2)
+
+
+def test_expert_load_is_counted_per_expert_and_exported(moe_dirs):
+    """Every routed (token, expert) pair is counted once: tokens x top-k x sparse layers in all; the Prometheus
+    series carry the same sums."""
+    from kubeinfer.runtime.layers.fused_moe import expert_load_summary
+    from kubeinfer.runtime.server.metrics import EngineMetrics
+    with LLM(str(moe_dirs["qwen3moe"]), max_num_batched_tokens=32, num_kvcache_blocks=64) as llm:
+        core = llm.engine.core
+        assert sum(map(sum, core.model_runner.expert_load())) == 0   # nothing counted at start-up
+        prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+        llm.generate(prompt_ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        per_layer = core.model_runner.expert_load()
+        computed = sum(map(len, prompt_ids)) + 3 * len(prompt_ids)   # the last token of each is sampled, not run
+        assert len(per_layer) == 2 and [sum(layer) for layer in per_layer] == [computed * 2] * 2   # 2 sparse layers
+        core._expert_load_read = None
+        stats = core.stats()
+    assert stats.expert_tokens == expert_load_summary(per_layer)[0] and stats.expert_imbalance >= 1.0
+    metrics = EngineMetrics("m")
+    metrics.observe_stats(stats, None)
+    text = __import__("prometheus_client").generate_latest(metrics.registry).decode()
+    exported = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("kubeinfer_moe_expert_routed_tokens_total{"))
+    assert exported == sum(stats.expert_tokens) == computed * 2 * 2
+
+
+def test_expert_load_summary():
+    from kubeinfer.runtime.layers.fused_moe import expert_load_summary
+    assert expert_load_summary([[1, 3], [2, 2]]) == ((3, 5), 1.5)
+    assert expert_load_summary([[0, 0]]) == ((0, 0), 0.0)
