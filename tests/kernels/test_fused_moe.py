@@ -58,3 +58,52 @@ def test_routing_weights_dtype():
     logits = torch.randn(5, 8).to(torch.bfloat16)
     assert ops.moe_route(logits, 2, True)[0].dtype == torch.bfloat16          # Qwen: cast to the activations'
     assert ops.moe_route(logits, 2, True, weights_in_fp32=True)[0].dtype == torch.float32   # Mixtral: fp32
+
+
+# -- the Triton kernel (the interpreter on CPU), against the reference --------------------------------------------
+triton = pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("num_tokens,hidden,intermediate,num_experts,top_k",
+                         [(1, 16, 8, 4, 1), (7, 24, 40, 8, 2), (33, 64, 48, 8, 8), (40, 32, 16, 60, 4)])
+def test_triton_kernel_matches_reference(device, dtype, num_tokens, hidden, intermediate, num_experts, top_k):
+    """In 16 bits the reference runs in fp32 on the same rounded inputs; the kernel accumulates in fp32 and rounds
+    the gate/up activations and its output once each."""
+    from kubeinfer.kernels import references
+    from kubeinfer.kernels.fused_moe import fused_moe
+    x, w13, w2, logits = (t.to(device, dtype) for t in make(num_tokens, hidden, intermediate, num_experts, seed=top_k))
+    weights, ids = references.moe_route(logits, top_k, True)
+    want = references.fused_moe(x.float(), w13.float(), w2.float(), weights.float(), ids)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    torch.testing.assert_close(fused_moe(x, w13, w2, weights, ids).float(), want, **tolerance)
+
+
+def test_triton_kernel_one_expert_takes_all_and_ranks_split(device, dtype):
+    if dtype != torch.float32:
+        pytest.skip("the shapes, not the dtype, are under test here")
+    from kubeinfer.kernels import references
+    from kubeinfer.kernels.fused_moe import fused_moe
+    x, w13, w2, logits = (t.to(device) for t in make(21, 32, 24, 8, seed=5))
+    ids, weights = torch.full((21, 1), 6, device=device), torch.rand(21, 1, device=device)
+    torch.testing.assert_close(fused_moe(x, w13, w2, weights, ids), references.fused_moe(x, w13, w2, weights, ids),
+                               atol=1e-4, rtol=1e-4)
+    weights, ids = references.moe_route(logits, 2, False)
+    halves = [fused_moe(x, w13[f:f + 4], w2[f:f + 4], weights, ids, first_expert=f, num_experts=8) for f in (0, 4)]
+    torch.testing.assert_close(halves[0] + halves[1], references.fused_moe(x, w13, w2, weights, ids),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_alignment_gives_each_block_one_expert():
+    from kubeinfer.kernels.fused_moe import align_by_expert
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3], [2, 3]])
+    pair_of_row, block_expert, max_blocks = align_by_expert(ids, 5, 4)
+    assert max_blocks == (8 + 5 * 3 + 3) // 4
+    flat = ids.flatten()
+    for block in range(max_blocks):
+        pairs = pair_of_row[block * 4:(block + 1) * 4]
+        real = pairs[pairs < 8]
+        if block_expert[block] < 0:
+            assert real.numel() == 0
+        else:
+            assert (flat[real] == block_expert[block]).all()
+    assert sorted(pair_of_row[pair_of_row < 8].tolist()) == list(range(8))   # every pair exactly once
