@@ -159,3 +159,18 @@ def test_triton_moe_on_cuda_with_graphs_gives_the_eager_outputs_and_transformers
                         torch.testing.assert_close(torch.tensor([v for _, v in output.logprobs[0].top]),
                                                    hf_lp[top].float(), atol=0.05, rtol=0)
     assert outputs[False] == outputs[True]
+
+
+def test_fp8_kv_cache_on_an_moe_model_stays_close(moe_dirs):
+    """The FP8 cache changes attention only: the first token's top-5 logprobs stay close to the fp32 cache's."""
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=TOP_N)
+    tops = []
+    for kv_dtype in ("auto", "fp8_e4m3"):
+        with LLM(str(moe_dirs["qwen3moe"]), kv_cache_dtype=kv_dtype, num_kvcache_blocks=64) as llm:
+            outputs = llm.generate([llm.tokenizer.encode(p) for p in PROMPTS], params)
+            tops.append([dict(o.logprobs[0].top) for o in outputs])
+    for full, fp8 in zip(*tops):
+        shared = set(full) & set(fp8)
+        assert len(shared) >= 4
+        for token in shared:
+            assert abs(full[token] - fp8[token]) < 0.05
