@@ -78,8 +78,11 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool,
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, first_expert: int = 0) -> torch.Tensor:
     """The experts of a mixture-of-experts layer (see `references.fused_moe`): two grouped GEMMs in Triton; on the
-    CPU a loop over the active experts, each one GEMM pair over all its tokens."""
+    CPU a loop over the active experts, each one GEMM pair over all its tokens (`cpu_moe`)."""
     if use_triton(x):
         from kubeinfer.kernels.fused_moe import fused_moe as triton_fused_moe
         return triton_fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
+    if use_cpu_native(x):
+        from kubeinfer.kernels import cpu_moe
+        return cpu_moe.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
     return references.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
