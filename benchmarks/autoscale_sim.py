@@ -26,6 +26,7 @@ from autoscale.scenarios import (  # noqa: E402
     concurrency_per_replica,
     replicas_for_rate,
     saturation_throughput,
+    sizing_share,
     summarize,
 )
 from autoscale.sim import ReplicaModel, Simulation, Trace  # noqa: E402
@@ -47,13 +48,20 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
     # spec.autoscaling.throughputPerReplica (what benchmarks/serve.py at a high rate measures). Ours
     # also runs without it, learning the throughput on its own. The clairvoyant limit sizes its fleet
     # with the table the fixed fleet is sized by.
-    target_concurrency = concurrency_per_replica(TTFT_TARGET_S, model)
+    # A replayed trace's calibration uses its own request lengths: sized for the simulator's default requests,
+    # the "limit" and the peak-sized fleet would bound nothing on it.
+    # Sized for 99% of the requests a fleet can answer in time (a prompt whose prefill alone takes longer
+    # than the target is a miss whatever the fleet).
+    lengths = trace.lengths
+    share = sizing_share(lengths, TTFT_TARGET_S, model)
+    target_concurrency = concurrency_per_replica(TTFT_TARGET_S, model, share, lengths=lengths)
     config = PolicyConfig(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS, target_ttft_p95_seconds=TTFT_TARGET_S,
                           initial_delay_seconds=INITIAL_DELAY_S)
-    sizing = fleet_sizing(TTFT_TARGET_S, model, MAX_REPLICAS, trace.peak_rate)
+    sizing = fleet_sizing(TTFT_TARGET_S, model, MAX_REPLICAS, trace.peak_rate, share, lengths=lengths)
     return [
-        FixedFleet(replicas_for_rate(trace.peak_rate, TTFT_TARGET_S, model)),
-        KubeInferPolicy(dataclasses.replace(config, assumed_throughput_per_replica=saturation_throughput(model)),
+        FixedFleet(replicas_for_rate(trace.peak_rate, TTFT_TARGET_S, model, share, lengths=lengths)),
+        KubeInferPolicy(dataclasses.replace(config, assumed_throughput_per_replica=saturation_throughput(
+            model, lengths=lengths)),
                         name="kubeinfer, throughputPerReplica given"),
         KubeInferPolicy(config, name="kubeinfer, learning throughput"),
         MovingAverageConcurrency(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
@@ -67,7 +75,8 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
 def run_trace(trace: Trace, model: ReplicaModel, seed: int) -> list[tuple[Simulation, float]]:
     """Every policy on one trace, with the wall seconds each took: the fixed fleet starts at its size,
     the others at the size for the trace's starting rate."""
-    n0 = replicas_for_rate(trace.rate(0.0), TTFT_TARGET_S, model)
+    n0 = replicas_for_rate(max(trace.rate(0.0), 0.25), TTFT_TARGET_S, model,
+                           sizing_share(trace.lengths, TTFT_TARGET_S, model), lengths=trace.lengths)
     runs = []
     for policy in make_policies(trace, model):
         start = time.perf_counter()

@@ -1,6 +1,11 @@
 """Sweep the replica cold start and put every policy beside the clairvoyant limit (issue #17).
 
     .venv/bin/python benchmarks/autoscale_sweep.py [--seed 0] [--cold-starts 60 30 15 5]
+        [--trace-file PATH ...] [--compress-to SECONDS] [--rate-scale X] [--no-synthetic]
+
+`--trace-file` adds a row per file and cold start: a CSV of `TIMESTAMP,ContextTokens,GeneratedTokens` (the public
+format of production traces; benchmarks/autoscale/traces holds two of our making), each request replayed with its
+own lengths; every policy is calibrated, and the limit and the fixed fleet sized, on that trace's own requests.
 
 For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (ours learns the cold start
 from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
@@ -19,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autoscale_sim  # noqa: E402
 from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel  # noqa: E402
+from autoscale.trace_file import load_trace  # noqa: E402
 
 COLUMNS = ("clairvoyant", "kubeinfer, throughputPerReplica given", "kubeinfer, learning throughput",
            "KubeAI-style", "KubeAI-style, 60 s", "KPA-style", "fixed (peak-sized)")
@@ -50,12 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cold-starts", type=float, nargs="+", default=[60.0, 30.0, 15.0, 5.0])
+    ap.add_argument("--trace-file", type=Path, nargs="*", default=[], help="CSV traces to replay as well")
+    ap.add_argument("--compress-to", type=float, default=None, help="replay each file's span in this many seconds")
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="thin (< 1) or multiply (> 1) the files' requests")
+    ap.add_argument("--no-synthetic", action="store_true", help="only the trace files")
     args = ap.parse_args(argv)
+    traces = [] if args.no_synthetic else [make() for make in ALL_TRACES]
+    traces += [load_trace(path, args.compress_to, args.rate_scale, args.seed) for path in args.trace_file]
     print(header(), flush=True)
     for cold_start in args.cold_starts:
         model = ReplicaModel(cold_start_s=cold_start)
-        for make_trace in ALL_TRACES:
-            runs = autoscale_sim.run_trace(make_trace(), model, args.seed)
+        for trace in traces:
+            runs = autoscale_sim.run_trace(trace, model, args.seed)
             print(row([summarize(sim, autoscale_sim.TTFT_TARGET_S) for sim, _ in runs], cold_start), flush=True)
     return 0
 

@@ -23,7 +23,7 @@ import functools
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .scenarios import steady, summarize
+from .scenarios import calibration_run, summarize
 from .sim import Observation, ReplicaModel, Simulation, Trace
 
 RATE_STEP = 0.25  # requests/s between the rates at which the sizing is measured (rounded up: conservative)
@@ -43,24 +43,27 @@ class FleetSizing:
         return min(len(self.max_rates), bisect_left(self.max_rates, rate) + 1)
 
 
-def _serves(replicas: int, rate: float, ttft_target_s: float, model: ReplicaModel, share: float, seed: int) -> bool:
+def _serves(replicas: int, rate: float, ttft_target_s: float, model: ReplicaModel, share: float, seed: int,
+            lengths) -> bool:
     from .policies import FixedFleet
 
-    sim = Simulation(steady(rate, 300.0), FixedFleet(replicas), initial_replicas=replicas, model=model, seed=seed).run()
+    sim = Simulation(calibration_run(rate, lengths), FixedFleet(replicas), initial_replicas=replicas, model=model,
+                     seed=seed).run()
     return summarize(sim, ttft_target_s, warmup_s=0.0).slo_share >= share
 
 
 @functools.lru_cache(maxsize=None)
 def fleet_sizing(ttft_target_s: float, model: ReplicaModel, max_replicas: int, max_rate: float,
-                 share: float = 0.99, seed: int = 7) -> FleetSizing:
+                 share: float = 0.99, seed: int = 7, lengths=None) -> FleetSizing:
     """Measured on the simulator (5-minute steady runs, a fixed fleet, as `scenarios.replicas_for_rate`):
-    for n = 1, 2, ... the rate grid is walked up from where n - 1 replicas stopped. The cold start does
-    not matter to a fleet that starts ready, so it is left out of the cache key."""
+    for n = 1, 2, ... the rate grid is walked up from where n - 1 replicas stopped. Requests are drawn from
+    `lengths` (a replayed trace's own (prompt, output) pairs), so the sizing bounds that trace. The cold start
+    does not matter to a fleet that starts ready, so it is left out of the cache key."""
     model = dataclasses.replace(model, cold_start_s=0.0)
     max_rates: list[float] = []
     rate = RATE_STEP
     for n in range(1, max_replicas + 1):
-        while rate <= max_rate + RATE_STEP and _serves(n, rate, ttft_target_s, model, share, seed):
+        while rate <= max_rate + RATE_STEP and _serves(n, rate, ttft_target_s, model, share, seed, lengths):
             rate += RATE_STEP
         max_rates.append(rate - RATE_STEP)
         if rate > max_rate + RATE_STEP:

@@ -13,8 +13,11 @@ DURATION_S = 2400.0
 WARMUP_S = 300.0  # every trace runs at its starting rate before this; figures start here
 
 
-def steady(rate: float = 6.0, duration_s: float = DURATION_S) -> Trace:
-    return Trace("steady", duration_s, lambda t: rate, rate)
+Lengths = tuple[tuple[int, int], ...] | None   # (prompt, output) pairs to draw from; None: the log-normal ones
+
+
+def steady(rate: float = 6.0, duration_s: float = DURATION_S, lengths: Lengths = None) -> Trace:
+    return Trace("steady", duration_s, lambda t: rate, rate, lengths=lengths)
 
 
 def diurnal(low: float = 1.0, high: float = 12.0, duration_s: float = DURATION_S) -> Trace:
@@ -45,13 +48,40 @@ def flash_crowd(base: float = 1.0, peak: float = 14.0, start_s: float = 600.0, r
 ALL_TRACES = (steady, diurnal, burst, flash_crowd)
 
 
+def calibration_run(rate: float, lengths: Lengths) -> Trace:
+    """The steady load a fleet is sized on: 5 minutes; with a trace's own lengths, long enough for 600
+    requests, since a few long prompts among 75 would swing the share by points."""
+    return steady(rate, 300.0 if lengths is None else max(300.0, 600.0 / rate), lengths)
+
+
+def attainable_share(lengths: Lengths, ttft_target_s: float, model: ReplicaModel) -> float:
+    """Share of requests an idle replica answers within the target (one step: its prefill and a decode's base).
+    No fleet does better, so sizing for 99% of every request would bound nothing on a trace with long prompts."""
+    if not lengths:
+        return 1.0
+    fits = sum(1 for prompt, _ in lengths if model.decode_base_s + model.prefill_s_per_token * prompt <= ttft_target_s)
+    return fits / len(lengths)
+
+
+SIZING_MARGIN = 0.02   # a trace's fleets are sized for its attainable share less 2 points
+
+
+def sizing_share(lengths: Lengths, ttft_target_s: float, model: ReplicaModel, share: float = 0.99) -> float:
+    """The SLO share fleets are sized for: `share` with the simulator's own requests; with a trace's, 2 points
+    below what idle replicas would attain (requests queue behind each other's steps even in a large fleet)."""
+    if lengths is None:
+        return share
+    return attainable_share(lengths, ttft_target_s, model) - SIZING_MARGIN
+
+
 @functools.lru_cache(maxsize=None)
 def replicas_for_rate(rate: float, ttft_target_s: float, model: ReplicaModel = ReplicaModel(),
-                      share: float = 0.99, seed: int = 7) -> int:
+                      share: float = 0.99, seed: int = 7, lengths: Lengths = None) -> int:
     """Smallest fixed fleet that serves a steady `rate` with `share` of requests within the TTFT target
-    (measured on the simulator itself: a 5-minute steady run per candidate size)."""
+    (measured on the simulator itself: a 5-minute steady run per candidate size, requests of `lengths`)."""
     for n in range(1, 64):
-        sim = Simulation(steady(rate, 300.0), FixedFleet(n), initial_replicas=n, model=model, seed=seed).run()
+        sim = Simulation(calibration_run(rate, lengths), FixedFleet(n), initial_replicas=n, model=model,
+                         seed=seed).run()
         if summarize(sim, ttft_target_s, warmup_s=0.0).slo_share >= share:
             return n
     raise ValueError(f"no fleet under 64 replicas serves {rate} req/s")
@@ -59,13 +89,14 @@ def replicas_for_rate(rate: float, ttft_target_s: float, model: ReplicaModel = R
 
 @functools.lru_cache(maxsize=None)
 def concurrency_per_replica(ttft_target_s: float, model: ReplicaModel = ReplicaModel(), share: float = 0.99,
-                            seed: int = 7) -> float:
+                            seed: int = 7, lengths: Lengths = None) -> float:
     """Mean in-flight requests on one replica at the highest steady rate it serves with `share` of
     TTFTs within target: the fair per-replica target for concurrency-based policies."""
     best = None
     for i in range(1, 200):
         rate = 0.25 * i
-        sim = Simulation(steady(rate, 300.0), FixedFleet(1), initial_replicas=1, model=model, seed=seed).run()
+        sim = Simulation(calibration_run(rate, lengths), FixedFleet(1), initial_replicas=1, model=model,
+                         seed=seed).run()
         if summarize(sim, ttft_target_s, warmup_s=0.0).slo_share < share:
             break
         c = sim.samples.concurrency
@@ -75,13 +106,14 @@ def concurrency_per_replica(ttft_target_s: float, model: ReplicaModel = ReplicaM
 
 
 @functools.lru_cache(maxsize=None)
-def saturation_throughput(model: ReplicaModel = ReplicaModel(), seed: int = 7) -> float:
+def saturation_throughput(model: ReplicaModel = ReplicaModel(), seed: int = 7, lengths: Lengths = None) -> float:
     """Requests per second one replica serves when overloaded (first tokens per second over the last
     4 minutes of a 5-minute run at twice that rate): what `benchmarks/serve.py` at a high request rate
     reports, and what spec.autoscaling.throughputPerReplica is meant to hold."""
     rate = 2.0
     while True:  # find an overloading rate first: the queue must keep growing
-        sim = Simulation(steady(rate, 300.0), FixedFleet(1), initial_replicas=1, model=model, seed=seed).run()
+        sim = Simulation(calibration_run(rate, lengths), FixedFleet(1), initial_replicas=1, model=model,
+                         seed=seed).run()
         served = sum(1 for t in sim.ttft_times if 60.0 <= t < 300.0) / 240.0
         if served < 0.8 * rate:
             return served

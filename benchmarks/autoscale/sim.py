@@ -64,6 +64,10 @@ class Trace:
     burst_start_s: float | None = None
     prompt_mean: float = 512
     output_mean: float = 128
+    # A replayed trace's own requests: (arrival s, prompt tokens, output tokens), sorted; None = Poisson arrivals.
+    requests: tuple[tuple[float, int, int], ...] | None = None
+    # (prompt, output) pairs to draw request lengths from, instead of the log-normal ones (a trace's own).
+    lengths: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(slots=True)
@@ -155,7 +159,10 @@ _ARRIVE, _STEP, _READY, _TICK, _SAMPLE = range(5)
 
 
 def generate_requests(trace: Trace, seed: int) -> list[Request]:
-    """Thinning of a Poisson process at the peak rate; log-normal lengths (sigma 0.8), clipped."""
+    """A replayed trace's own requests; else thinning of a Poisson process at the peak rate, with lengths drawn
+    from `trace.lengths` or log-normal (sigma 0.8), clipped."""
+    if trace.requests is not None:
+        return [Request(t, p, o) for t, p, o in trace.requests if t < trace.duration_s]
     rng = random.Random(seed)
     out, t = [], 0.0
     sigma = 0.8
@@ -164,8 +171,11 @@ def generate_requests(trace: Trace, seed: int) -> list[Request]:
         if t >= trace.duration_s:
             return out
         if rng.random() * trace.peak_rate <= trace.rate(t):
-            p = int(min(4096, max(16, rng.lognormvariate(math.log(trace.prompt_mean) - sigma**2 / 2, sigma))))
-            o = int(min(1024, max(4, rng.lognormvariate(math.log(trace.output_mean) - sigma**2 / 2, sigma))))
+            if trace.lengths is not None:
+                p, o = trace.lengths[rng.randrange(len(trace.lengths))]
+            else:
+                p = int(min(4096, max(16, rng.lognormvariate(math.log(trace.prompt_mean) - sigma**2 / 2, sigma))))
+                o = int(min(1024, max(4, rng.lognormvariate(math.log(trace.output_mean) - sigma**2 / 2, sigma))))
             out.append(Request(t, p, o))
 
 
