@@ -19,7 +19,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autoscale.clairvoyant import ClairvoyantPolicy, fleet_sizing  # noqa: E402
-from autoscale.policies import FixedFleet, KubeInferPolicy, MovingAverageConcurrency, StablePanic  # noqa: E402
+from autoscale.policies import (  # noqa: E402
+    FixedFleet,
+    KubeInferPolicy,
+    MovingAverageConcurrency,
+    PredictivePolicy,
+    StablePanic,
+)
 from autoscale.scenarios import (  # noqa: E402
     ALL_TRACES,
     HEADER,
@@ -31,6 +37,7 @@ from autoscale.scenarios import (  # noqa: E402
 )
 from autoscale.sim import ReplicaModel, Simulation, Trace  # noqa: E402
 
+from kubeinfer.operator.autoscale_predictive import PredictiveConfig  # noqa: E402
 from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
 
 TTFT_TARGET_S = 0.5
@@ -69,6 +76,8 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
                                  name="KubeAI-style, 60 s window"),
         StablePanic(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
         ClairvoyantPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, name=CLAIRVOYANT),
+        PredictivePolicy(sizing.replicas_for, PredictiveConfig(MIN_REPLICAS, MAX_REPLICAS),
+                         initial_cold_start_s=INITIAL_DELAY_S),
     ]
 
 

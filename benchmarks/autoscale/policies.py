@@ -14,6 +14,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from kubeinfer.operator import autoscale_predictive
 from kubeinfer.operator.autoscale_policy import decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
 from kubeinfer.operator.cold_start import ColdStartRecord
@@ -122,3 +123,41 @@ class StablePanic:
         else:
             desired = desired_stable
         return min(self.max_replicas, max(self.min_replicas, desired))
+
+
+@dataclass
+class PredictivePolicy:
+    """Ours, predictive (kubeinfer.operator.autoscale_predictive): the arrival rate over the last 10 s into the
+    forecaster, the fleet sized by the calibrated replica model (`replicas_for`, the table that sizes the limit),
+    the cold start learned from the replicas it creates."""
+
+    replicas_for: object            # rate -> replicas (clairvoyant.FleetSizing.replicas_for)
+    config: autoscale_predictive.PredictiveConfig
+    initial_cold_start_s: float = 60.0
+    tick_s: float = 5.0
+    rate_window_s: float = 30.0
+    name: str = "kubeinfer predictive"
+    state: autoscale_predictive.PredictiveState = field(default_factory=autoscale_predictive.PredictiveState)
+    cold_start: ColdStartRecord = field(default_factory=ColdStartRecord)
+    reasons: list[str] = field(default_factory=list)
+
+    def _replicas_for(self, rate: float) -> int:
+        """The sizing table, extended past its largest fleet at that fleet's rate per replica."""
+        table = self.replicas_for.__self__.max_rates
+        if rate <= table[-1] or table[-1] <= 0:
+            return self.replicas_for(rate)
+        return math.ceil(rate / (table[-1] / len(table)))
+
+    def decide(self, obs: Observation) -> int:
+        from bisect import bisect_right
+        arrivals = obs.sim.arrival_times
+        seen = bisect_right(arrivals, obs.now) - bisect_right(arrivals, obs.now - self.rate_window_s)
+        rate = seen / min(self.rate_window_s, max(obs.now, 1e-9))
+        self.cold_start = self.cold_start.with_samples(obs.cold_starts())
+        cold_start = self.cold_start.seconds or self.initial_cold_start_s
+        waiting = obs.sim.samples.waiting[-1] if obs.sim.samples.waiting else 0.0
+        d = autoscale_predictive.decide(rate, waiting, obs.current, self.state, self.config, cold_start, obs.now,
+                                        self._replicas_for, self.rate_window_s)
+        self.state = autoscale_predictive.PredictiveState.from_dict(json.loads(json.dumps(d.state.to_dict())))
+        self.reasons.append(d.reason)
+        return d.desired_replicas

@@ -185,6 +185,7 @@ class Simulation:
         self.trace, self.policy, self.model = trace, policy, model
         self.decide_until_s = trace.duration_s + tail_s
         self.requests = generate_requests(trace, seed)
+        self.arrival_times = [r.arrival for r in self.requests]   # sorted: what a request counter would say
         self.replicas: list[Replica] = []
         self.router: deque[Request] = deque()
         self.samples = Samples()

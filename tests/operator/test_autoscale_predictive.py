@@ -1,0 +1,91 @@
+"""The predictive autoscaling policy's parts: the forecaster (Holt's trend with a spread of its errors, online,
+its state a dict) and the decision (one cold start ahead, released by expected cost, guarded)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kubeinfer.operator.autoscale_forecast import Forecast, ForecastConfig, update
+from kubeinfer.operator.autoscale_predictive import PredictiveConfig, PredictiveState, decide
+
+
+def feed(rates, step=5.0, forecast=Forecast()):
+    for i, rate in enumerate(rates):
+        forecast = update(forecast, rate, i * step)
+    return forecast
+
+
+def test_a_steady_rate_is_forecast_flat_with_no_spread():
+    f = feed([4.0] * 100)
+    assert f.level == pytest.approx(4.0) and abs(f.trend) < 1e-9 and f.spread < 1e-6
+    assert f.at(60) == pytest.approx(4.0) and f.high(60) == pytest.approx(4.0)
+
+
+def test_a_ramp_is_extrapolated_one_cold_start_ahead():
+    f = feed([1.0 + 0.01 * 5 * i for i in range(200)])   # +0.01 req/s every second
+    assert f.trend == pytest.approx(0.01, rel=0.1)
+    assert f.at(60) == pytest.approx(f.level + 0.6, rel=0.05)
+
+
+def test_a_jump_raises_the_upper_forecast_at_once_and_it_decays_after():
+    before = feed([2.0] * 50)
+    jumped = update(before, 12.0, 50 * 5.0)
+    assert jumped.level < 6.0                           # the mean moves a third of the way...
+    assert jumped.high(0.0) > jumped.level + 2.5        # ... and the surprise as much again on top
+    later = feed([2.0] * 50 + [12.0] * 60)
+    assert later.level == pytest.approx(12.0, rel=0.02) and later.spread < jumped.spread
+
+
+def test_state_round_trips_through_a_dict():
+    state = PredictiveState(feed([1.0, 3.0, 2.0]), 17.0, -1, (5.0,))
+    assert PredictiveState.from_dict(state.to_dict()) == state
+    assert PredictiveState.from_dict(None) == PredictiveState()
+
+
+def replicas_for(rate: float) -> int:
+    return max(1, math.ceil(rate / 2.0))   # 2 req/s a replica
+
+
+CONFIG = PredictiveConfig(min_replicas=1, max_replicas=20, confirm_down_s=30.0)
+
+
+def run(rates, current=1, queue=0.0, state=PredictiveState(), step=5.0, cold_start=60.0, config=CONFIG):
+    decisions = []
+    for i, rate in enumerate(rates):
+        d = decide(rate, queue, current, state, config, cold_start, i * step, replicas_for)
+        state, current = d.state, d.desired_replicas
+        decisions.append(d)
+    return decisions
+
+
+def test_scales_up_for_the_forecast_and_the_queue():
+    assert run([1.0] * 20)[-1].desired_replicas == 1
+    assert run([1.0] * 20 + [9.0])[-1].desired_replicas > 1                   # at the first sign
+    assert run([1.0] * 20 + [9.0] * 4)[-1].desired_replicas >= 5              # the whole need within 20 s
+    queued = decide(1.0, 600.0, 1, run([1.0] * 20)[-1].state, CONFIG, 60.0, 100.0, replicas_for)
+    assert queued.desired_replicas >= 1 + 600 / 60 / 2 - 1   # the queue drains within one cold start
+
+
+def test_scales_down_one_step_after_the_need_stays_low_and_never_without_metrics():
+    decisions = run([9.0] * 40 + [1.0] * 80, current=5)
+    counts = [d.desired_replicas for d in decisions]
+    assert max(counts) == 5 and counts[-1] == 1
+    assert all(a - b <= 1 for a, b in zip(counts, counts[1:]))        # one step at a time
+    first_down = next(i + 1 for i, (a, b) in enumerate(zip(counts, counts[1:])) if b < a)   # its decision
+    assert first_down * 5.0 >= 40 * 5.0 + CONFIG.confirm_down_s       # not before the confirmation
+    held = decide(None, None, 5, decisions[50].state, CONFIG, 60.0, 1e6, replicas_for)
+    assert held.desired_replicas == 5 and "no metrics" in held.reason
+
+
+def test_direction_changes_per_hour_are_bounded_but_never_a_scale_up():
+    config = PredictiveConfig(min_replicas=1, max_replicas=20, confirm_down_s=0.0, max_flaps_per_hour=2,
+                              forecast=ForecastConfig(level_half_life_s=1.0, spread_half_life_s=1.0))
+    decisions = run(([9.0] * 6 + [1.0] * 6) * 6, config=config)
+    counts = [d.desired_replicas for d in decisions]
+    flips = [i for i in range(2, len(counts)) if (counts[i] - counts[i - 1]) * (counts[i - 1] - counts[i - 2]) < 0]
+    assert len(flips) <= 2 + 1 and any("direction changes this hour" in d.reason for d in decisions)
+    held = decisions[-1]
+    up = decide(30.0, 0.0, held.desired_replicas, held.state, config, 60.0, 6 * 12 * 5.0, replicas_for)
+    assert up.desired_replicas > held.desired_replicas   # a scale-up is never held back
