@@ -41,10 +41,10 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kubeinfer.operator import builders, pod as pod_builder, router, status as status_mod
-from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
 from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
+from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.metrics_source import (
     PodSelector, PrometheusSource, ScrapeSource, router_queue, with_router_queue,
