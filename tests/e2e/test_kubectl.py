@@ -18,6 +18,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from kubeinfer.operator import times
 from support.cluster import condition, delete_inference_services, delete_namespace, eventually, isvc_path
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -224,3 +226,20 @@ def test_autoscaler_decisions_are_events(kube: Any, operator_ns: str) -> None:
         assert condition(kube.get(isvc_path(ns, "scaled")), "ScalingActive")
     finally:
         router.close()
+
+
+def test_a_repeated_event_raises_its_count_on_a_real_api_server(kube: Any, kctl_ns: str) -> None:
+    """The recorder's aggregation as the API server stores it (kubectl describe: "(x2 over 30s)"): the second
+    Event is a merge patch of the first one's count and lastTimestamp, allowed for our field manager."""
+    from kubeinfer.operator.events import EventRecorder, EventSpec
+    obj = kube.request("POST", f"/apis/kubeinfer.dev/v1alpha1/namespaces/{kctl_ns}/inferenceservices",
+                       body=manifest(kctl_ns, "flappy"))
+    now = time.time()
+    clock = iter([now, now + 30]).__next__
+    recorder = EventRecorder(clock=clock)
+    spec = EventSpec("Warning", "CrashLoop", "Ready=False: pod flappy-0 keeps crashing")
+    recorder.record(kube, obj, [spec])
+    recorder.record(kube, obj, [spec])
+    (event,) = events_of(kube, kctl_ns, obj)
+    assert (event["count"], event["reason"], event["message"]) == (2, "CrashLoop", spec.message)
+    assert times.unix(event["lastTimestamp"]) - times.unix(event["firstTimestamp"]) == 30
