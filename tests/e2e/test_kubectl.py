@@ -224,6 +224,12 @@ def test_autoscaler_decisions_are_events(kube: Any, operator_ns: str) -> None:
         assert RFC3339.match(history["startedAt"]) and all(RFC3339.match(e["time"]) for e in history["events"])
         assert st["desiredReplicas"] == kube.get(isvc_path(ns, "scaled"))["spec"]["replicas"]
         assert condition(kube.get(isvc_path(ns, "scaled")), "ScalingActive")
+        # Autoscaling turned off: the autoscaler's memory goes (a merge patch's null), DESIRED follows the spec.
+        kube.request("PATCH", isvc_path(ns, "scaled"), body={"spec": {"autoscaling": None, "replicas": 2}},
+                     content_type="application/merge-patch+json")
+        st = eventually(lambda: (s := kube.get(isvc_path(ns, "scaled"))["status"]) and "scalingHistory" not in s
+                        and s.get("desiredReplicas") == 2 and s, timeout=10 * INTERVAL_S, what="scalingHistory gone")
+        assert st["desiredReplicas"] == 2
     finally:
         router.close()
 
