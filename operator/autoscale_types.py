@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubeinfer.operator.times import rfc3339_precise, unix
+
 # camelCase key of `spec.autoscaling` (docs/contracts.md) -> PolicyConfig field.
 _SPEC_KEYS: dict[str, str] = {
     "minReplicas": "min_replicas",
@@ -30,6 +32,16 @@ _SPEC_KEYS: dict[str, str] = {
 }
 
 MAX_EVENTS = 10
+
+
+def _stamp(ts: float | None) -> str | None:
+    return None if ts is None else rfc3339_precise(ts)
+
+
+def _time(value: str | float) -> float:
+    found = unix(value)
+    assert found is not None, "a time in the scaling history is empty"
+    return found
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,7 @@ class Signals:
         return cls(timestamp=timestamp, error=error)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"timestamp": self.timestamp, "queueDepth": self.queue_depth, "numRunning": self.num_running,
+        return {"timestamp": rfc3339_precise(self.timestamp), "queueDepth": self.queue_depth, "numRunning": self.num_running,
                 "ttftP95Seconds": self.ttft_p95_seconds, "requestRate": self.request_rate,
                 "numPodsReporting": self.num_pods_reporting, "error": self.error}
 
@@ -184,38 +196,40 @@ class ScaleHistory:
     ready_changed_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The history as kept in status; every time in it is RFC 3339 (`times.rfc3339_precise`)."""
         return {
-            "startedAt": self.started_at,
-            "recommendations": [[t, n, o] for t, n, o in self.recommendations],
-            "queueSamples": [list(sample) for sample in self.queue_samples],
-            "events": [{"time": e.time, "from": e.from_replicas, "to": e.to_replicas, "reason": e.reason}
-                       for e in self.events],
-            "lastTrafficTime": self.last_traffic_time,
-            "lastScaleTime": self.last_scale_time,
+            "startedAt": _stamp(self.started_at),
+            "recommendations": [[rfc3339_precise(t), n, o] for t, n, o in self.recommendations],
+            "queueSamples": [[rfc3339_precise(t), *rest] for t, *rest in self.queue_samples],
+            "events": [{"time": rfc3339_precise(e.time), "from": e.from_replicas, "to": e.to_replicas,
+                        "reason": e.reason} for e in self.events],
+            "lastTrafficTime": _stamp(self.last_traffic_time),
+            "lastScaleTime": _stamp(self.last_scale_time),
             "capacityPerReplica": self.capacity_per_replica,
             "throughputPerReplica": self.throughput_per_replica,
             "lastReady": self.last_ready,
-            "readyChangedAt": self.ready_changed_at,
+            "readyChangedAt": _stamp(self.ready_changed_at),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> ScaleHistory:
-        """Tolerant: a missing or partial dict gives a (partly) fresh history."""
+        """Tolerant: a missing or partial dict gives a (partly) fresh history. Times may be RFC 3339 or the
+        epoch numbers of an older operator."""
         if not data:
             return cls()
         return cls(
-            started_at=data.get("startedAt"),
-            recommendations=tuple((float(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0)
+            started_at=unix(data.get("startedAt")),
+            recommendations=tuple((_time(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0)
                                   for r in data.get("recommendations") or ()),
-            queue_samples=tuple((float(t), float(q), float(n), int(r)) for t, q, n, r in data.get("queueSamples") or ()),
-            events=tuple(ScaleEvent(float(e["time"]), int(e["from"]), int(e["to"]), str(e["reason"]))
+            queue_samples=tuple((_time(t), float(q), float(n), int(r)) for t, q, n, r in data.get("queueSamples") or ()),
+            events=tuple(ScaleEvent(_time(e["time"]), int(e["from"]), int(e["to"]), str(e["reason"]))
                          for e in data.get("events") or ()),
-            last_traffic_time=data.get("lastTrafficTime"),
-            last_scale_time=data.get("lastScaleTime"),
+            last_traffic_time=unix(data.get("lastTrafficTime")),
+            last_scale_time=unix(data.get("lastScaleTime")),
             capacity_per_replica=data.get("capacityPerReplica"),
             throughput_per_replica=data.get("throughputPerReplica"),
             last_ready=data.get("lastReady"),
-            ready_changed_at=data.get("readyChangedAt"),
+            ready_changed_at=unix(data.get("readyChangedAt")),
         )
 
     def with_event(self, event: ScaleEvent) -> ScaleHistory:

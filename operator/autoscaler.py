@@ -8,10 +8,11 @@ Policy of the pass (the scaling rules themselves are in `autoscale_policy.decide
 - The autoscaler owns `spec.replicas` while `spec.autoscaling` is set, and writes it with a merge patch on
   the object (so `kubectl get` shows the decision and reconcile applies it to the Deployment; the
   autoscaler never touches the Deployment itself, so the two never fight).
-- `status.desiredReplicas` is its last decision. A `spec.replicas` that differs from it was set by
-  someone else (`kubectl scale`): the pass decides from its own last value, writes its decision back and
-  says so in an Event (`ManualScaleOverridden`). Without a recorded decision (first pass), the user's
-  `spec.replicas` is the starting size.
+- `status.desiredReplicas` is its last decision once `status.scalingHistory` exists (before that, reconcile
+  writes the starting size there, so that `kubectl get`'s DESIRED is never blank). A `spec.replicas` that
+  differs from its decision was set by someone else (`kubectl scale`): the pass decides from its own last
+  value, writes its decision back and says so in an Event (`ManualScaleOverridden`). Without a recorded
+  decision (first pass), the user's `spec.replicas` is the starting size.
 - Status is written before spec.replicas: an operator that dies between the two writes resumes from the
   recorded decision and completes it.
 - `status.scalingHistory` is the policy's `ScaleHistory` (windows, last scale time, learned capacity):
@@ -20,16 +21,16 @@ Policy of the pass (the scaling rules themselves are in `autoscale_policy.decide
 - `status.coldStartSeconds` is the cold start learned from the service's pods (creation -> Ready, the
   median of the last observations in `status.coldStartSamples`; see `cold_start`): it replaces
   initialDelaySeconds as the horizon of the policy's queue projection once one pod has been observed.
-- Every change of replicas is an Event whose reason is the decision's; metrics turning unavailable is a
-  Warning Event. Conditions: `MetricsAvailable` (signals read or why not) and `ScalingActive` (False only
-  while the autoscaler holds for lack of metrics).
+- Every change of replicas is an Event whose reason is the decision's; so is each change of status of its
+  conditions (`operator.events`: metrics turning unavailable is a Warning). Conditions: `MetricsAvailable`
+  (signals read or why not) and `ScalingActive` (False only while the autoscaler holds for lack of metrics).
+  Times in status are RFC 3339 (`operator.times`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
 import time
 from typing import Any
@@ -43,27 +44,21 @@ from kubeinfer.operator import builders, pod as pod_builder, router, status as s
 from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
 from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
+from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.metrics_source import (
     PodSelector, PrometheusSource, ScrapeSource, router_queue, with_router_queue,
 )
 from kubeinfer.operator.reconcile import _own_pods
 from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
+from kubeinfer.operator.times import rfc3339 as iso
 
 log = logging.getLogger(__name__)
 
 SCALING_ACTIVE, METRICS_AVAILABLE = status_mod.SCALING_ACTIVE, status_mod.METRICS_AVAILABLE
 MANUAL_SCALE_OVERRIDDEN = "ManualScaleOverridden"
-EVENT_SOURCE = "kubeinfer-operator"
 # Labels that the Prometheus Operator attaches to series scraped through our ServiceMonitor.
 PROMETHEUS_LABELS = ("namespace", "service")
-
-
-@dataclasses.dataclass(frozen=True)
-class EventSpec:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +70,6 @@ class Plan:
     replicas: int | None
     status: dict[str, Any]
     events: tuple[EventSpec, ...]
-
-
-def iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).replace(microsecond=0) \
-        .isoformat().replace("+00:00", "Z")
 
 
 def _is_ready(pod: dict[str, Any]) -> bool:
@@ -137,7 +127,7 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
     st = body.get("status") or {}
     cold_start = ColdStartRecord.from_status(st).with_pods(pods)
     config = PolicyConfig.from_spec(spec.autoscaling, learned_cold_start_seconds=cold_start.seconds)
-    last = st.get("desiredReplicas")
+    last = st.get("desiredReplicas") if st.get("scalingHistory") else None   # its own decision, or none yet
     manual = spec.replicas is not None and last is not None and spec.replicas != last
     current = last if manual else spec.desired_replicas
     counts = replica_counts(current, pods, config.initial_delay_seconds, now)
@@ -151,10 +141,9 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
                                 f"owns it and set it to {desired} ({decision.reason}: {decision.message})"))
     if desired != current:
         events.append(EventSpec("Normal", decision.reason, f"{current} -> {desired} replicas: {decision.message}"))
-    was_available = next((c.get("status") for c in st.get("conditions") or [] if c.get("type") == METRICS_AVAILABLE),
-                         None)
-    if decision.reason in (METRICS_UNAVAILABLE, METRICS_STALE) and was_available != "False":
-        events.append(EventSpec("Warning", decision.reason, decision.message))
+    conditions = status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision), iso(now),
+                                             (body.get("metadata") or {}).get("generation"))
+    events += condition_events(st.get("conditions") or [], conditions)
 
     available = decision.reason not in (METRICS_UNAVAILABLE, METRICS_STALE)
     status: dict[str, Any] = {
@@ -164,8 +153,7 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
         "lastSignals": {**{k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items()},
                         "recommendation": decision.recommendation, "reason": decision.reason},
         "scalingHistory": decision.history.to_dict(),
-        "conditions": status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision),
-                                                  iso(now), (body.get("metadata") or {}).get("generation")),
+        "conditions": conditions,
     }
     if decision.history.last_scale_time is not None:
         status["lastScaleTime"] = iso(decision.history.last_scale_time)
@@ -173,21 +161,6 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
         status.update(cold_start.to_status())
     return Plan(decision=decision, current=current, replicas=desired if spec.replicas != desired else None,
                 status=status, events=tuple(events))
-
-
-def event_body(obj: dict[str, Any], event: EventSpec, now: float) -> dict[str, Any]:
-    """A core/v1 Event about `obj` (named like kubectl's: object name + hex nanoseconds)."""
-    meta = obj["metadata"]
-    stamp = iso(now)
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{int(now * 1e9):x}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": obj.get("apiVersion", API_VERSION), "kind": obj.get("kind", KIND),
-                           "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
-        "type": event.type, "reason": event.reason, "message": event.message[:1024],
-        "source": {"component": EVENT_SOURCE}, "reportingComponent": EVENT_SOURCE,
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-    }
 
 
 class Autoscaler:
@@ -268,9 +241,7 @@ class Autoscaler:
             if plan.replicas is not None:
                 self.ctx.kube.request("PATCH", self.path, body={"spec": {"replicas": plan.replicas}},
                                       content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})
-            for event in plan.events:
-                self.ctx.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/events",
-                                      body=event_body(body, event, now), query={"fieldManager": FIELD_MANAGER})
+            self.ctx.events.record(self.ctx.kube, body, plan.events)
             d = plan.decision
             log.info("autoscale %s/%s: %s %d -> %d (recommended %s) %s", self.namespace, self.name, d.reason,
                      plan.current, d.desired_replicas, d.recommendation, d.message)

@@ -18,11 +18,12 @@ Policy:
 
 from __future__ import annotations
 
-import datetime
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kubeinfer.operator.times import rfc3339_precise, unix
 
 MAX_SAMPLES = 9
 
@@ -40,13 +41,7 @@ class ColdStartSample:
 
 def parse_time(value: str | None) -> float | None:
     """An RFC 3339 timestamp of the API (`2026-11-23T13:30:03Z`) in unix seconds; None for none."""
-    if not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def _iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    return unix(value) if value else None
 
 
 def observe_pod(pod: Mapping[str, Any]) -> ColdStartSample | None:
@@ -91,7 +86,8 @@ class ColdStartRecord:
         seconds = self.seconds
         return {
             "coldStartSeconds": None if seconds is None else round(seconds, 3),
-            "coldStartSamples": [{"pod": s.pod, "createdAt": _iso(s.created), "readyAt": _iso(s.ready),
+            "coldStartSamples": [{"pod": s.pod, "createdAt": rfc3339_precise(s.created),
+                                  "readyAt": rfc3339_precise(s.ready),
                                   "seconds": round(s.seconds, 3)} for s in self.samples],
         }
 

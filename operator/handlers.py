@@ -28,7 +28,7 @@ from kubeinfer.operator import autoscaler, builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
-from kubeinfer.operator.reconcile import Context, reconcile_named, reconcile_soon
+from kubeinfer.operator.reconcile import Context, InvalidSpec, reconcile_named, reconcile_soon
 from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    # Only warnings and errors become Kubernetes Events: a healthy pass writes nothing.
+    # Only kopf's warnings and errors (a failed handler) become Kubernetes Events; what the operator has to
+    # say (condition changes, scaling) it posts itself, aggregated and rate-limited (operator.events).
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = not config.scanning
     settings.watching.server_timeout = 300
@@ -73,7 +74,12 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def reconcile_service(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    reconcile_named(memo["ctx"], namespace, name)
+    try:
+        reconcile_named(memo["ctx"], namespace, name)
+    except InvalidSpec as e:
+        # Final, as a kopf.PermanentError is, without kopf's "failed permanently" Event: the status and our
+        # own Event already carry the message, once.
+        log.info("%s/%s: %s", namespace, name, e)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED_LABELS)

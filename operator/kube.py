@@ -84,10 +84,11 @@ class Kube:
         self.api = ApiClient(config)
 
     def request(self, method: str, path: str, *, body: Any = None, query: dict[str, str] | None = None,
-                content_type: str = "application/json", timeout: float | None = None) -> dict[str, Any]:
+                content_type: str = "application/json", timeout: float | None = None,
+                accept: str = "application/json") -> dict[str, Any]:
         url = path + (f"?{urlencode(query)}" if query else "")
         method, full_url, headers, body, _ = self.api.param_serialize(
-            method, url, header_params={"Content-Type": content_type, "Accept": "application/json"},
+            method, url, header_params={"Content-Type": content_type, "Accept": accept},
             body=body, auth_settings=["BearerToken"])
         response = self.api.call_api(method, full_url, header_params=headers, body=body, _request_timeout=timeout)
         response.read()

@@ -57,8 +57,6 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CPU_KV_CACHE_SHARE = 0.25
 
 # Flags the operator sets itself; a user may not pass them through extraArgs or env.
-MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--api-keys-file",
-                 "--device")
 
 
 def model_dir(model: ModelSource) -> str:

@@ -32,8 +32,10 @@ RULES: list[dict[str, Any]] = [
     # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only the
     # annotation of router pods that lists the ready replicas (operator.router).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
-    # kopf: warning/error Events, peering (two copies never act at once), discovery of namespaces and CRDs.
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Events: ours (condition changes, scaling; patch: a repeat raises the count of the first, operator.events)
+    # and kopf's warnings/errors.
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    # kopf: peering (two copies never act at once), discovery of namespaces and CRDs.
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
      "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},

@@ -7,9 +7,9 @@ so a child edited or deleted by hand, or a pod that changes state, leads to the 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import threading
+import time
 from typing import Any
 
 import kopf
@@ -19,8 +19,10 @@ from pydantic import ValidationError
 from kubeinfer.operator import builders, inference_pool, router, status
 from kubeinfer.operator.apply import ensure
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.events import EventRecorder, condition_events
 from kubeinfer.operator.kube import Kube, resource_path
 from kubeinfer.operator.spec import API_VERSION, KIND, parse_spec
+from kubeinfer.operator.times import rfc3339
 from kubeinfer.operator.validation import semantic_errors
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ class Context:
     kube: Kube
     config: OperatorConfig
     with_service_monitor: bool
+    events: EventRecorder = dataclasses.field(default_factory=EventRecorder)
     _locks: dict[tuple[str, str], threading.Lock] = dataclasses.field(default_factory=dict)
     _guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     _queued: set[tuple[str, str]] = dataclasses.field(default_factory=set)   # see reconcile_soon
@@ -41,10 +44,6 @@ class Context:
         """One pass at a time per InferenceService (handlers run in a thread pool)."""
         with self._guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _validation_messages(error: ValidationError) -> list[str]:
@@ -62,10 +61,15 @@ def _own_pods(kube: Kube, owner: builders.Owner) -> list[dict[str, Any]]:
     return [p for p in pods if selector.items() <= ((p.get("metadata") or {}).get("labels") or {}).items()]
 
 
+class InvalidSpec(kopf.PermanentError):
+    """A spec a person must fix; already said in the status (Degraded, InvalidSpec) and in an Event."""
+
+
 def reconcile(ctx: Context, body: dict[str, Any]) -> None:
     """Bring the children in line with the spec and write the status if it changed.
 
-    Raises kopf.PermanentError for a spec a person must fix, kopf.TemporaryError for API failures.
+    Raises InvalidSpec (a kopf.PermanentError) for a spec a person must fix, kopf.TemporaryError for API
+    failures. A change of conditions is also an Event (operator.events).
     """
     owner = builders.Owner.from_body(body)
     generation = body["metadata"].get("generation")
@@ -101,11 +105,14 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
             desired=spec.desired_replicas if spec is not None else 0, selector=builders.selector_string(owner),
             endpoint=router.endpoint(owner) if routed else builders.endpoint(owner),
             generation=generation, deployment=deployment, pods=pods, spec_errors=errors,
-            current=current, now=_now())
+            current=current, now=rfc3339(time.time()),
+            autoscaled=None if spec is None else spec.autoscaling is not None)
         patch = status.status_patch(current, observed)
         if patch:
             ctx.kube.patch_status(resource_path(API_VERSION, KIND, owner.namespace, owner.name), patch)
             log.info("status of %s/%s: %s", owner.namespace, owner.name, sorted(patch))
+            ctx.events.record(ctx.kube, body, condition_events(current.get("conditions") or [],
+                                                               observed["conditions"]))
     except ApiException as e:
         if e.status == 404 and not body["metadata"].get("deletionTimestamp"):
             raise kopf.TemporaryError(f"not found while reconciling: {e.reason}", delay=5) from e
@@ -116,7 +123,7 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         raise kopf.TemporaryError(f"API error {e.status} {e.reason}", delay=10) from e
 
     if errors:
-        raise kopf.PermanentError("invalid spec: " + "; ".join(errors))
+        raise InvalidSpec("invalid spec: " + "; ".join(errors))
     if pool_unavailable:
         raise inference_pool.PoolUnavailable()
 

@@ -10,7 +10,7 @@ Checks that need more than the object itself live in :mod:`kubeinfer.operator.va
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -25,6 +25,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 MODEL_URI_RE = r"^(hf|pvc|s3|file)://.+"
 TENSOR_PARALLEL_SIZES = [1, 2, 4, 8, 16, 32, 64]
+# `kubeinfer serve` flags the operator sets from the spec (operator.pod), and their environment variables.
+MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--api-keys-file",
+                 "--device")
+MANAGED_ENV = tuple("KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper() for flag in MANAGED_FLAGS)
 
 PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 INT_OR_STRING = {"x-kubernetes-int-or-string": True}
@@ -115,8 +119,28 @@ class ModelSource(_Model):
         return self.uri.split("://", 1)[1]
 
 
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+def _words(items: tuple[str, ...]) -> str:
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+EXTRA_ARGS_UNMANAGED = cel(
+    f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
+    f"runtime.extraArgs must not set {_words(MANAGED_FLAGS)}: the operator sets them from model, parallelism.tensor, "
+    "resources.gpus and apiKeySecretRef; any other `kubeinfer serve` flag is allowed",
+)
+ENV_UNMANAGED = cel(
+    f"self.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",
+    f"runtime.env must not set {_words(MANAGED_ENV)}: they are the flags the operator sets from the spec; "
+    "any other variable is allowed",
+)
+
+
 class EnvVar(_Model):
-    name: str
+    name: str = Field(min_length=1, max_length=256)
     value: str | None = None
     value_from: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
 
@@ -206,8 +230,25 @@ class RuntimeSpec(_Model):
         default=1800, ge=60, le=86400,
         description="How long a replica may take to load the model before it is restarted.",
     )
-    extra_args: list[str] = Field(default_factory=list, description="Extra `kubeinfer serve` flags.")
-    env: list[EnvVar] = Field(default_factory=list)
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=64, description="Extra `kubeinfer serve` flags.",
+        json_schema_extra={"x-kubernetes-validations": [EXTRA_ARGS_UNMANAGED]})
+    env: list[EnvVar] = Field(default_factory=list, max_length=128,
+                              json_schema_extra={"x-kubernetes-validations": [ENV_UNMANAGED]})
+
+    @field_validator("extra_args")
+    @classmethod
+    def _unmanaged_flags(cls, value: list[str]) -> list[str]:
+        if any(arg.split("=", 1)[0] in MANAGED_FLAGS for arg in value):
+            raise ValueError(EXTRA_ARGS_UNMANAGED["message"])
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _unmanaged_env(cls, value: list[EnvVar]) -> list[EnvVar]:
+        if any(var.name in MANAGED_ENV for var in value):
+            raise ValueError(ENV_UNMANAGED["message"])
+        return value
 
 
 class Parallelism(_Model):
@@ -365,8 +406,9 @@ DRAFT_WITHOUT_TENSOR_PARALLELISM = cel(
     "runtime.speculative method draft runs with parallelism.tensor 1 only; use method ngram with tensor "
     "parallelism",
 )
+# `self.replicas < 0`: a negative count is refused once, by the scale subresource's own check.
 REPLICAS_IN_BOUNDS = cel(
-    "!has(self.autoscaling) || !has(self.replicas) || "
+    "!has(self.autoscaling) || !has(self.replicas) || self.replicas < 0 || "
     "(self.replicas >= (has(self.autoscaling.minReplicas) ? self.autoscaling.minReplicas : 1) "
     "&& self.replicas <= self.autoscaling.maxReplicas)",
     "spec.replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas]; "
@@ -380,11 +422,13 @@ class InferenceServiceSpec(_Model):
 
     model: ModelSource
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    parallelism: Parallelism = Field(default_factory=Parallelism)
+    # Defaulted by the API server too, so that `kubectl get -o wide` shows TP 1 when it is not set.
+    parallelism: Parallelism = Field(default_factory=Parallelism, json_schema_extra={"default": {}})
     resources: Resources = Field(default_factory=Resources)
     replicas: int | None = Field(
         default=None, ge=0,
-        description="Desired replicas. With autoscaling it is the starting size and the autoscaler owns it.",
+        description="Desired replicas, a non-negative integer (1 when unset). With autoscaling it is the starting "
+                    "size and the autoscaler owns it.",
     )
     autoscaling: Autoscaling | None = None
     router: RouterSpec | None = Field(

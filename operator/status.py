@@ -6,7 +6,15 @@ Conditions (constant types, CamelCase reasons), as kubebuilder's SetStatusCondit
 - Progressing: True while the Deployment rolls out, scales, or waits for replicas to load.
 - Degraded: True when something needs a person: bad spec, image pull failures, crash loops,
   pods that cannot be scheduled (no free GPUs), a rollout past its deadline, a quota refusal.
+Ready's reason is what `kubectl get infsvc` shows as STATUS: Available, the blocking problem, or while no
+replica is ready yet what is under way (Creating, RollingOut, LoadingModel).
 The operator writes only the fields below; other writers' fields and conditions are kept.
+
+`desiredReplicas` is what `kubectl get` shows as DESIRED, so it is never left blank: without autoscaling
+it is the replicas the spec asks for (spec.replicas, else 1); with autoscaling it is the autoscaler's last
+decision (operator.autoscaler), which reconcile writes only while there is none yet: the starting size.
+Turning autoscaling off also drops the autoscaler's memory (`scalingHistory`), so that turning it on again
+starts from the user's spec.replicas rather than from a decision made before.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ OWN_CONDITIONS = (READY, PROGRESSING, DEGRADED)
 # Written by the autoscaler (kubeinfer.operator.autoscaler); merge_conditions keeps them.
 SCALING_ACTIVE, METRICS_AVAILABLE = "ScalingActive", "MetricsAvailable"
 OWN_FIELDS = ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas", "selector", "endpoint",
-              "conditions")
+              "conditions", "desiredReplicas")
 
 IMAGE_PULL_REASONS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 # Most actionable first: the first problem found names the Degraded reason.
@@ -132,6 +140,8 @@ def conditions_for(
         ready_cond = _cond(READY, True, "Available", counts)
     elif worst is not None:
         ready_cond = _cond(READY, False, worst.reason, worst.message)
+    elif progressing["status"] == "True":   # nothing wrong: say what is under way
+        ready_cond = _cond(READY, False, progressing["reason"], progressing["message"])
     else:
         ready_cond = _cond(READY, False, "NoReplicasReady", counts)
 
@@ -160,9 +170,10 @@ def merge_conditions(
 def compute_status(
         *, desired: int, selector: str, endpoint: str, generation: int | None,
         deployment: dict[str, Any] | None, pods: list[dict[str, Any]], spec_errors: list[str],
-        current: dict[str, Any], now: str,
+        current: dict[str, Any], now: str, autoscaled: bool | None = False,
 ) -> dict[str, Any]:
-    """The operator-owned status fields for one observation."""
+    """The operator-owned status fields for one observation. `autoscaled`: whether the spec has autoscaling
+    (None when the spec could not be parsed: the autoscaler's fields are then left as they are)."""
     dep_status = (deployment or {}).get("status") or {}
     status: dict[str, Any] = {
         "replicas": dep_status.get("replicas") or 0,
@@ -177,6 +188,10 @@ def compute_status(
     }
     if generation is not None:
         status["observedGeneration"] = generation
+    if autoscaled is False or current.get("desiredReplicas") is None:
+        status["desiredReplicas"] = desired
+    if autoscaled is False and current.get("scalingHistory") is not None:
+        status["scalingHistory"] = None   # a merge patch's null: removed
     return status
 
 

@@ -1,4 +1,8 @@
-"""Checks of a parsed spec that the CRD schema cannot express; each returns readable messages."""
+"""Checks of a parsed spec that the CRD schema cannot express; each returns readable messages.
+
+What the schema and its CEL rules can refuse is declared in operator.spec instead, so that the API server
+refuses it at apply time (flags the operator owns in runtime.extraArgs, for one).
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,15 @@ import re
 
 from kubernetes.utils import parse_quantity
 
-from kubeinfer.operator.pod import MANAGED_FLAGS
 from kubeinfer.operator.spec import InferenceServiceSpec, Resources
 
 MAX_NAME_WITH_ROUTER = 63 - len("-router")   # a Service name is a DNS label
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def _env_name(flag: str) -> str:
-    return "KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper()
-
-
 def semantic_errors(spec: InferenceServiceSpec, name: str = "") -> list[str]:
     """Problems a person must fix in the spec (of the InferenceService `name`); empty when it can be reconciled."""
     errors: list[str] = []
-    for arg in spec.runtime.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            errors.append(f"runtime.extraArgs must not set {flag}: the operator sets it from the spec")
-    managed_env = {_env_name(flag) for flag in MANAGED_FLAGS}
-    for var in spec.runtime.env:
-        if var.name in managed_env:
-            errors.append(f"runtime.env must not set {var.name}: the operator sets the matching flag")
     if spec.model.scheme == "pvc":
         claim = spec.model.location.split("/", 1)[0]
         if not DNS1123_LABEL.match(claim):

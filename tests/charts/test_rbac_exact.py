@@ -25,7 +25,6 @@ NS = harness.NAMESPACE
 
 # Granted but not reachable against kmock, each for a stated reason.
 JUSTIFIED: dict[tuple[str, str, str], str] = {
-    ("", "events", "create"): "kopf posts warning/error Events on handler failures; the scenarios fail no handler",
     **{("kopf.dev", plural, verb): "peering: the tests run standalone (one operator copy)"
        for plural in ("clusterkopfpeerings", "kopfpeerings") for verb in ("get", "list", "watch", "patch")},
     ("", "namespaces", "list"): "kopf namespace scanning (globs in watchNamespaces); kmock answers 500 to it",
@@ -69,6 +68,18 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
         await kapi.patch(harness.child_path("ServiceMonitor", NS, "a"), {"spec": {"endpoints": []}})
         await kapi.eventually(harness.child_path("ServiceMonitor", NS, "a"), lambda s: s["spec"]["endpoints"])
         await kapi.eventually(harness.isvc_path(NS, "a"), lambda o: (o.get("status") or {}).get("conditions"))
+        # A pod that cannot be scheduled, twice: an Event, then its count raised (create, then patch of Events).
+        for _ in range(2):
+            await kapi.create(f"/api/v1/namespaces/{NS}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": "a-1", "namespace": NS, "labels": {"app.kubernetes.io/managed-by": "kubeinfer",
+                                                            "kubeinfer.dev/inferenceservice": "a"}},
+                "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                           "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}})
+            await kapi.eventually(harness.isvc_path(NS, "a"), lambda o: any(
+                c["type"] == "Degraded" and c["status"] == "True" for c in o["status"]["conditions"]))
+            await kapi.delete(f"/api/v1/namespaces/{NS}/pods/a-1")
+            await kapi.eventually(harness.isvc_path(NS, "a"), lambda o: any(
+                c["type"] == "Degraded" and c["status"] == "False" for c in o["status"]["conditions"]))
         # A router and an InferencePool: made, the router pod told its replicas, then both turned off.
         await kapi.create(harness.isvc_path(NS), isvc("b", router={}, inferencePool={"endpointPicker": "epp"}))
         pool = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools/b"

@@ -86,6 +86,8 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
     ({"model": {"uri": "hf://o/m", "cacheHostPath": "relative/dir"}}, "should match '^/'"),
     ({"runtime": {"compileCache": {"hostPath": "/c", "volumeClaim": "k"}}},
      "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive"),
+    ({"runtime": {"extraArgs": ["--port", "9000"]}}, "runtime.extraArgs must not set --model"),
+    ({"runtime": {"env": [{"name": "KUBEINFER_DEVICE", "value": "cuda"}]}}, "runtime.env must not set KUBEINFER_MODEL"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException
@@ -156,10 +158,10 @@ def test_noop_resync_changes_nothing(kube: Any, operator: str) -> None:
 
 def test_bad_spec_the_schema_cannot_catch_becomes_a_condition(kube: Any, operator: str) -> None:
     ns = operator
-    create(kube, ns, runtime={"extraArgs": ["--port", "9000"]})
+    create(kube, ns, resources={"memory": "lots"})
     obj = eventually(lambda: (o := kube.get(isvc_path(ns))) and condition(o, "Degraded").get("reason") == "InvalidSpec"
                      and o, what="InvalidSpec condition")
-    assert "--port" in condition(obj, "Degraded")["message"]
+    assert "resources.memory 'lots' is not a Kubernetes quantity" in condition(obj, "Degraded")["message"]
     assert kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}") is None
 
 

@@ -166,7 +166,9 @@ async def test_manual_scale_is_overridden_with_an_event(cluster: Any, kapi: Any,
     async with running_operator(cluster, config_for(prom)):
         await ready_pods(kapi, 2)
         await kapi.create(isvc_path(NAMESPACE), manifest(replicas=2))
-        await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("desiredReplicas") == 2)
+        # the autoscaler's first decision (before it, desiredReplicas is reconcile's starting size)
+        await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("scalingHistory")
+                              and o["status"]["desiredReplicas"] == 2)
         assert await events(kapi) == []
         await kapi.patch(ISVC, {"spec": {"replicas": 5}})  # kubectl scale --replicas 5
         obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2 and o["status"]["desiredReplicas"] == 2,

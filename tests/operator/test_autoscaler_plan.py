@@ -10,6 +10,7 @@ from kubeinfer.operator.autoscale_types import ScaleHistory, Signals
 from kubeinfer.operator.spec import parse_spec
 
 NOW = 1_800_000_000.0
+MANUAL = autoscaler.MANUAL_SCALE_OVERRIDDEN
 
 
 def body(replicas: int | None = 2, status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def test_scale_up_writes_status_then_replicas_and_one_event():
     st = p.status
     assert (st["desiredReplicas"], st["queueDepth"], st["ttftP95Seconds"]) == (5, 20, 0.3)
     assert st["lastScaleTime"] == autoscaler.iso(NOW)
-    assert st["scalingHistory"]["events"][-1] == {"time": NOW, "from": 2, "to": 5, "reason": "ScaleUp"}
+    assert st["scalingHistory"]["events"][-1] == {"time": autoscaler.iso(NOW), "from": 2, "to": 5, "reason": "ScaleUp"}
     assert st["lastSignals"]["recommendation"] == 5
     types = {c["type"]: c for c in st["conditions"]}
     assert types["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # reconcile's condition kept
@@ -113,14 +114,47 @@ def test_missing_metrics_hold_warn_once_and_clear_the_numbers():
     assert again.events == ()
 
 
-def test_event_body_is_a_core_v1_event_about_the_object():
-    b = body()
-    e = autoscaler.event_body(b, autoscaler.EventSpec("Normal", "ScaleUp", "x" * 2000), NOW)
-    assert e["metadata"] == {"name": f"x.{int(NOW * 1e9):x}", "namespace": "ns"}
-    assert e["involvedObject"] == {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
-                                   "name": "x", "namespace": "ns", "uid": "u1"}
-    assert (e["type"], e["reason"], len(e["message"]), e["count"]) == ("Normal", "ScaleUp", 1024, 1)
-    assert e["firstTimestamp"] == e["lastTimestamp"] == autoscaler.iso(NOW)
+def test_status_times_are_rfc3339():
+    b = body(replicas=1, status=settled_status(1))
+    p = plan(b, Signals(NOW - 0.25, queue_depth=12, num_running=4), [pod("a")])
+    assert p.status["lastSignals"]["timestamp"] == "2027-01-15T07:59:59.75Z"
+    history = p.status["scalingHistory"]
+    assert history["startedAt"] == "2027-01-15T07:00:00Z" and history["lastScaleTime"] == "2027-01-15T08:00:00Z"
+    assert history["events"][-1]["time"] == "2027-01-15T08:00:00Z"
+    assert [r[0] for r in history["recommendations"]][-1] == "2027-01-15T08:00:00Z"
+    assert history["queueSamples"][-1][0] == "2027-01-15T07:59:59.75Z"
+    # read back, the history is the one the policy made
+    assert ScaleHistory.from_dict(history) == p.decision.history
+
+
+def test_a_history_written_with_epoch_numbers_is_still_read():
+    """An operator before RFC 3339 wrote unix seconds: a restarted newer one resumes from them."""
+    hist = ScaleHistory(started_at=NOW - 3600, last_ready=2, ready_changed_at=NOW - 3600, last_traffic_time=NOW,
+                        recommendations=((NOW - 30, 2, 0),), queue_samples=((NOW - 5, 0.0, 1.0, 2),))
+    old = {"startedAt": NOW - 3600, "recommendations": [[NOW - 30, 2, 0]], "queueSamples": [[NOW - 5, 0.0, 1.0, 2]],
+           "events": [], "lastTrafficTime": NOW, "lastReady": 2, "readyChangedAt": NOW - 3600}
+    assert ScaleHistory.from_dict(old) == hist
+    assert ScaleHistory.from_dict(hist.to_dict()) == hist
+
+
+def test_desired_replicas_written_by_reconcile_is_not_a_decision():
+    """Before the first pass reconcile writes the starting size as desiredReplicas (DESIRED is never blank);
+    with no scalingHistory yet it is no decision of the autoscaler, so a different spec.replicas is the user's
+    starting size, not a manual scale to override."""
+    b = body(replicas=3, status={"desiredReplicas": 1})
+    p = plan(b, Signals(NOW, queue_depth=6, num_running=6), [pod("a"), pod("b"), pod("c")])
+    assert p.current == 3
+    assert MANUAL not in [e.reason for e in p.events]
+
+
+def test_metrics_coming_back_is_a_normal_event():
+    b = body(replicas=3, status=settled_status(3))
+    held = plan(b, Signals.missing("boom", NOW), [pod("a"), pod("b"), pod("c")])
+    back = plan(body(replicas=3, status={**b["status"], **held.status}), Signals(NOW, queue_depth=6, num_running=6),
+                [pod("a"), pod("b"), pod("c")])
+    assert ("Normal", "SignalsRead") in [(e.type, e.reason) for e in back.events]
+    (read,) = [e for e in back.events if e.reason == "SignalsRead"]
+    assert read.message.startswith("MetricsAvailable=True: queue 6")
 
 
 def loaded_pod(name: str, loaded_s: float, age: float = 3600) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def test_the_record_round_trips_through_status():
     status = record.to_status()
     assert status["coldStartSeconds"] == 35.25
     assert status["coldStartSamples"][0] == {"pod": "a", "createdAt": "2027-01-15T08:00:00Z",
-                                             "readyAt": "2027-01-15T08:00:30.500000Z", "seconds": 30.5}
+                                             "readyAt": "2027-01-15T08:00:30.5Z", "seconds": 30.5}
     assert ColdStartRecord.from_status(status) == record
     assert ColdStartRecord.from_status(None) == ColdStartRecord() == ColdStartRecord.from_status(
         {"coldStartSamples": [{"pod": "x"}]})

@@ -66,11 +66,38 @@ def test_identity_scale_and_columns() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Model"] == ".spec.model.uri"
     assert columns["TP"] == ".spec.parallelism.tensor"
-    assert columns["Desired"] == ".spec.replicas"
+    assert columns["Desired"] == ".status.desiredReplicas"
     assert columns["Ready"] == ".status.readyReplicas"
+    assert columns["Status"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert columns["Endpoint"] == ".status.endpoint"
     assert columns["TTFT-P95"] == ".status.ttftP95Seconds"
     assert columns["Queue"] == ".status.queueDepth"
     assert columns["Age"] == ".metadata.creationTimestamp"
+    default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
+    assert default == ["Ready", "Desired", "Status", "Model", "Age"]
+    assert wide[:2] == ["TP", "Endpoint"]
+
+
+def test_columns_are_never_blank() -> None:
+    """DESIRED reads a status field the operator always writes (test_status); TP a spec field the API server
+    defaults, its parent object included (a default applies only inside an object that exists)."""
+    props = _schema()["properties"]["spec"]["properties"]
+    assert props["parallelism"]["default"] == {} and props["parallelism"]["properties"]["tensor"]["default"] == 1
+    assert "desiredReplicas" in status.OWN_FIELDS
+
+
+def test_a_negative_replica_count_is_refused_once() -> None:
+    """The scale subresource refuses spec.replicas < 0 itself (".spec.replicas: ... should be a non-negative
+    integer"): no schema minimum and no CEL rule says it again (checked on a real API server in
+    tests/e2e/test_kubectl.py)."""
+    props = _schema()["properties"]["spec"]["properties"]
+    assert "minimum" not in props["replicas"] and _version()["subresources"]["scale"]["specReplicasPath"] == \
+        ".spec.replicas"
+    in_bounds = next(r for r in _rules(_schema()) if "spec.replicas must lie within" in r["message"])
+    assert "self.replicas < 0 ||" in in_bounds["rule"]
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        spec.parse_spec({"model": {"uri": "hf://org/model"}, "replicas": -3})
 
 
 def _assert_structural(node: dict[str, Any], where: str = "") -> None:
@@ -161,6 +188,12 @@ BAD_SPECS = {
                               "runtime.speculative.draftModelPath is needed with method draft"),
     "draft with tensor parallelism": ({"parallelism": {"tensor": 2}, "runtime": {"speculative": {
         "method": "draft", "draftModelPath": "/models/d"}}}, "method draft runs with parallelism.tensor 1 only"),
+    "a flag the operator sets": ({"runtime": {"extraArgs": ["--max-num-seqs", "8", "--port", "9000"]}},
+                                 "runtime.extraArgs must not set --model, --served-model-name, --host, --port"),
+    "a flag the operator sets, with =": ({"runtime": {"extraArgs": ["--device=cuda"]}},
+                                         "runtime.extraArgs must not set"),
+    "a variable the operator sets": ({"runtime": {"env": [{"name": "KUBEINFER_DEVICE", "value": "cuda"}]}},
+                                     "runtime.env must not set KUBEINFER_MODEL"),
 }
 
 

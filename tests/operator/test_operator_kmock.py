@@ -22,6 +22,7 @@ from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_che
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
 DEPLOYMENT = child_path("Deployment", NAMESPACE, NAME)
+EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
@@ -166,32 +167,90 @@ async def test_status_follows_deployment_readiness(operator: Any, kapi: Any) -> 
     assert condition(obj, "Degraded")["status"] == "False"
 
 
+def unschedulable_pod(name: str = "qwen-abc") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {
+                "kubeinfer.dev/inferenceservice": NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
+            "status": {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}
+
+
+async def our_events(kapi: Any, reason: str | None = None) -> list[dict[str, Any]]:
+    items = (await kapi.get(EVENTS) or {}).get("items") or []
+    return [e for e in items if e.get("source", {}).get("component") == "kubeinfer-operator"
+            and (reason is None or e["reason"] == reason)]
+
+
+async def eventually_events(kapi: Any, reason: str, check: Any = bool, timeout: float = 5.0) -> list[dict[str, Any]]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = await our_events(kapi, reason)
+        if found and check(found):
+            return found
+        assert asyncio.get_running_loop().time() < deadline, f"no such {reason} Event: {found}"
+        await asyncio.sleep(0.05)
+
+
 async def test_pod_that_cannot_get_a_gpu_is_reported(operator: Any, kapi: Any) -> None:
     await created(operator, kapi)
-    await kapi.create(f"/api/v1/namespaces/{NAMESPACE}/pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "qwen-abc", "namespace": NAMESPACE, "labels": {
-            "kubeinfer.dev/inferenceservice": NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
-        "status": {"phase": "Pending", "conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}})
+    await kapi.create(f"/api/v1/namespaces/{NAMESPACE}/pods", unschedulable_pod())
     obj = await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("status") == "True")
     assert condition(obj, "Degraded")["reason"] == "InsufficientGPU"
     assert "Insufficient nvidia.com/gpu" in condition(obj, "Degraded")["message"]
+    assert obj["status"]["desiredReplicas"] == 1   # DESIRED, with spec.replicas unset
+    # the condition change is one Warning Event about the InferenceService, for the three conditions
+    (event,) = await eventually_events(kapi, "InsufficientGPU")
+    assert event["type"] == "Warning" and event["count"] == 1
+    assert event["message"] == ("Ready=False, Progressing=True, Degraded=True: pod qwen-abc cannot be scheduled: "
+                                "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    assert event["involvedObject"] == {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+                                       "name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen"}
+    assert event["firstTimestamp"].endswith("Z") and "T" in event["firstTimestamp"]
+
+
+async def test_a_flapping_condition_raises_the_count_of_one_event(operator: Any, kapi: Any) -> None:
+    await created(operator, kapi)
+    pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    for _ in range(3):   # the pod comes and goes: InsufficientGPU, then not, three times
+        await kapi.create(pods, unschedulable_pod())
+        await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("status") == "True")
+        await kapi.delete(f"{pods}/qwen-abc")
+        await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("status") == "False")
+    (event,) = await eventually_events(kapi, "InsufficientGPU", lambda found: found[0]["count"] == 3)
+    (recovered,) = await eventually_events(kapi, "AsExpected", lambda found: found[0]["count"] == 3)
+    assert recovered["type"] == "Normal" and recovered["message"] == "Degraded=False: no problems observed"
+    repeats = [r for r in write_requests(operator) if r.resource is not None and r.resource.plural == "events"
+               and r.method.value == "PATCH"]
+    assert {r.data["count"] for r in repeats} == {2, 3}
 
 
 async def test_bad_spec_the_schema_cannot_catch_becomes_a_condition(operator: Any, kapi: Any) -> None:
+    await kapi.create(isvc_path(NAMESPACE), manifest(resources={"memory": "lots"}))
+    obj = await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("status") == "True")
+    assert condition(obj, "Degraded")["reason"] == "InvalidSpec"
+    assert "resources.memory 'lots' is not a Kubernetes quantity" in condition(obj, "Degraded")["message"]
+    assert condition(obj, "Ready")["status"] == "False"
+    (event,) = await eventually_events(kapi, "InvalidSpec")
+    assert event["type"] == "Warning" and "resources.memory 'lots'" in event["message"]
+    await settle(operator)
+    assert await kapi.get(DEPLOYMENT) is None
+    # one message: the operator's Event, not also kopf's "failed permanently" one
+    items = (await kapi.get(EVENTS) or {}).get("items") or []
+    assert [e["reason"] for e in items] == ["InvalidSpec"], items
+    # Fixing the spec recovers.
+    await kapi.patch(ISVC, {"spec": {"resources": {"memory": "2Gi"}}})
+    await kapi.eventually(DEPLOYMENT, lambda d: True)
+    await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("reason") != "InvalidSpec")
+
+
+async def test_a_flag_the_operator_owns_is_reported_when_the_schema_was_skipped(operator: Any, kapi: Any) -> None:
+    # A real API server refuses it at apply time (tests/e2e/test_kubectl.py); an emulator lets it through.
     await kapi.create(isvc_path(NAMESPACE), manifest(runtime={"extraArgs": ["--port=9000"]}))
     obj = await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("status") == "True")
     assert condition(obj, "Degraded")["reason"] == "InvalidSpec"
+    assert "spec.runtime.extraArgs" in condition(obj, "Degraded")["message"]
     assert "--port" in condition(obj, "Degraded")["message"]
-    assert condition(obj, "Ready")["status"] == "False"
-    await settle(operator)
-    assert await kapi.get(DEPLOYMENT) is None
-    # Fixing the spec recovers.
-    await kapi.patch(ISVC, {"spec": {"runtime": {"extraArgs": []}}})
-    await kapi.eventually(DEPLOYMENT, lambda d: True)
-    await kapi.eventually(ISVC, lambda o: condition(o, "Degraded").get("reason") != "InvalidSpec")
 
 
 async def test_invalid_spec_that_skipped_the_schema_is_reported(operator: Any, kapi: Any) -> None:

@@ -159,3 +159,41 @@ def test_compute_status_fields_and_patch() -> None:
     ready = status.compute_status(desired=2, selector="a=b", endpoint="http://x/v1", generation=3,
                                   deployment=dep(2, 2, 2), pods=[], spec_errors=[], current=current, now=LATER)
     assert set(status.status_patch(current, ready)) == {"readyReplicas", "conditions"}
+
+
+def observe(current: dict[str, Any], desired: int = 2, autoscaled: bool | None = False) -> dict[str, Any]:
+    return status.compute_status(desired=desired, selector="a=b", endpoint="http://x/v1", generation=1,
+                                 deployment=dep(1, 1, 1), pods=[], spec_errors=[], current=current, now=NOW,
+                                 autoscaled=autoscaled)
+
+
+def test_desired_replicas_is_what_the_spec_asks_without_autoscaling() -> None:
+    assert observe({})["desiredReplicas"] == 2
+    # kubectl scale, or an autoscaler's decision left from before autoscaling was turned off: the spec wins
+    assert observe({"desiredReplicas": 5})["desiredReplicas"] == 2
+
+
+def test_with_autoscaling_reconcile_writes_only_the_starting_size() -> None:
+    assert observe({}, desired=3, autoscaled=True)["desiredReplicas"] == 3
+    s = observe({"desiredReplicas": 5, "scalingHistory": {"startedAt": NOW}}, desired=3, autoscaled=True)
+    assert "desiredReplicas" not in s and "scalingHistory" not in s   # the autoscaler's decision stands
+
+
+def test_turning_autoscaling_off_drops_the_autoscalers_memory() -> None:
+    current = {"desiredReplicas": 5, "scalingHistory": {"startedAt": NOW}}
+    s = observe(current, desired=2, autoscaled=False)
+    assert status.status_patch(current, s)["scalingHistory"] is None
+    assert status.status_patch({**current, **s, "scalingHistory": None}, s) == {}
+    # a spec that could not be parsed says nothing about autoscaling: its fields stay
+    unknown = observe(current, desired=0, autoscaled=None)
+    assert "desiredReplicas" not in unknown and "scalingHistory" not in unknown
+
+
+def test_ready_says_what_is_under_way_while_no_replica_is_ready() -> None:
+    """Ready's reason is kubectl get's STATUS column."""
+    assert conds(1, None)["Ready"]["reason"] == "Creating"
+    assert conds(2, dep(2, 0, 2))["Ready"]["reason"] == "LoadingModel"
+    assert conds(2, dep(2, 0, 1))["Ready"]["reason"] == "RollingOut"
+    loading = conds(2, dep(2, 0, 2))
+    assert loading["Ready"]["message"] == loading["Progressing"]["message"]   # one Event for both
+    assert conds(2, dep(2, 1, 2))["Ready"]["reason"] == "Available"
