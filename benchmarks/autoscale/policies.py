@@ -135,7 +135,7 @@ class PredictivePolicy:
     config: autoscale_predictive.PredictiveConfig
     initial_cold_start_s: float = 60.0
     tick_s: float = 5.0
-    rate_window_s: float = 30.0
+    rate_window_s: float = 10.0
     name: str = "kubeinfer predictive"
     state: autoscale_predictive.PredictiveState = field(default_factory=autoscale_predictive.PredictiveState)
     cold_start: ColdStartRecord = field(default_factory=ColdStartRecord)
