@@ -85,6 +85,7 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         "--host", "0.0.0.0",
         "--port", str(PORT),
         "--tensor-parallel-size", str(spec.parallelism.tensor),
+        *(["--expert-parallel-size", str(spec.parallelism.expert)] if spec.parallelism.expert > 1 else []),
         "--dtype", rt.dtype,
         "--block-size", str(rt.block_size),
         "--max-num-seqs", str(rt.max_num_seqs),

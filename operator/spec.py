@@ -26,8 +26,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 MODEL_URI_RE = r"^(hf|pvc|s3|file)://.+"
 TENSOR_PARALLEL_SIZES = [1, 2, 4, 8, 16, 32, 64]
 # `kubeinfer serve` flags the operator sets from the spec (operator.pod), and their environment variables.
-MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--api-keys-file",
-                 "--device")
+MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
+                 "--expert-parallel-size", "--enable-expert-parallel", "--api-keys-file", "--device")
 MANAGED_ENV = tuple("KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper() for flag in MANAGED_FLAGS)
 
 PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
@@ -129,7 +129,7 @@ def _words(items: tuple[str, ...]) -> str:
 
 EXTRA_ARGS_UNMANAGED = cel(
     f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
-    f"runtime.extraArgs must not set {_words(MANAGED_FLAGS)}: the operator sets them from model, parallelism.tensor, "
+    f"runtime.extraArgs must not set {_words(MANAGED_FLAGS)}: the operator sets them from model, parallelism, "
     "resources.gpus and apiKeySecretRef; any other `kubeinfer serve` flag is allowed",
 )
 ENV_UNMANAGED = cel(
@@ -251,7 +251,22 @@ class RuntimeSpec(_Model):
         return value
 
 
+EXPERT_OVER_TENSOR = cel(
+    "!has(self.expert) || self.expert == 1 || self.expert == (has(self.tensor) ? self.tensor : 1)",
+    "parallelism.expert must be 1 or equal parallelism.tensor: a mixture-of-experts model's experts are split "
+    "over the replica's tensor-parallel GPUs",
+)
+
+
 class Parallelism(_Model):
+    model_config = checked_by(EXPERT_OVER_TENSOR)
+
+    expert: int = Field(
+        default=1, ge=1, le=64,
+        description="Mixture-of-experts models: split whole experts over this many of the replica's GPUs (expert "
+        "parallelism; attention stays tensor-parallel). 1 or parallelism.tensor; 1 splits each expert's width "
+        "instead. The runtime checks that it divides the model's experts (a Ready=False condition says so).",
+    )
     tensor: int = Field(
         default=1, description="GPUs per replica, one shard each (tensor parallel size).",
         json_schema_extra={"x-kubernetes-validations": [cel(
@@ -266,6 +281,12 @@ class Parallelism(_Model):
         if value not in TENSOR_PARALLEL_SIZES:
             raise ValueError("parallelism.tensor must be a power of two between 1 and 64")
         return value
+
+    @model_validator(mode="after")
+    def _expert_over_tensor(self) -> "Parallelism":
+        if self.expert not in (1, self.tensor):
+            raise ValueError(EXPERT_OVER_TENSOR["message"])
+        return self
 
 
 class Resources(_Model):

@@ -59,7 +59,8 @@ def refusal(kube: Any, ns: str, **spec: Any) -> list[dict[str, str]]:
     return json.loads(info.value.body)["details"]["causes"]
 
 
-MANAGED = "must not set --model, --served-model-name, --host, --port, --tensor-parallel-size, --api-keys-file or --device"
+MANAGED = ("must not set --model, --served-model-name, --host, --port, --tensor-parallel-size, --expert-parallel-size, "
+           "--enable-expert-parallel, --api-keys-file or --device")
 ONE_MESSAGE = {
     # name: (spec, the field, words of its one message)
     "negative replicas": ({"replicas": -3}, ".spec.replicas", "should be a non-negative integer"),
@@ -74,6 +75,8 @@ ONE_MESSAGE = {
     "a variable the operator sets": ({"runtime": {"env": [{"name": "KUBEINFER_PORT", "value": "1"}]}},
                                      "spec.runtime.env", "runtime.env must not set KUBEINFER_MODEL"),
     "tensor 3": ({"parallelism": {"tensor": 3}}, "spec.parallelism.tensor", "must be a power of two between 1 and 64"),
+    "expert over other GPUs than tensor": ({"parallelism": {"tensor": 2, "expert": 4}}, "spec.parallelism",
+                                           "parallelism.expert must be 1 or equal parallelism.tensor"),
     "negative minReplicas": ({"autoscaling": {"minReplicas": -1, "maxReplicas": 2}}, "spec.autoscaling.minReplicas",
                              "should be greater than or equal to 0"),
     "ftp model": ({"model": {"uri": "ftp://host/m"}}, "spec.model.uri", "must start with hf://, pvc://, s3:// or file://"),

@@ -127,6 +127,15 @@ def test_speculative_decoding_maps_to_its_flags() -> None:
     assert "--speculative-ngram-min" not in container(draft)["args"]
 
 
+def test_expert_parallelism_maps_to_its_flag_and_must_match_tensor() -> None:
+    dep = build(parallelism={"tensor": 4, "expert": 4})
+    assert (flag(dep, "--tensor-parallel-size"), flag(dep, "--expert-parallel-size")) == ("4", "4")
+    assert container(dep)["resources"]["limits"]["nvidia.com/gpu"] == "4"   # the GPUs of the tensor ranks
+    assert "--expert-parallel-size" not in container(build(parallelism={"tensor": 4}))["args"]
+    with pytest.raises(ValueError, match="parallelism.expert must be 1 or equal parallelism.tensor"):
+        parse_spec({"model": {"uri": "pvc://m/q"}, "parallelism": {"tensor": 2, "expert": 4}})
+
+
 def test_defaults_leave_optional_flags_out_and_name_the_model_after_the_owner() -> None:
     dep = build()
     args = container(dep)["args"]
