@@ -14,18 +14,11 @@ import torch.nn.functional as F
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, first_expert: int = 0) -> torch.Tensor:
     from kubeinfer.kernels import ops
+    from kubeinfer.kernels.references import expert_groups
     num_tokens, top_k = topk_ids.shape
     per_pair = torch.zeros(num_tokens * top_k, x.shape[1], dtype=x.dtype)   # another rank's pairs stay 0
-    flat = topk_ids.flatten()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=first_expert + w13.shape[0]).tolist()
     weights = topk_weights.flatten()
-    start = sum(counts[:first_expert])
-    for expert in range(first_expert, first_expert + w13.shape[0]):
-        pairs = order[start:start + counts[expert]]
-        start += counts[expert]
-        if pairs.numel() == 0:
-            continue
+    for expert, pairs in expert_groups(topk_ids, first_expert, w13.shape[0]):
         hidden = ops.silu_and_mul(F.linear(x[pairs // top_k], w13[expert - first_expert]))
         hidden = F.linear(hidden, w2[expert - first_expert]) * weights[pairs, None]
         per_pair.index_copy_(0, pairs, hidden.to(x.dtype))

@@ -182,19 +182,25 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     `[first_expert, first_expert + E)`: ids outside that range add nothing (another rank holds them). The
     (token, expert) pairs are grouped by expert; each active expert runs once over its tokens, and the results are
     added into the output in ascending expert order (the order transformers adds them in)."""
-    num_tokens, top_k = topk_ids.shape
+    top_k = topk_ids.shape[1]
     out = torch.zeros_like(x)
-    flat = topk_ids.flatten()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=first_expert + w13.shape[0]).tolist()
-    start = sum(counts[:first_expert])
-    for expert in range(first_expert, first_expert + w13.shape[0]):
-        pairs = order[start:start + counts[expert]]
-        start += counts[expert]
-        if pairs.numel() == 0:
-            continue
+    for expert, pairs in expert_groups(topk_ids, first_expert, w13.shape[0]):
         tokens = pairs // top_k
         hidden = silu_and_mul(F.linear(x[tokens], w13[expert - first_expert]))
         hidden = F.linear(hidden, w2[expert - first_expert]) * topk_weights.flatten()[pairs, None]
         out.index_add_(0, tokens, hidden.to(out.dtype))
     return out
+
+
+def expert_groups(topk_ids: torch.Tensor, first_expert: int, num_local: int):
+    """(expert, the ids of its (token, k) pairs) for each of experts [first_expert, first_expert + num_local)
+    that any token chose, in ascending expert order; pair p is token p // k's choice p % k."""
+    flat = topk_ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=first_expert + num_local).tolist()
+    start = sum(counts[:first_expert])
+    for expert in range(first_expert, first_expert + num_local):
+        pairs = order[start:start + counts[expert]]
+        start += counts[expert]
+        if pairs.numel():
+            yield expert, pairs
