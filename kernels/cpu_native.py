@@ -21,7 +21,14 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 SOURCES = Path(__file__).parent / "csrc"
-COMPILE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC")
+COMPILE_FLAGS = ("-O3", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC")
+# The instruction set built for: this CPU's own by default; KUBEINFER_KERNEL_MARCH=x86-64-v3 (AVX2), say, builds
+# and tests the paths a CPU without AVX-512 takes.
+MARCH_ENV = "KUBEINFER_KERNEL_MARCH"
+
+
+def compile_flags() -> tuple[str, ...]:
+    return (f"-march={os.environ.get(MARCH_ENV) or 'native'}", *COMPILE_FLAGS)
 # Linked WITHOUT -ffast-math: with it gcc links crtfastmath.o, whose constructor turns on flush-to-zero and
 # denormals-are-zero for the whole process when the library loads (every thread's floats, not only ours).
 LINK_FLAGS = ("-shared", "-fopenmp")
@@ -54,7 +61,7 @@ def _cpu_identity() -> str:
 def _build(name: str, compiler: str) -> Path:
     source = SOURCES / f"{name}.c"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    flags = " ".join(COMPILE_FLAGS + LINK_FLAGS)
+    flags = " ".join(compile_flags() + LINK_FLAGS)
     texts = [path.read_text() for path in [source, *sorted(SOURCES.glob("*.h"))]]   # the source and its headers
     key = hashlib.sha256("\0".join([*texts, flags, version, _cpu_identity()]).encode())
     folder = cache_dir()
@@ -70,7 +77,7 @@ def _build(name: str, compiler: str) -> Path:
         return target
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:   # built aside, then renamed: atomic
         built, objects = Path(tmp) / target.name, Path(tmp) / f"{name}.o"
-        for command in ([compiler, *COMPILE_FLAGS, "-c", "-o", str(objects), str(source)],
+        for command in ([compiler, *compile_flags(), "-c", "-o", str(objects), str(source)],
                         [compiler, *LINK_FLAGS, "-o", str(built), str(objects), "-lm"]):
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:

@@ -124,6 +124,9 @@ def test_build_is_cached_by_source_and_cpu(tmp_path, monkeypatch):
     assert first.parent == tmp_path and first.exists()
     stamp = first.stat().st_mtime_ns
     assert cpu_native._build("paged_attention_cpu", compiler) == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setenv(cpu_native.MARCH_ENV, "x86-64-v3")   # another instruction set: another build
+    assert cpu_native._build("paged_attention_cpu", compiler) != first
+    monkeypatch.delenv(cpu_native.MARCH_ENV)
     monkeypatch.setattr(cpu_native, "_cpu_identity", lambda: "another CPU")
     assert cpu_native._build("paged_attention_cpu", compiler) != first
 
