@@ -73,5 +73,8 @@ image-test: install-test
 
 e2e: install-test
 	@test -n "$$KUBEINFER_E2E_KUBECONFIG" || { echo "make e2e: set KUBEINFER_E2E_KUBECONFIG (see docs/e2e.md)"; exit 2; }
-	KUBEINFER_E2E_IMAGE=$(IMAGE) KUBEINFER_E2E_LOAD_IMAGE='$(E2E_LOAD_IMAGE)' \
+	@command -v kubectl >/dev/null || test -x $(BIN)/kubectl || .ci/install-k8s-tools.sh $(BIN) kubectl \
+	  || echo "warning: could not install kubectl; the CRD upgrade test will be skipped"
+	KUBEINFER_E2E_IMAGE=$(IMAGE) KUBEINFER_E2E_OPERATOR_IMAGE=$(OPERATOR_IMAGE) \
+	  KUBEINFER_E2E_LOAD_IMAGE='$(E2E_LOAD_IMAGE)' \
 	  $(BIN)/python -m pytest tests/e2e -v -m "not gpu" --durations=0
