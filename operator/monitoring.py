@@ -1,8 +1,8 @@
 """Alerts, the Grafana dashboard and the kube-state-metrics config: what a platform team watches.
 
-Python definitions, rendered into the Helm chart by :mod:`kubeinfer.operator.manifests` (the chart's
-PrometheusRule template and ``files/``) and into ``kubeinfer manifests``; tests run every expression on a
-real Prometheus scraping real runtimes.
+Python definitions, written into the Helm chart by :mod:`kubeinfer.operator.chart` (the chart's
+PrometheusRule template and ``files/``); tests run every expression on a real Prometheus scraping real
+runtimes.
 
 Labels. Runtime series carry ``model_name``; the scrape adds ``namespace``, ``service`` (the InferenceService
 name: the operator's ServiceMonitor selects its Service, the chart's PodMonitor copies the

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kubeinfer.operator import monitoring
-from kubeinfer.operator.chart_values import DEFAULTS
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.server.metrics import EngineMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = yaml.safe_load((ROOT / "charts" / "kubeinfer" / "values.yaml").read_text())   # the chart's values
 PANEL_TYPES = {"timeseries", "stat", "gauge", "bargauge", "table", "text", "heatmap", "row"}
 KSM_BUILTIN = {"kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready"}
 PROMQL_WORDS = {"sum", "by", "rate", "count", "max", "min", "avg", "and", "or", "on", "histogram_quantile",

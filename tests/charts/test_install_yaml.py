@@ -1,4 +1,5 @@
-"""The plain-YAML install (`kubeinfer manifests`) is valid Kubernetes objects, and its alerts pass promtool.
+"""The install as Helm renders it (`kubeinfer manifests`: `helm template` after a Namespace) is valid Kubernetes
+objects, and its alerts pass promtool. The static deploy/kubeinfer.yaml (the defaults) is checked without Helm.
 
 Built-in kinds are checked against the Kubernetes OpenAPI schemas shipped offline by `kubernetes-validate`
 (strict: unknown fields are errors). The kopf peering objects are checked against our own peering CRD. The
@@ -11,7 +12,6 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ import pytest
 import yaml
 
 from kubeinfer.operator import crd, manifests, rbac
-from kubeinfer.operator.chart_values import resolve
 
 KUBERNETES_VERSIONS = ["1.27", "1.30", "1.33"]
 PROMTOOL = shutil.which("promtool")
@@ -70,11 +69,14 @@ PROMETHEUS_OPERATOR_SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def install() -> list[dict[str, Any]]:
-    """Everything, monitoring included, printed by the command users run."""
-    out = subprocess.run([sys.executable, "-m", "kubeinfer.operator.manifests", "--monitoring",
-                          "--set", "watchNamespaces=[ml]"], capture_output=True, text=True, check=True).stdout
+def install(helm: str) -> list[dict[str, Any]]:
+    """Everything, monitoring included, as `kubeinfer manifests --monitoring --set watchNamespaces={ml}` prints it."""
+    out = manifests.render(helm, manifests.CHART_DIR, sets=[*manifests.MONITORING_SETS, "watchNamespaces={ml}"])
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def static_install() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(manifests.STATIC_PATH.read_text()) if doc]
 
 
 def validate(obj: dict[str, Any], version: str) -> None:
@@ -86,6 +88,15 @@ def validate(obj: dict[str, Any], version: str) -> None:
         assert ("namespace" in obj["metadata"]) == (peering["spec"]["scope"] == "Namespaced")
     else:
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_of_the_static_install_is_valid(version: str) -> None:
+    objs = static_install()
+    assert {o["kind"] for o in objs} == {"CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole",
+                                         "ClusterRoleBinding", "Deployment", "ClusterKopfPeering"}
+    for obj in objs:
+        validate(obj, version)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -135,17 +146,21 @@ def test_objects_reference_each_other(install: list[dict[str, Any]]) -> None:
     kinds = [o["kind"] for o in install]
     assert kinds.index("KopfPeering") > max(i for i, k in enumerate(kinds) if k == "CustomResourceDefinition")
     assert {c["metadata"]["name"] for c in by_kind["CustomResourceDefinition"]} == \
-        {c["metadata"]["name"] for c in manifests.crd_objects()}
+        {c["metadata"]["name"] for c in [crd.inference_service_crd(), *crd.peering_crds()]}
 
 
-def test_operator_settings_reach_its_environment() -> None:
+def test_operator_settings_reach_its_environment(install: list[dict[str, Any]], helm: str) -> None:
     """Every env var the chart sets is one the operator reads (kubeinfer.operator.config), or kopf's POD_ID."""
     from kubeinfer.operator.config import OperatorConfig
     import dataclasses
     known = {f"KUBEINFER_{f.name.upper()}" for f in dataclasses.fields(OperatorConfig)}
-    deployment = manifests.operator_deployment(resolve({"peering": {"enabled": False}}), "r", "ns")
-    names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    names |= {e["name"] for e in manifests.operator_env(resolve({}))}
+    standalone = [d for d in yaml.safe_load_all(manifests.render(helm, manifests.CHART_DIR,
+                                                                  sets=["peering.enabled=false"])) if d]
+    names = set()
+    for objs in (install, standalone):
+        deployment = next(o for o in objs if o["kind"] == "Deployment")
+        names |= {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert {"KUBEINFER_STANDALONE", "KUBEINFER_PEERING"} <= names
     missing = names - known - {"POD_ID"}
     assert not missing, f"the operator reads no {missing}"
 

@@ -1,11 +1,16 @@
 """Fixtures of the real-cluster suite (docs/e2e.md). Everything here is skipped without KUBEINFER_E2E_KUBECONFIG.
 
-- `kube`: the project's own JSON client on that kubeconfig; `crds`: crds/ applied (server-side) once.
+- `kube`: the project's own JSON client on that kubeconfig (a relative path is taken from the directory
+  pytest starts in, and made absolute for every process the suite starts); `crds`: crds/ applied
+  (server-side) once.
 - `runtime_image`: KUBEINFER_E2E_IMAGE, loaded into the cluster once with KUBEINFER_E2E_LOAD_IMAGE
   (a command where `{image}` is replaced, e.g. `kind load docker-image {image}`); tests that run real
-  pods skip without it.
+  pods skip without it. `operator_image`: KUBEINFER_E2E_OPERATOR_IMAGE, loaded the same way, for the
+  operator the chart installs (tests/e2e/test_helm.py).
 - `OperatorProcess`: `kubeinfer operator` as a user runs it, a separate process on this machine with the
-  kubeconfig (pods cannot reach the API server on every test cluster), its log kept for failures.
+  kubeconfig, its log kept for failures (test_helm.py runs it in the cluster, as the chart installs it).
+- Cleanup: each fixture deletes what it made, whatever failed; namespaces of this run still there at the
+  end (a fixture that could not finish) are deleted then, and named in the summary.
 - `timings`: figures a test measured; printed at the end of the run (and written as JSON to
   KUBEINFER_E2E_REPORT when set).
 
@@ -27,13 +32,17 @@ from typing import Any
 import pytest
 import yaml
 
-from support.cluster import GROUP_PATH, delete_namespace, eventually, make_namespace
+from support.cluster import GROUP_PATH, delete_leftovers, delete_namespace, eventually, make_namespace
 
-KUBECONFIG = os.environ.get("KUBEINFER_E2E_KUBECONFIG")
+# Absolute: the operator and router processes start in another directory (cwd "/").
+KUBECONFIG = str(Path(os.environ["KUBEINFER_E2E_KUBECONFIG"]).expanduser().resolve()) \
+    if os.environ.get("KUBEINFER_E2E_KUBECONFIG") else None
 IMAGE = os.environ.get("KUBEINFER_E2E_IMAGE")
+OPERATOR_IMAGE = os.environ.get("KUBEINFER_E2E_OPERATOR_IMAGE")
 LOAD_IMAGE = os.environ.get("KUBEINFER_E2E_LOAD_IMAGE", "")
 ROOT = Path(__file__).resolve().parents[2]
 TIMINGS: dict[str, float] = {}
+LEFTOVERS: list[str] = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,6 +53,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if LEFTOVERS:
+        terminalreporter.section("e2e cleanup")
+        terminalreporter.write_line(f"deleted at the end, left by a fixture that could not finish: {LEFTOVERS}")
     if not TIMINGS:
         return
     terminalreporter.section("e2e timings (seconds)")
@@ -59,10 +71,15 @@ def timings() -> dict[str, float]:
 
 
 @pytest.fixture(scope="session")
-def kube() -> Any:
-    os.environ["KUBECONFIG"] = KUBECONFIG or ""
+def kube() -> Iterator[Any]:
+    if not Path(KUBECONFIG or "").is_file():
+        pytest.exit(f"KUBEINFER_E2E_KUBECONFIG={os.environ.get('KUBEINFER_E2E_KUBECONFIG')}: no such file "
+                    f"(from {os.getcwd()}: {KUBECONFIG})", returncode=2)
+    os.environ["KUBECONFIG"] = KUBECONFIG
     from kubeinfer.operator.kube import Kube, load_configuration
-    return Kube(load_configuration())
+    client = Kube(load_configuration())
+    yield client
+    LEFTOVERS.extend(delete_leftovers(client))
 
 
 @pytest.fixture(scope="session")
@@ -89,15 +106,26 @@ def namespace(kube: Any, crds: None) -> Iterator[str]:
     delete_namespace(kube, ns)
 
 
+def load_image(image: str, what: str, timings: dict[str, float]) -> str:
+    if LOAD_IMAGE:
+        started = time.monotonic()
+        subprocess.run(LOAD_IMAGE.replace("{image}", shlex.quote(image)), shell=True, check=True,
+                       stdout=subprocess.DEVNULL)
+        timings[f"{what} image load into the cluster (KUBEINFER_E2E_LOAD_IMAGE)"] = time.monotonic() - started
+    return image
+
+
 @pytest.fixture(scope="session")
 def runtime_image(timings: dict[str, float]) -> str:
     if not IMAGE:
         pytest.skip("KUBEINFER_E2E_IMAGE is not set: no runtime image to run pods with (make e2e sets it)")
-    if LOAD_IMAGE:
-        started = time.monotonic()
-        subprocess.run(LOAD_IMAGE.replace("{image}", shlex.quote(IMAGE)), shell=True, check=True,
-                       stdout=subprocess.DEVNULL)
-        timings["image load into the cluster (KUBEINFER_E2E_LOAD_IMAGE)"] = time.monotonic() - started
-    return IMAGE
+    return load_image(IMAGE, "runtime", timings)
+
+
+@pytest.fixture(scope="session")
+def operator_image(timings: dict[str, float]) -> str:
+    if not OPERATOR_IMAGE:
+        pytest.skip("KUBEINFER_E2E_OPERATOR_IMAGE is not set: no operator image for the chart (make e2e sets it)")
+    return load_image(OPERATOR_IMAGE, "operator", timings)
 
 

@@ -22,8 +22,8 @@ import pytest
 from support import PROMETHEUS_BIN, Prometheus, streams
 from support.pod_discovery import PodDiscovery
 from support.cluster import (
-    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace,
-    pod_counter, pods_of, ready_pods, service_url,
+    OperatorProcess, condition, eventually, isvc_path, namespace_scene,
+    pod_counter, pods_of, ready_pods, service_url, start_operator,
 )
 
 NAME = "scaled"
@@ -88,22 +88,15 @@ class Load:
 def setup(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     if PROMETHEUS_BIN is None:
         pytest.skip("prometheus binary not found (apt-get install -y prometheus)")
-    ns = make_namespace(kube)
     work: Path = tmp_path_factory.mktemp("autoscaler")
-    discovery = PodDiscovery(kube, ns)
-    prometheus = Prometheus(work / "prometheus", [scrape_config(discovery.url)])
-    operator = OperatorProcess(ns, work / "operator.log", image=runtime_image, env={
-        "KUBEINFER_PROMETHEUS_URL": prometheus.url, "KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "2"}).start()
-    try:
+    with namespace_scene(kube) as (ns, stack):
+        discovery = PodDiscovery(kube, ns)
+        stack.callback(discovery.stop)
+        prometheus = Prometheus(work / "prometheus", [scrape_config(discovery.url)])
+        stack.callback(prometheus.stop)
+        operator = start_operator(stack, kube, OperatorProcess(ns, work / "operator.log", image=runtime_image, env={
+            "KUBEINFER_PROMETHEUS_URL": prometheus.url, "KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "2"}))
         yield ns, prometheus, operator
-    finally:
-        try:
-            delete_inference_services(kube, ns)
-        finally:
-            operator.stop()
-        prometheus.stop()
-        discovery.stop()
-        delete_namespace(kube, ns)
 
 
 def test_load_scales_up_the_new_pod_serves_and_the_fleet_scales_down_with_no_stream_cut(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from support.cluster import (
-    OperatorProcess, condition, eventually, isvc_path, make_namespace, tear_down,
+    OperatorProcess, condition, eventually, isvc_path, namespace_scene, start_operator,
 )
 
 CPU = {"gpus": 0, "cpu": "100m", "memory": "1Gi"}
@@ -33,17 +33,14 @@ CASES = {
 }
 @pytest.fixture(scope="module")
 def ns(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    namespace = make_namespace(kube)
-    operator = OperatorProcess(namespace, tmp_path_factory.mktemp("operator") / "operator.log",
-                               image=runtime_image).start()
-    for name, (spec, _, _) in CASES.items():
-        kube.request("POST", f"/apis/kubeinfer.dev/v1alpha1/namespaces/{namespace}/inferenceservices",
-                     body={"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
-                           "metadata": {"name": name, "namespace": namespace}, "spec": {"replicas": 1, **spec}})
-    try:
+    with namespace_scene(kube) as (namespace, stack):
+        start_operator(stack, kube, OperatorProcess(namespace, tmp_path_factory.mktemp("operator") / "operator.log",
+                                                    image=runtime_image))
+        for name, (spec, _, _) in CASES.items():
+            kube.request("POST", f"/apis/kubeinfer.dev/v1alpha1/namespaces/{namespace}/inferenceservices",
+                         body={"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+                               "metadata": {"name": name, "namespace": namespace}, "spec": {"replicas": 1, **spec}})
         yield namespace
-    finally:
-        tear_down(kube, namespace, operator)
 
 
 def stamp(value: str) -> float:

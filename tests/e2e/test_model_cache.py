@@ -23,7 +23,7 @@ import pytest
 
 from support import streams
 from support.cluster import (
-    OperatorProcess, eventually, isvc_path, make_namespace, pods_of, ready_pods, service_url, tear_down,
+    OperatorProcess, eventually, isvc_path, namespace_scene, pods_of, ready_pods, service_url, start_operator,
 )
 
 NODE_CACHE_DIR = os.environ.get("KUBEINFER_E2E_NODE_CACHE_DIR")
@@ -36,7 +36,12 @@ pytestmark = pytest.mark.skipif(not NODE_CACHE_DIR, reason="KUBEINFER_E2E_NODE_C
 
 @pytest.fixture(scope="module")
 def hub(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    ns = make_namespace(kube)
+    with namespace_scene(kube) as (ns, stack):
+        yield from _hub(kube, ns, stack, runtime_image, tmp_path_factory)
+
+
+def _hub(kube: Any, ns: str, stack: Any, runtime_image: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     base = f"/api/v1/namespaces/{ns}"
     kube.request("POST", f"{base}/configmaps", body={
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hub-standin"},
@@ -55,11 +60,9 @@ def hub(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.Temp
     url = f"http://{pod['status']['podIP']}:{HUB_PORT}"
     kube.request("POST", f"{base}/secrets", body={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hub"}, "stringData": {"HF_ENDPOINT": url}})
-    operator = OperatorProcess(ns, tmp_path_factory.mktemp("cache") / "operator.log", image=runtime_image).start()
-    try:
-        yield ns, url
-    finally:
-        tear_down(kube, ns, operator)
+    start_operator(stack, kube, OperatorProcess(ns, tmp_path_factory.mktemp("cache") / "operator.log",
+                                                image=runtime_image))
+    yield ns, url
 
 
 def downloads(url: str) -> dict[str, int]:

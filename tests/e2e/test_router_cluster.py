@@ -25,7 +25,7 @@ import pytest
 
 from support import streams
 from support.cluster import (
-    OperatorProcess, condition, eventually, isvc_path, make_namespace, pods_of, ready_pods, service_url, tear_down,
+    OperatorProcess, condition, eventually, isvc_path, pods_of, ready_pods, namespace_scene, service_url, start_operator,
 )
 
 ROUTER_LABEL = "kubeinfer.dev/router"
@@ -40,14 +40,11 @@ SYSTEM_PROMPTS = [f"System {i}: you are a careful assistant for team {i}. " * 4 
 
 @pytest.fixture(scope="module")
 def cluster(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    ns = make_namespace(kube)
     work: Path = tmp_path_factory.mktemp("router")
-    operator = OperatorProcess(ns, work / "operator.log", image=runtime_image,
-                               env={"KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "1"}).start()
-    try:
+    with namespace_scene(kube) as (ns, stack):
+        operator = start_operator(stack, kube, OperatorProcess(ns, work / "operator.log", image=runtime_image,
+                                                               env={"KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "1"}))
         yield ns, operator
-    finally:
-        tear_down(kube, ns, operator)
 
 
 def create(kube: Any, ns: str, name: str, spec: dict[str, Any]) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from support import free_port, streams
+from support import free_port, stop_process, streams
 from support.cluster import (
-    OperatorProcess, condition, delete_inference_services, delete_namespace, eventually, isvc_path, make_namespace,
-    pods_of, ready_pods,
+    OperatorProcess, condition, eventually, isvc_path, namespace_scene,
+    pods_of, ready_pods, start_operator,
 )
 
 NAME = "zero"
@@ -33,29 +33,20 @@ AUTOSCALING = {"minReplicas": 0, "maxReplicas": 1, "metricWindowSeconds": 5, "sc
 
 @pytest.fixture(scope="module")
 def setup(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    ns = make_namespace(kube)
     work: Path = tmp_path_factory.mktemp("zero")
-    port = free_port()
-    router_log = (work / "router.log").open("w")
-    router = subprocess.Popen([sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "router", "--service", NAME,
-                               "--namespace", ns, "--host", "127.0.0.1", "--port", str(port),
-                               "--served-model-name", NAME, "--queue-timeout", "180"],
-                              stdout=router_log, stderr=subprocess.STDOUT, cwd="/")
-    operator = OperatorProcess(ns, work / "operator.log", image=runtime_image,
-                               env={"KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "1"}).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with namespace_scene(kube) as (ns, stack):
+        port = free_port()
+        router_log = stack.enter_context((work / "router.log").open("w"))
+        router = subprocess.Popen([sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "router", "--service", NAME,
+                                   "--namespace", ns, "--host", "127.0.0.1", "--port", str(port),
+                                   "--served-model-name", NAME, "--queue-timeout", "180"],
+                                  stdout=router_log, stderr=subprocess.STDOUT, cwd="/")
+        stack.callback(stop_process, router, 30)
+        operator = start_operator(stack, kube, OperatorProcess(ns, work / "operator.log", image=runtime_image,
+                                                               env={"KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "1"}))
+        url = f"http://127.0.0.1:{port}"
         eventually(lambda: httpx.get(url + "/v1/models", timeout=1).status_code == 200, 30, "the router up", 0.2)
         yield ns, url, operator, work
-    finally:
-        try:
-            delete_inference_services(kube, ns)
-        finally:
-            operator.stop()
-            router.terminate()
-            router.wait(30)
-            router_log.close()
-            delete_namespace(kube, ns)
 
 
 def test_a_request_at_the_router_starts_the_first_replica_and_idle_returns_to_zero(

@@ -19,8 +19,8 @@ import pytest
 
 from support import streams
 from support.cluster import (
-    OperatorProcess, condition, eventually, is_ready, isvc_path, make_namespace, pod_counter, pods_of, ready_pods,
-    service_url, tear_down,
+    OperatorProcess, condition, eventually, is_ready, isvc_path, pod_counter, pods_of, ready_pods, namespace_scene,
+    service_url, start_operator,
 )
 
 NAME = "demo"
@@ -41,12 +41,10 @@ class Scene:
 
 @pytest.fixture(scope="module")
 def scene(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
-    ns = make_namespace(kube)
-    operator = OperatorProcess(ns, tmp_path_factory.mktemp("operator") / "operator.log", image=runtime_image).start()
-    try:
+    with namespace_scene(kube) as (ns, stack):
+        operator = start_operator(stack, kube, OperatorProcess(
+            ns, tmp_path_factory.mktemp("operator") / "operator.log", image=runtime_image))
         yield Scene(ns, operator)
-    finally:
-        tear_down(kube, ns, operator)
 
 
 def demo_spec() -> dict[str, Any]:

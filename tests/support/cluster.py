@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,34 @@ def eventually(fn: Callable[[], Any], timeout: float = 60, what: str = "conditio
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
+# Namespaces this run made and has not deleted yet: the suite's last teardown deletes what is left.
+CREATED_NAMESPACES: set[str] = set()
+
+
 def make_namespace(kube: Any) -> str:
     ns = f"kubeinfer-e2e-{uuid.uuid4().hex[:6]}"
     kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    CREATED_NAMESPACES.add(ns)
     return ns
+
+
+@contextmanager
+def namespace_scene(kube: Any) -> Iterator[tuple[str, ExitStack]]:
+    """A fresh namespace and an ExitStack for what a fixture starts in it. On exit, whatever failed (a process
+    that never came up included), the callbacks run last-in first-out, then the namespace is deleted."""
+    ns = make_namespace(kube)
+    with ExitStack() as stack:
+        stack.callback(release_and_delete_namespace, kube, ns)
+        yield ns, stack
+
+
+def start_operator(stack: ExitStack, kube: Any, operator: OperatorProcess) -> OperatorProcess:
+    """Starts the operator with its teardown on `stack`: its InferenceServices deleted while it still runs
+    (see `delete_inference_services`), then the process stopped; a failed start still stops it."""
+    stack.callback(operator.stop)
+    operator.start()
+    stack.callback(delete_inference_services, kube, operator.namespace)
+    return operator
 
 
 def delete_inference_services(kube: Any, ns: str, timeout: float = 120) -> None:
@@ -55,6 +80,28 @@ def delete_namespace(kube: Any, ns: str) -> None:
     except ApiException as e:
         if e.status != 404:
             raise
+    CREATED_NAMESPACES.discard(ns)
+
+
+def release_and_delete_namespace(kube: Any, ns: str) -> None:
+    """Deletes the namespace after dropping kopf's finalizer from InferenceServices still in it: when this runs
+    no operator is left to release it, and the namespace would hang in Terminating."""
+    path = f"{GROUP_PATH}/namespaces/{ns}/inferenceservices"
+    try:
+        for obj in kube.list(path):
+            if obj["metadata"].get("finalizers"):
+                kube.request("PATCH", f"{path}/{obj['metadata']['name']}", body={"metadata": {"finalizers": None}},
+                             content_type="application/merge-patch+json")
+    finally:
+        delete_namespace(kube, ns)
+
+
+def delete_leftovers(kube: Any) -> list[str]:
+    """The namespaces of this run still there (a fixture that could not finish) deleted; returns their names."""
+    left = sorted(CREATED_NAMESPACES)
+    for ns in left:
+        release_and_delete_namespace(kube, ns)
+    return left
 
 
 class OperatorProcess:
@@ -95,18 +142,6 @@ class OperatorProcess:
 
     def output(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
-
-
-def tear_down(kube: Any, ns: str, operator: OperatorProcess) -> None:
-    """The end of a module's namespace: its InferenceServices deleted while the operator still runs (see
-    `delete_inference_services`), then the operator stopped and the namespace deleted, whatever failed before."""
-    try:
-        delete_inference_services(kube, ns)
-    finally:
-        try:
-            operator.stop()
-        finally:
-            delete_namespace(kube, ns)
 
 
 def isvc_path(ns: str, name: str) -> str:
