@@ -72,9 +72,9 @@ def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) ->
     (a 16-bit model there keeps fp32 K/V: twice the bytes per token, no conversion in the kernel's inner loops)."""
     if name == "fp8_e4m3":
         return FP8_DTYPE
-    if name == "float32" or device.type == "cpu":
-        return torch.float32
-    return model_dtype
+    if name != "auto":
+        return getattr(torch, name)
+    return torch.float32 if device.type == "cpu" else model_dtype
 
 
 class ModelRunner:

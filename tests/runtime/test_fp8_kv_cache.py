@@ -17,7 +17,7 @@ PROMPTS = ["Kubernetes schedules pods onto nodes, and the kubelet runs their con
 
 @pytest.mark.parametrize("dtype,ratio", [("bfloat16", 2), ("float32", 4)])
 def test_the_same_memory_holds_more_blocks(llama_dir, dtype, ratio):
-    plain = LLM(str(llama_dir), dtype=dtype, kv_cache_memory_gib=0.01)
+    plain = LLM(str(llama_dir), dtype=dtype, kv_cache_memory_gib=0.01, kv_cache_dtype=dtype)   # the model's dtype
     fp8 = LLM(str(llama_dir), dtype=dtype, kv_cache_memory_gib=0.01, kv_cache_dtype="fp8_e4m3")
     plain_blocks = plain.engine.core.block_manager.num_blocks
     assert ratio * plain_blocks <= fp8.engine.core.block_manager.num_blocks < ratio * (plain_blocks + 1)  # floors
@@ -29,7 +29,7 @@ def test_the_same_memory_holds_more_blocks(llama_dir, dtype, ratio):
 def test_top_logprobs_stay_within_the_bound_of_the_full_precision_cache(model_dirs, arch, dtype):
     """Against the model's own cache dtype: fp32, and the 16-bit cache (bf16) the issue compares with."""
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
-    exact = LLM(str(model_dirs[arch]), max_model_len=512, dtype=dtype).generate(PROMPTS, params)
+    exact = LLM(str(model_dirs[arch]), max_model_len=512, dtype=dtype, kv_cache_dtype=dtype).generate(PROMPTS, params)
     approx = LLM(str(model_dirs[arch]), max_model_len=512, dtype=dtype,
                  kv_cache_dtype="fp8_e4m3").generate(PROMPTS, params)
     worst, compared = 0.0, 0
@@ -49,5 +49,5 @@ def test_top_logprobs_stay_within_the_bound_of_the_full_precision_cache(model_di
 
 
 def test_an_unknown_kv_cache_dtype_is_refused(llama_dir):
-    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, fp8_e4m3"):
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, float32, bfloat16, float16, fp8_e4m3"):
         LLM(str(llama_dir), kv_cache_dtype="int4")

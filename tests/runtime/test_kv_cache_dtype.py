@@ -9,3 +9,4 @@ def test_kv_cache_dtype_is_fp32_on_the_cpu_unless_fp8():
     assert kv_cache_dtype("auto", torch.bfloat16, cuda) == torch.bfloat16
     assert kv_cache_dtype("float32", torch.bfloat16, cuda) == torch.float32
     assert kv_cache_dtype("fp8_e4m3", torch.bfloat16, cpu) == FP8_DTYPE
+    assert kv_cache_dtype("bfloat16", torch.bfloat16, cpu) == torch.bfloat16   # asked for: the reference attends
