@@ -174,7 +174,7 @@ def test_get_columns_describe_events_and_times(kube: Any, operator_ns: str) -> N
     big = kube.request("POST", path, body=manifest(ns, "too-big", parallelism={"tensor": 64}))
     # Sets neither replicas nor parallelism: DESIRED and TP must still show.
     plain = kube.request("POST", path, body=manifest(ns, "plain"))
-    assert plain["spec"]["parallelism"] == {"tensor": 1}   # the API server's default
+    assert plain["spec"]["parallelism"] == {"expert": 1, "tensor": 1}   # the API server's defaults
 
     columns, rows = eventually(lambda: (t := table(kube, ns)) and all(r["Desired"] is not None for r in t[1].values())
                                and t, timeout=SCHEDULER_S, what="DESIRED filled in")
