@@ -9,7 +9,6 @@ import torch
 
 from kubeinfer.kernels import set_backend
 from kubeinfer.kernels.metadata import FP8_DTYPE
-from kubeinfer.runtime.layers.fused_moe import FusedMoE
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -21,6 +20,7 @@ from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.layers.attention import PagedAttention
+from kubeinfer.runtime.layers.fused_moe import FusedMoE
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.layers.sampler import Sampler
 from kubeinfer.runtime.models.registry import MODEL_CLASSES
@@ -128,7 +128,7 @@ class ModelRunner:
             if self._graphs_wanted(config):
                 with self._phase("cuda_graphs"):
                     self._capture_graphs(config)
-        for moe in (m for m in self.model.modules() if isinstance(m, FusedMoE)):
+        for moe in self.moe_layers:
             moe.routed_tokens.zero_()   # warm-up and capture routed no request's tokens
 
     @contextlib.contextmanager
@@ -145,6 +145,7 @@ class ModelRunner:
         self.model = build_model(model_config, config.model, config.max_model_len, self.dtype, self.device,
                                  dummy_seed=config.seed if config.load_format == "dummy" else None)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.moe_layers = [m for m in self.model.modules() if isinstance(m, FusedMoE)]   # empty: a dense model
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
                     model_config.architecture, self.dtype, ", dummy weights" if config.load_format == "dummy" else "",
                     self.weight_bytes / 2**20, self.rank, tp_size())
@@ -238,8 +239,9 @@ class ModelRunner:
     def expert_load(self) -> list[list[int]] | None:
         """Tokens routed to each expert since start-up, per MoE layer (None for a dense model). Rank 0 routes every
         token (the router is replicated), so its counts are the whole engine's."""
-        counts = [m.routed_tokens for m in self.model.modules() if isinstance(m, FusedMoE)]
-        return torch.stack(counts).tolist() if counts else None
+        if not self.moe_layers:
+            return None
+        return torch.stack([m.routed_tokens for m in self.moe_layers]).tolist()
 
     def shutdown(self) -> None:
         """Stops the other tensor-parallel ranks, if any. Idempotent."""
