@@ -25,6 +25,7 @@ from autoscale.policies import (  # noqa: E402
     MovingAverageConcurrency,
     PredictivePolicy,
     StablePanic,
+    TableSizing,
 )
 from autoscale.scenarios import (  # noqa: E402
     ALL_TRACES,
@@ -76,7 +77,7 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
                                  name="KubeAI-style, 60 s window"),
         StablePanic(target_concurrency, MIN_REPLICAS, MAX_REPLICAS),
         ClairvoyantPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, name=CLAIRVOYANT),
-        PredictivePolicy(sizing.replicas_for, PredictiveConfig(MIN_REPLICAS, MAX_REPLICAS),
+        PredictivePolicy(TableSizing(sizing), PredictiveConfig(MIN_REPLICAS, MAX_REPLICAS),
                          initial_cold_start_s=INITIAL_DELAY_S),
     ]
 

@@ -1,8 +1,9 @@
 """The predictive autoscaling policy: replicas ordered one cold start ahead of the forecast need, released by
 expected cost. Pure: the caller brings the observation, the state it kept, and the replica model's sizing.
 
-- **Need.** `replicas_for(rate)`: the fleet a steady arrival rate needs within the TTFT target, from the
-  calibrated replica model (the same table that sizes the clairvoyant limit in the simulator).
+- **Need.** A `Sizing`: the fleet a steady arrival rate needs within the TTFT target, and the rate a fleet serves,
+  from the calibrated replica model (in the simulator the table that sizes the clairvoyant limit; `PerReplicaSizing`
+  from a throughput per replica).
 - **Up.** The forecast's upper value over the next cold start (`Forecast.high`), plus what drains the queue at
   hand within that time: a replica ordered now is ready when the forecast says it is needed.
 - **Down, by expected cost.** Releasing a replica and ordering it again costs one cold start of billing; keeping
@@ -15,10 +16,30 @@ expected cost. Pure: the caller brings the observation, the state it kept, and t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .autoscale_forecast import Forecast, ForecastConfig, update
+
+
+class Sizing(Protocol):
+    def replicas_for(self, rate: float) -> int:
+        """The fleet a steady arrival rate (requests/s) needs."""
+
+    def capacity(self, replicas: int) -> float:
+        """The highest steady arrival rate `replicas` serve."""
+
+
+@dataclass(frozen=True)
+class PerReplicaSizing:
+    """Every replica serves `rate_per_replica` requests/s (spec throughputPerReplica, or one measured)."""
+    rate_per_replica: float
+
+    def replicas_for(self, rate: float) -> int:
+        return max(1, math.ceil(rate / self.rate_per_replica))
+
+    def capacity(self, replicas: int) -> float:
+        return replicas * self.rate_per_replica
 
 
 @dataclass(frozen=True)
@@ -61,11 +82,11 @@ class PredictiveDecision:
 
 
 def decide(observed_rate: float | None, queue_depth: float | None, current: int, state: PredictiveState,
-           config: PredictiveConfig, cold_start_s: float, now: float, replicas_for: Callable[[float], int],
+           config: PredictiveConfig, cold_start_s: float, now: float, sizing: Sizing,
            rate_window_s: float = 30.0) -> PredictiveDecision:
     """`observed_rate`: arrivals per second over the last `rate_window_s` (None: no metrics); `queue_depth`:
-    requests waiting; `current`: replicas asked for (ready and pending); `replicas_for`: the fleet a steady rate
-    needs (whose sizing already holds the TTFT share under Poisson arrivals)."""
+    requests waiting; `current`: replicas asked for (ready and pending); `sizing`: fleets for steady rates (its
+    table already holds the TTFT share under Poisson arrivals)."""
     if observed_rate is None:
         return PredictiveDecision(current, "no metrics: holding", state)
     forecast = update(state.forecast, observed_rate, now, config.forecast)
@@ -78,14 +99,12 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     queue = max(0.0, (queue_depth or 0.0) - config.queue_per_replica * current)
     backlog_rate = 0.0
     if queue > 0:
-        capacity = capacity_of(current, replicas_for, forecast.level)
-        backlog = queue + max(0.0, forecast.level - capacity) * horizon
+        backlog = queue + max(0.0, forecast.level - sizing.capacity(current)) * horizon
         backlog_rate = backlog / config.drain_s
     # Up only past the estimate's own noise (hysteresis): at a rate on a fleet-size boundary, noise alone would
     # order and release a replica every minute.
-    up_need = replicas_for(max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate)
-    keep_need = replicas_for(forecast.peak_over(horizon, k, noise) + backlog_rate)
-    clamp = lambda n: min(config.max_replicas, max(config.min_replicas, n))  # noqa: E731
+    up_need = sizing.replicas_for(max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate)
+    keep_need = sizing.replicas_for(forecast.peak_over(horizon, k, noise) + backlog_rate)
     desired, below_since = current, state.below_since
     if up_need > current:
         desired, below_since = up_need, None
@@ -101,7 +120,7 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     else:
         below_since = None
         reason = f"need {keep_need}, fleet {current}: holding"
-    desired = clamp(desired)
+    desired = min(config.max_replicas, max(config.min_replicas, desired))
     direction = (desired > current) - (desired < current)
     changes = tuple(t for t in state.direction_changes if now - t < 3600.0)
     if direction and state.last_direction and direction != state.last_direction:
@@ -114,13 +133,3 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
         below_since = None   # the next step down confirms afresh
     return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes))
 
-
-def capacity_of(replicas: int, replicas_for: Callable[[float], int], hint: float) -> float:
-    """The highest rate `replicas` serve by the sizing (bisected up from 0 to well past `hint`)."""
-    lo, hi = 0.0, max(1.0, 4 * hint)
-    if replicas_for(hi) <= replicas:
-        return hi
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if replicas_for(mid) <= replicas else (lo, mid)
-    return lo

@@ -125,13 +125,36 @@ class StablePanic:
         return min(self.max_replicas, max(self.min_replicas, desired))
 
 
+@dataclass(frozen=True)
+class TableSizing:
+    """The table that sizes the limit (`clairvoyant.FleetSizing`), as the predictive policy's `Sizing`: past its
+    largest fleet, at that fleet's rate per replica (the limit itself stops at the table)."""
+
+    table: object   # clairvoyant.FleetSizing
+
+    def _per_replica(self) -> float:
+        return self.table.max_rates[-1] / len(self.table.max_rates)
+
+    def replicas_for(self, rate: float) -> int:
+        if rate <= self.table.max_rates[-1] or self.table.max_rates[-1] <= 0:
+            return self.table.replicas_for(rate)
+        return math.ceil(rate / self._per_replica())
+
+    def capacity(self, replicas: int) -> float:
+        if replicas <= 0:
+            return 0.0
+        if replicas <= len(self.table.max_rates):
+            return self.table.max_rates[replicas - 1]
+        return replicas * self._per_replica()
+
+
 @dataclass
 class PredictivePolicy:
     """Ours, predictive (kubeinfer.operator.autoscale_predictive): the arrival rate over the last 10 s into the
-    forecaster, the fleet sized by the calibrated replica model (`replicas_for`, the table that sizes the limit),
-    the cold start learned from the replicas it creates."""
+    forecaster, the fleet sized by the calibrated replica model (the table that sizes the limit), the cold start
+    learned from the replicas it creates."""
 
-    replicas_for: object            # rate -> replicas (clairvoyant.FleetSizing.replicas_for)
+    sizing: TableSizing
     config: autoscale_predictive.PredictiveConfig
     initial_cold_start_s: float = 60.0
     tick_s: float = 5.0
@@ -140,13 +163,6 @@ class PredictivePolicy:
     state: autoscale_predictive.PredictiveState = field(default_factory=autoscale_predictive.PredictiveState)
     cold_start: ColdStartRecord = field(default_factory=ColdStartRecord)
     reasons: list[str] = field(default_factory=list)
-
-    def _replicas_for(self, rate: float) -> int:
-        """The sizing table, extended past its largest fleet at that fleet's rate per replica."""
-        table = self.replicas_for.__self__.max_rates
-        if rate <= table[-1] or table[-1] <= 0:
-            return self.replicas_for(rate)
-        return math.ceil(rate / (table[-1] / len(table)))
 
     def decide(self, obs: Observation) -> int:
         from bisect import bisect_right
@@ -157,7 +173,7 @@ class PredictivePolicy:
         cold_start = self.cold_start.seconds or self.initial_cold_start_s
         waiting = obs.sim.samples.waiting[-1] if obs.sim.samples.waiting else 0.0
         d = autoscale_predictive.decide(rate, waiting, obs.current, self.state, self.config, cold_start, obs.now,
-                                        self._replicas_for, self.rate_window_s)
+                                        self.sizing, self.rate_window_s)
         self.state = autoscale_predictive.PredictiveState.from_dict(json.loads(json.dumps(d.state.to_dict())))
         self.reasons.append(d.reason)
         return d.desired_replicas

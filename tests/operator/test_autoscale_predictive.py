@@ -3,12 +3,11 @@ its state a dict) and the decision (one cold start ahead, released by expected c
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
 from kubeinfer.operator.autoscale_forecast import Forecast, ForecastConfig, update
-from kubeinfer.operator.autoscale_predictive import PredictiveConfig, PredictiveState, decide
+from kubeinfer.operator.autoscale_predictive import PerReplicaSizing, PredictiveConfig, PredictiveState, decide
 
 
 def feed(rates, step=5.0, forecast=Forecast()):
@@ -44,8 +43,12 @@ def test_state_round_trips_through_a_dict():
     assert PredictiveState.from_dict(None) == PredictiveState()
 
 
-def replicas_for(rate: float) -> int:
-    return max(1, math.ceil(rate / 2.0))   # 2 req/s a replica
+SIZING = PerReplicaSizing(2.0)   # 2 req/s a replica
+
+
+def test_per_replica_sizing():
+    assert [SIZING.replicas_for(r) for r in (0.0, 2.0, 2.1, 9.0)] == [1, 1, 2, 5]
+    assert SIZING.capacity(3) == 6.0 and SIZING.replicas_for(SIZING.capacity(7)) == 7
 
 
 CONFIG = PredictiveConfig(min_replicas=1, max_replicas=20, confirm_down_s=30.0)
@@ -54,7 +57,7 @@ CONFIG = PredictiveConfig(min_replicas=1, max_replicas=20, confirm_down_s=30.0)
 def run(rates, current=1, queue=0.0, state=PredictiveState(), step=5.0, cold_start=60.0, config=CONFIG):
     decisions = []
     for i, rate in enumerate(rates):
-        d = decide(rate, queue, current, state, config, cold_start, i * step, replicas_for)
+        d = decide(rate, queue, current, state, config, cold_start, i * step, SIZING)
         state, current = d.state, d.desired_replicas
         decisions.append(d)
     return decisions
@@ -64,7 +67,7 @@ def test_scales_up_for_the_forecast_and_the_queue():
     assert run([1.0] * 20)[-1].desired_replicas == 1
     assert run([1.0] * 20 + [9.0])[-1].desired_replicas > 1                   # at the first sign
     assert run([1.0] * 20 + [9.0] * 4)[-1].desired_replicas >= 5              # the whole need within 20 s
-    queued = decide(1.0, 600.0, 1, run([1.0] * 20)[-1].state, CONFIG, 60.0, 100.0, replicas_for)
+    queued = decide(1.0, 600.0, 1, run([1.0] * 20)[-1].state, CONFIG, 60.0, 100.0, SIZING)
     assert queued.desired_replicas >= 1 + 600 / 60 / 2 - 1   # the queue drains within one cold start
 
 
@@ -75,7 +78,7 @@ def test_scales_down_one_step_after_the_need_stays_low_and_never_without_metrics
     assert all(a - b <= 1 for a, b in zip(counts, counts[1:]))        # one step at a time
     first_down = next(i + 1 for i, (a, b) in enumerate(zip(counts, counts[1:])) if b < a)   # its decision
     assert first_down * 5.0 >= 40 * 5.0 + CONFIG.confirm_down_s       # not before the confirmation
-    held = decide(None, None, 5, decisions[50].state, CONFIG, 60.0, 1e6, replicas_for)
+    held = decide(None, None, 5, decisions[50].state, CONFIG, 60.0, 1e6, SIZING)
     assert held.desired_replicas == 5 and "no metrics" in held.reason
 
 
@@ -87,5 +90,5 @@ def test_direction_changes_per_hour_are_bounded_but_never_a_scale_up():
     flips = [i for i in range(2, len(counts)) if (counts[i] - counts[i - 1]) * (counts[i - 1] - counts[i - 2]) < 0]
     assert len(flips) <= 2 + 1 and any("direction changes this hour" in d.reason for d in decisions)
     held = decisions[-1]
-    up = decide(30.0, 0.0, held.desired_replicas, held.state, config, 60.0, 6 * 12 * 5.0, replicas_for)
+    up = decide(30.0, 0.0, held.desired_replicas, held.state, config, 60.0, 6 * 12 * 5.0, SIZING)
     assert up.desired_replicas > held.desired_replicas   # a scale-up is never held back
