@@ -7,7 +7,7 @@ import torch
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.models.config import ModelConfig
 from kubeinfer.runtime.sampling_params import SamplingParams
-from support.reference import hf_greedy
+from support.reference import assert_same_outputs, hf_greedy
 
 MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe"]
 PROMPTS = ["Kubernetes runs containers on nodes, and the scheduler places each pod", "a",
@@ -31,12 +31,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(moe_dirs, arch):
         prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
         ours = llm.generate(prompt_ids, params)   # one batch, mixed lengths, chunked prefill (32-token steps)
-    for output, (hf_tokens, hf_logprobs) in zip(ours, hf_greedy(moe_dirs[arch], prompt_ids, MAX_TOKENS)):
-        assert output.token_ids == hf_tokens
-        for ours_lp, hf_lp in zip(output.logprobs, hf_logprobs):
-            hf_top = hf_lp.topk(TOP_N)
-            assert [t for t, _ in ours_lp.top] == hf_top.indices.tolist()
-            torch.testing.assert_close(torch.tensor([v for _, v in ours_lp.top]), hf_top.values, atol=1e-4, rtol=0)
+    assert_same_outputs(ours, hf_greedy(moe_dirs[arch], prompt_ids, MAX_TOKENS), top_n=TOP_N)
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
@@ -69,15 +64,10 @@ def test_two_ranks_match_one_on_real_processes(moe_dirs, arch, parallel):
     for settings in ({}, {"tensor_parallel_size": 2, **parallel}):
         with LLM(str(moe_dirs[arch]), max_num_batched_tokens=32, num_kvcache_blocks=64, **settings) as llm:
             if settings.get("expert_parallel_size") or settings.get("enable_expert_parallel"):
-                experts = llm.engine.model_runner  # the rank-0 model holds half of the experts
-                assert experts.model.model.layers[0].mlp.experts.w13.shape[0] == 4
+                layer = llm.engine.model_runner.model.model.layers[0]   # rank 0 holds half of the experts
+                assert layer.mlp.experts.w13.shape[0] == 4
             outputs.append(llm.generate([llm.tokenizer.encode(p) for p in PROMPTS], params))
-    for one, two in zip(*outputs, strict=True):
-        assert two.token_ids == one.token_ids
-        for a, b in zip(one.logprobs, two.logprobs):
-            assert [t for t, _ in a.top] == [t for t, _ in b.top]
-            torch.testing.assert_close(torch.tensor([v for _, v in b.top]), torch.tensor([v for _, v in a.top]),
-                                       atol=1e-4, rtol=0)
+    assert_same_outputs(outputs[1], outputs[0], top_n=TOP_N)
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -1,8 +1,8 @@
 """Tensor parallelism on CPU with gloo: TP=2/4 give TP=1's greedy tokens and logprobs, and transformers'.
 
-The helpers at the top (`PROMPTS`, `PARAMS`, `tp_outputs`, `assert_same_outputs`) are meant to be reused by
-tests that drive a TP engine through another front end (the HTTP server): produce the TP=1 outputs with
-`tp_outputs(model_dir, 1)` and compare whatever the front end returns with `assert_same_outputs`.
+The helpers at the top (`PROMPTS`, `PARAMS`, `tp_outputs`) and `support.reference.assert_same_outputs` are meant
+to be reused by tests that drive a TP engine through another front end (the HTTP server): produce the TP=1
+outputs with `tp_outputs(model_dir, 1)` and compare whatever the front end returns with `assert_same_outputs`.
 """
 import json
 import shutil
@@ -16,7 +16,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
-from support.reference import hf_greedy
+from support.reference import assert_same_outputs, hf_greedy
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the attention state of every token",
@@ -24,7 +24,6 @@ PROMPTS = ["Kubernetes runs containers", "a", "The key and value cache keeps the
 MAX_TOKENS = 10
 TOP_N = 5
 PARAMS = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
-LOGPROB_ATOL = 1e-4   # fp32; TP only changes the order of the sums
 ODD_VOCAB = 387       # the tokenizer has 384 tokens; 387 splits over neither 2 nor 4 ranks
 
 
@@ -40,24 +39,6 @@ def tp_outputs(model_dir, tp: int, prompts=PROMPTS, params=PARAMS, **settings):
         assert [p.exitcode for p in workers] == [0] * (tp - 1)
         assert not torch.distributed.is_initialized()
     return outputs
-
-
-def assert_same_outputs(ours, reference) -> None:
-    """Same tokens; same top-N ids; logprobs within LOGPROB_ATOL. `reference`: RequestOutputs or
-    (tokens, [full logprob vector per step]) pairs from transformers."""
-    for output, ref in zip(ours, reference, strict=True):
-        ref_tokens = ref[0] if isinstance(ref, tuple) else ref.token_ids
-        assert output.token_ids == ref_tokens
-        for step, lp in enumerate(output.logprobs):
-            if isinstance(ref, tuple):
-                top = ref[1][step].topk(TOP_N)
-                ref_top, ref_lp = list(zip(top.indices.tolist(), top.values.tolist())), ref[1][step][lp.token_id]
-            else:
-                ref_top, ref_lp = ref.logprobs[step].top, ref.logprobs[step].logprob
-            assert [t for t, _ in lp.top] == [t for t, _ in ref_top]
-            torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), torch.tensor([v for _, v in ref_top]),
-                                       atol=LOGPROB_ATOL, rtol=0)
-            assert abs(lp.logprob - float(ref_lp)) < LOGPROB_ATOL
 
 
 def with_vocab(model_dir: Path, dest: Path, vocab_size: int) -> Path:
