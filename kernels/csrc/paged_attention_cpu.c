@@ -32,6 +32,26 @@ typedef struct {
     int32_t tile;                   /* a prefill tile (one KV head, count <= TILE_Q): see TILE_NAME */
 } work_item;
 
+/* Where a work item's queries sit: positions [first_pos, last_pos] of its sequence, rows from first_token of q and
+   out, the sequence's block table, and the first key any of them sees (0, or the window's start). */
+typedef struct {
+    int32_t first_pos, last_pos, first_token, key_begin;
+    const int32_t *table;
+} item_span;
+
+static inline item_span span_of(const work_item *item, const int32_t *cu_seqlens_q, const int32_t *seq_lens,
+                                const int32_t *block_tables, int64_t table_stride, int32_t sliding_window) {
+    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
+    item_span span;
+    span.first_pos = seq_lens[item->seq] - q_len + item->first;
+    span.last_pos = span.first_pos + item->count - 1;
+    span.first_token = cu_seqlens_q[item->seq] + item->first;
+    span.table = block_tables + (int64_t)item->seq * table_stride;
+    span.key_begin = sliding_window > 0 && span.first_pos - sliding_window + 1 > 0
+                         ? span.first_pos - sliding_window + 1 : 0;
+    return span;
+}
+
 /* The K and V rows of keys [start, start + n) of one sequence, through its block table; `offset` selects a KV head
    inside a token's row (0: the row from its first head). */
 static inline void chunk_rows(const int32_t *table, int32_t block_size, const float *k_cache, const float *v_cache,

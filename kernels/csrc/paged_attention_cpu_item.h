@@ -7,11 +7,11 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
                         int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                         float scale, int32_t sliding_window, float *out) {
     const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM;
-    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
-    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;   /* position of the item's first query */
+    const item_span span = span_of(item, cu_seqlens_q, seq_lens, block_tables, table_stride, sliding_window);
+    const int32_t first_pos = span.first_pos, last_pos = span.last_pos;
     const int32_t heads = (item->kv_end - item->kv_begin) * group;          /* query heads per token */
     const int32_t rows = item->count * heads;
-    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const int32_t *table = span.table;
     const int64_t token_stride = (int64_t)num_kv_heads * d;   /* between two tokens' rows in the cache */
 
     float qs[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
@@ -20,7 +20,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
     float running_max[MAX_ROWS], denominator[MAX_ROWS];
     int32_t row_pos[MAX_ROWS], row_kv[MAX_ROWS], seen[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
     for (int32_t r = 0; r < rows; r++) {
-        const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
+        const int32_t token = span.first_token + r / heads;
         const int32_t head = item->kv_begin * group + r % heads;
         const float *src = q + token * q_token_stride + (int64_t)head * d;
         for (int32_t x = 0; x < d; x++) qs[r][x] = src[x] * scale;
@@ -31,11 +31,8 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         row_pos[r] = first_pos + r / heads;
         row_kv[r] = (head / group) * d;   /* offset of the row's KV head inside a token's row */
     }
-    const int32_t last_pos = first_pos + item->count - 1;
-    int32_t key_begin = 0;
-    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
 
-    for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
+    for (int32_t start = span.key_begin; start <= last_pos; start += KEY_CHUNK) {
         int32_t n = last_pos + 1 - start;
         if (n > KEY_CHUNK) n = KEY_CHUNK;
         const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
@@ -86,14 +83,11 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
         int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
         int32_t sliding_window, float *out, int32_t head0, const int32_t P) {
     const int32_t d = HEAD_DIM, count = item->count;
-    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
-    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;
-    const int32_t first_token = cu_seqlens_q[item->seq] + item->first;
-    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const item_span span = span_of(item, cu_seqlens_q, seq_lens, block_tables, table_stride, sliding_window);
+    const int32_t first_pos = span.first_pos, last_pos = span.last_pos, first_token = span.first_token;
+    const int32_t key_begin = span.key_begin;
+    const int32_t *table = span.table;
     const int64_t token_stride = (int64_t)num_kv_heads * d;
-    const int32_t last_pos = first_pos + count - 1;
-    int32_t key_begin = 0;
-    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
     const __mmask16 live = (__mmask16)((1u << count) - 1);   /* lanes holding a query token */
 
     float q_t[2][MAX_D][TILE_Q] __attribute__((aligned(64)));
@@ -227,14 +221,11 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
                       int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                       float scale, int32_t sliding_window, float *out) {
     const int32_t group = num_heads / num_kv_heads, d = HEAD_DIM, count = item->count;
-    const int32_t q_len = cu_seqlens_q[item->seq + 1] - cu_seqlens_q[item->seq];
-    const int32_t first_pos = seq_lens[item->seq] - q_len + item->first;
-    const int32_t first_token = cu_seqlens_q[item->seq] + item->first;
-    const int32_t *table = block_tables + (int64_t)item->seq * table_stride;
+    const item_span span = span_of(item, cu_seqlens_q, seq_lens, block_tables, table_stride, sliding_window);
+    const int32_t first_pos = span.first_pos, last_pos = span.last_pos, first_token = span.first_token;
+    const int32_t key_begin = span.key_begin;
+    const int32_t *table = span.table;
     const int64_t token_stride = (int64_t)num_kv_heads * d;
-    const int32_t last_pos = first_pos + count - 1;
-    int32_t key_begin = 0;
-    if (sliding_window > 0 && first_pos - sliding_window + 1 > 0) key_begin = first_pos - sliding_window + 1;
 
     float q_t[MAX_D][TILE_Q] __attribute__((aligned(64)));
     float acc[TILE_Q][MAX_D] __attribute__((aligned(64)));
