@@ -14,7 +14,6 @@ router's /metrics on this machine's loopback (spec.autoscaling.routerMetricsUrl)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
@@ -27,7 +26,8 @@ from typing import Any
 import pytest
 
 from kubeinfer.operator import times
-from support.cluster import condition, delete_inference_services, delete_namespace, eventually, isvc_path
+from support.cluster import (condition, delete_inference_services, delete_namespace, eventually, isvc_path,
+                             start_operator_in_process)
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -135,17 +135,7 @@ class RouterMetrics:
 
 @pytest.fixture()
 def operator_ns(kctl_ns: str, kube: Any) -> Iterator[str]:
-    import kopf
-    from kubeinfer.operator import handlers  # noqa: F401
-    from kubeinfer.operator.config import OperatorConfig
-    config = OperatorConfig(namespaces=(kctl_ns,), standalone=True, service_monitor="never",
-                            autoscale_interval_seconds=INTERVAL_S)
-    stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(
-        registry=kopf.get_default_registry(), memo=kopf.Memo(config=config), standalone=True,
-        namespaces=[kctl_ns], stop_flag=stop, ready_flag=ready)), daemon=True)
-    thread.start()
-    assert ready.wait(30), "the operator did not start"
+    thread, stop = start_operator_in_process(kctl_ns, service_monitor="never", autoscale_interval_seconds=INTERVAL_S)
     # No wait for its watches: on a real API server an object created before them is listed, and handled, once.
     yield kctl_ns
     delete_inference_services(kube, kctl_ns)   # kopf's finalizer on autoscaled ones needs the operator running

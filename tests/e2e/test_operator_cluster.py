@@ -8,7 +8,6 @@ shows them Unschedulable, which the status must explain.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from support import cluster
-from support.cluster import condition, eventually
+from support.cluster import condition, eventually, start_operator_in_process
 
 NAME = "qwen"
 ACTIONABLE = {"InsufficientGPU", "Unschedulable", "ImagePullFailed", "CrashLoop", "ContainerConfigError",
@@ -25,16 +24,7 @@ ACTIONABLE = {"InsufficientGPU", "Unschedulable", "ImagePullFailed", "CrashLoop"
 
 
 def run_operator(namespace: str) -> tuple[threading.Thread, threading.Event]:
-    import kopf
-    from kubeinfer.operator import handlers  # noqa: F401
-    from kubeinfer.operator.config import OperatorConfig
-    config = OperatorConfig(namespaces=(namespace,), standalone=True, service_monitor="auto")
-    stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(
-        registry=kopf.get_default_registry(), memo=kopf.Memo(config=config), standalone=True,
-        namespaces=[namespace], stop_flag=stop, ready_flag=ready)), daemon=True)
-    thread.start()
-    assert ready.wait(30), "operator did not become ready"
+    thread, stop = start_operator_in_process(namespace, service_monitor="auto")
     time.sleep(2)  # let the watch streams open
     return thread, stop
 

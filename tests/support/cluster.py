@@ -4,9 +4,11 @@ Importable as `support.cluster`; nothing here runs unless a test of tests/e2e ca
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -175,3 +177,20 @@ def pod_counter(pod: dict[str, Any], metric: str = "kubeinfer_request_success_to
 def service_url(kube: Any, ns: str, name: str) -> str:
     svc = kube.get(f"/api/v1/namespaces/{ns}/services/{name}")
     return f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1"
+
+
+def start_operator_in_process(namespace: str, **config: Any) -> tuple[threading.Thread, threading.Event]:
+    """Our operator (kopf, standalone) on a thread of this process, watching `namespace` of the cluster the
+    kubeconfig names, with OperatorConfig `config`. Returns once kopf says it is ready: (its thread, the event
+    that stops it)."""
+    import kopf
+    from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
+    from kubeinfer.operator.config import OperatorConfig
+    settings = OperatorConfig(namespaces=(namespace,), standalone=True, **config)
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(
+        registry=kopf.get_default_registry(), memo=kopf.Memo(config=settings), standalone=True,
+        namespaces=[namespace], stop_flag=stop, ready_flag=ready)), daemon=True)
+    thread.start()
+    assert ready.wait(30), "the operator did not start"
+    return thread, stop
