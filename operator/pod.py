@@ -1,9 +1,9 @@
 """Pure builder of the runtime pod template (the part of the Deployment that runs the model).
 
 Policy, decided here:
-- GPUs per pod = ``resources.gpus`` (default parallelism.tensor), as both request and limit of
+- GPUs per pod = ``resources.gpus`` (default: one per runtime process), as both request and limit of
   ``nvidia.com/gpu``. With 0 GPUs the pod requests none, the runtime runs with ``--device cpu``, and
-  its KV cache gets a quarter of ``resources.memory`` (split over the tensor-parallel processes) unless
+  its KV cache gets a quarter of ``resources.memory`` (split over the runtime processes) unless
   ``runtime.kvCacheMemoryGib`` says otherwise: the rest holds the weights, activations and Python.
 - Memory is requested and limited alike (a model server must not be OOM-killed by neighbours);
   CPU is only requested (limits throttle the tokenizer and HTTP loop for no gain).
@@ -126,19 +126,19 @@ def kv_cache_memory_gib(spec: InferenceServiceSpec) -> float | None:
         return spec.runtime.kv_cache_memory_gib
     if spec.on_cpu and spec.resources.memory is not None:
         memory = float(parse_quantity(spec.resources.memory))
-        return round(memory * CPU_KV_CACHE_SHARE / spec.parallelism.tensor / 2**30, 3)
+        return round(memory * CPU_KV_CACHE_SHARE / spec.parallelism.processes / 2**30, 3)
     return None
 
 
 def cpu_threads(spec: InferenceServiceSpec) -> int | None:
     """torch threads of each runtime process of a CPU pod: the CPUs it requested (rounded up), shared by its
-    tensor-parallel processes. More threads than the pod's share of the node's cores is not free: with
+    processes (tensor- or expert-parallel). More threads than the pod's share of the node's cores is not free: with
     several pods on a node, each parallel op of each pod waits at its barrier for threads preempted by the
     others' (measured: two CPU replicas on 2 cores, 50 tokens/s each with 2 threads, 385 with 1)."""
     if spec.resources.cpu is None:
         return None
     cpus = float(parse_quantity(spec.resources.cpu))
-    return max(1, math.ceil(cpus / spec.parallelism.tensor))
+    return max(1, math.ceil(cpus / spec.parallelism.processes))
 
 
 def _quantity(value: int | str | None) -> str | None:

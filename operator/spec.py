@@ -252,9 +252,9 @@ class RuntimeSpec(_Model):
 
 
 EXPERT_OVER_TENSOR = cel(
-    "!has(self.expert) || self.expert == 1 || self.expert == (has(self.tensor) ? self.tensor : 1)",
-    "parallelism.expert must be 1 or equal parallelism.tensor: a mixture-of-experts model's experts are split "
-    "over the replica's tensor-parallel GPUs",
+    "!has(self.expert) || !has(self.tensor) || self.tensor == 1 || self.expert == 1 || self.expert == self.tensor",
+    "parallelism.expert must be 1, equal parallelism.tensor (experts split over the tensor-parallel GPUs), or "
+    "go with parallelism.tensor 1 (attention replicated on every GPU, experts split over them)",
 )
 
 
@@ -264,8 +264,10 @@ class Parallelism(_Model):
     expert: int = Field(
         default=1, ge=1, le=64,
         description="Mixture-of-experts models: split whole experts over this many of the replica's GPUs (expert "
-        "parallelism; attention stays tensor-parallel). 1 or parallelism.tensor; 1 splits each expert's width "
-        "instead. The runtime checks that it divides the model's experts (a Ready=False condition says so).",
+        "parallelism). Equal to parallelism.tensor, attention stays tensor-parallel over the same GPUs; with "
+        "parallelism.tensor 1, every GPU holds the whole attention and 1/expert of the experts. 1 splits each "
+        "expert's width over the tensor-parallel GPUs instead. The runtime checks that it divides the model's "
+        "experts (a Ready=False condition says so).",
     )
     tensor: int = Field(
         default=1, description="GPUs per replica, one shard each (tensor parallel size).",
@@ -284,9 +286,15 @@ class Parallelism(_Model):
 
     @model_validator(mode="after")
     def _expert_over_tensor(self) -> "Parallelism":
-        if self.expert not in (1, self.tensor):
+        if self.tensor != 1 and self.expert not in (1, self.tensor):
             raise ValueError(EXPERT_OVER_TENSOR["message"])
         return self
+
+    @property
+    def processes(self) -> int:
+        """Runtime processes (and GPUs) of one replica: one per tensor-parallel shard, or per expert-parallel
+        rank when attention is replicated."""
+        return max(self.tensor, self.expert)
 
 
 class Resources(_Model):
@@ -405,10 +413,13 @@ class SecretKeyRef(_Model):
     key: str = Field(default="api-keys", description="Key holding one API key per line.")
 
 
+_TENSOR = "(has(self.parallelism) && has(self.parallelism.tensor) ? self.parallelism.tensor : 1)"
+_EXPERT = "(has(self.parallelism) && has(self.parallelism.expert) ? self.parallelism.expert : 1)"
 GPUS_MATCH_SHARDS = cel(
     "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0 || self.resources.gpus == "
-    "(has(self.parallelism) && has(self.parallelism.tensor) ? self.parallelism.tensor : 1)",
-    "resources.gpus must be 0 (run on CPU) or equal parallelism.tensor (one GPU per tensor-parallel shard)",
+    f"({_TENSOR} > {_EXPERT} ? {_TENSOR} : {_EXPERT})",
+    "resources.gpus must be 0 (run on CPU) or equal the larger of parallelism.tensor and parallelism.expert "
+    "(one GPU per runtime process)",
 )
 CPU_HAS_NO_GPU_PRODUCT = cel(
     "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus != 0 || "
@@ -474,7 +485,7 @@ class InferenceServiceSpec(_Model):
     @model_validator(mode="after")
     def _accelerators(self) -> InferenceServiceSpec:
         gpus = self.resources.gpus
-        if gpus is not None and gpus not in (0, self.parallelism.tensor):
+        if gpus is not None and gpus not in (0, self.parallelism.processes):
             raise ValueError(GPUS_MATCH_SHARDS["message"])
         if gpus == 0 and self.resources.gpu_product is not None:
             raise ValueError(CPU_HAS_NO_GPU_PRODUCT["message"])
@@ -487,8 +498,8 @@ class InferenceServiceSpec(_Model):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs per replica: resources.gpus, else one per tensor-parallel shard."""
-        return self.parallelism.tensor if self.resources.gpus is None else self.resources.gpus
+        """GPUs per replica: resources.gpus, else one per runtime process."""
+        return self.parallelism.processes if self.resources.gpus is None else self.resources.gpus
 
     @property
     def on_cpu(self) -> bool:

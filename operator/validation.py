@@ -67,7 +67,7 @@ def _kv_cache_errors(spec: InferenceServiceSpec) -> list[str]:
     if not spec.on_cpu or kv_gib is None or memory is None:
         return []
     total_gib = float(parse_quantity(memory)) / 2**30
-    if kv_gib * spec.parallelism.tensor >= total_gib:
-        return [f"runtime.kvCacheMemoryGib {kv_gib:g} per process x {spec.parallelism.tensor} leaves no room for "
+    if kv_gib * spec.parallelism.processes >= total_gib:
+        return [f"runtime.kvCacheMemoryGib {kv_gib:g} per process x {spec.parallelism.processes} leaves no room for "
                 f"the model in resources.memory {memory} on CPU"]
     return []

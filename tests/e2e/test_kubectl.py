@@ -76,7 +76,7 @@ ONE_MESSAGE = {
                                      "spec.runtime.env", "runtime.env must not set KUBEINFER_MODEL"),
     "tensor 3": ({"parallelism": {"tensor": 3}}, "spec.parallelism.tensor", "must be a power of two between 1 and 64"),
     "expert over other GPUs than tensor": ({"parallelism": {"tensor": 2, "expert": 4}}, "spec.parallelism",
-                                           "parallelism.expert must be 1 or equal parallelism.tensor"),
+                                           "parallelism.expert must be 1, equal parallelism.tensor"),
     "negative minReplicas": ({"autoscaling": {"minReplicas": -1, "maxReplicas": 2}}, "spec.autoscaling.minReplicas",
                              "should be greater than or equal to 0"),
     "ftp model": ({"model": {"uri": "ftp://host/m"}}, "spec.model.uri", "must start with hf://, pvc://, s3:// or file://"),

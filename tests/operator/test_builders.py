@@ -132,8 +132,19 @@ def test_expert_parallelism_maps_to_its_flag_and_must_match_tensor() -> None:
     assert (flag(dep, "--tensor-parallel-size"), flag(dep, "--expert-parallel-size")) == ("4", "4")
     assert container(dep)["resources"]["limits"]["nvidia.com/gpu"] == "4"   # the GPUs of the tensor ranks
     assert "--expert-parallel-size" not in container(build(parallelism={"tensor": 4}))["args"]
-    with pytest.raises(ValueError, match="parallelism.expert must be 1 or equal parallelism.tensor"):
+    with pytest.raises(ValueError, match="parallelism.expert must be 1, equal parallelism.tensor"):
         parse_spec({"model": {"uri": "pvc://m/q"}, "parallelism": {"tensor": 2, "expert": 4}})
+
+
+def test_expert_parallelism_with_replicated_attention_takes_one_gpu_per_expert_rank() -> None:
+    dep = build(parallelism={"expert": 4})
+    assert (flag(dep, "--tensor-parallel-size"), flag(dep, "--expert-parallel-size")) == ("1", "4")
+    assert container(dep)["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    cpu = build(parallelism={"expert": 2}, resources={"gpus": 0, "cpu": "2", "memory": "8Gi"})
+    assert flag(cpu, "--cpu-threads") == "1"   # two processes share the pod's two CPUs
+    assert float(flag(cpu, "--kv-cache-memory-gib")) == 1.0   # a quarter of 8 GiB over two processes
+    with pytest.raises(ValueError, match="resources.gpus must be 0 .run on CPU. or equal the larger"):
+        parse_spec({"model": {"uri": "pvc://m/q"}, "parallelism": {"expert": 4}, "resources": {"gpus": 1}})
 
 
 def test_defaults_leave_optional_flags_out_and_name_the_model_after_the_owner() -> None:

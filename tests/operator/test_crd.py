@@ -146,7 +146,7 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "runtime.speculative.ngramMin must not exceed runtime.speculative.ngramMax" in messages
     assert "draftModelPath is needed with method draft" in messages
     assert "method draft runs with parallelism.tensor 1 only" in messages
-    assert "parallelism.expert must be 1 or equal parallelism.tensor" in messages
+    assert "parallelism.expert must be 1, equal parallelism.tensor" in messages
     assert "model.cacheHostPath and model.cacheVolumeClaim are exclusive" in messages
     assert "model.cacheHostPath caches downloads" in messages
     assert "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive" in messages
