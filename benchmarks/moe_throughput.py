@@ -1,5 +1,6 @@
-"""Offline throughput of a mixture-of-experts model on the CPU: ours (one rank; two ranks with expert parallelism)
-against transformers.generate, same random-weight checkpoint, same token ids, one run.
+"""Offline throughput of a mixture-of-experts model on the CPU: ours (one rank; two ranks with expert parallelism,
+attention split over them or replicated on each) against transformers.generate, same random-weight checkpoint,
+same token ids, one run.
 
 The model: Qwen3-MoE shaped (hidden 512, 4 layers, 8 query / 4 KV heads of 64, 16 experts of 384, top-2,
 renormalized), random weights, fp32. The workload: throughput.py's `short` one at `--num-requests` (default 32).
@@ -67,22 +68,25 @@ def main() -> None:
         print(f"workload: {len(prompts)} requests, {sum(map(len, prompts))} prompt + {sum(outputs)} output tokens")
         runs = {}
         for name, settings in (("kubeinfer EP=1", {}),
-                               ("kubeinfer EP=2", {"tensor_parallel_size": 2, "expert_parallel_size": 2})):
+                               ("kubeinfer EP=2", {"tensor_parallel_size": 2, "expert_parallel_size": 2}),
+                               ("kubeinfer EP=2 rep", {"expert_parallel_size": 2})):
             runs[name] = run_ours(model, prompts, outputs, **settings)
-            print(f"  {name:<16} {runs[name]['seconds']:7.2f} s   load imbalance {runs[name]['imbalance']:.2f}",
+            print(f"  {name:<18} {runs[name]['seconds']:7.2f} s   load imbalance {runs[name]['imbalance']:.2f}",
                   flush=True)
         if not args.skip_transformers:
             runs["transformers"] = run_transformers(model, prompts, outputs)
             print(f"  {'transformers':<16} {runs['transformers']['seconds']:7.2f} s", flush=True)
     output_tokens = sum(outputs)
-    print(f"\n{'engine':<18}{'seconds':>9}{'output tok/s':>14}")
+    print(f"\n{'engine':<20}{'seconds':>9}{'output tok/s':>14}")
     for name, result in runs.items():
-        print(f"{name:<18}{result['seconds']:>9.2f}{output_tokens / result['seconds']:>14.1f}")
+        print(f"{name:<20}{result['seconds']:>9.2f}{output_tokens / result['seconds']:>14.1f}")
     base = runs["kubeinfer EP=1"]
-    print(f"kubeinfer EP=2: {base['seconds'] / runs['kubeinfer EP=2']['seconds']:.2f}x the throughput of EP=1")
+    for name in ("kubeinfer EP=2", "kubeinfer EP=2 rep"):
+        print(f"{name}: {base['seconds'] / runs[name]['seconds']:.2f}x the throughput of EP=1")
     if "transformers" in runs:
         print(f"kubeinfer EP=1: {runs['transformers']['seconds'] / base['seconds']:.2f}x the throughput of transformers")
-    print(f"greedy outputs, EP=2 vs EP=1: {agreement(runs['kubeinfer EP=2']['tokens'], base['tokens'])}")
+    for name in ("kubeinfer EP=2", "kubeinfer EP=2 rep"):
+        print(f"greedy outputs, {name} vs EP=1: {agreement(runs[name]['tokens'], base['tokens'])}")
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

@@ -23,8 +23,9 @@ ENGINE_FLAGS = [
     ("device", str, "auto | cpu | cuda[:N]"),
     ("kernel_backend", str, "auto | torch | triton | cpu"),
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),
-    ("expert_parallel_size", int, "a mixture-of-experts model's experts split over N of the tensor-parallel ranks "
-                                  "(each holds num_experts / N whole experts); N = tensor_parallel_size"),
+    ("expert_parallel_size", int, "a mixture-of-experts model's experts split whole over N processes (num_experts / N "
+                                  "each): N = tensor_parallel_size, or with tensor_parallel_size 1 attention is "
+                                  "replicated on N processes"),
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
     ("kv_cache_dtype", str, "auto (the model's dtype; fp32 on the CPU, whose attention computes in fp32) | float32 | "

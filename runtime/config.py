@@ -121,9 +121,9 @@ class EngineConfig:
         _require(draft.max_position_embeddings >= self.max_model_len,
                  f"the draft model reaches {draft.max_position_embeddings} positions, fewer than max_model_len "
                  f"{self.max_model_len}; lower --max-model-len or pick another draft model")
-        _require(self.tensor_parallel_size == 1,
-                 "a draft model runs with tensor_parallel_size 1 only (use speculative_method ngram with "
-                 "tensor parallelism)")
+        _require(self.world_size == 1,
+                 "a draft model runs in a single process only, with tensor_parallel_size and "
+                 "expert_parallel_size 1 (use speculative_method ngram with tensor or expert parallelism)")
 
     def resolve_device(self) -> None:
         """Turns device "auto" into cuda or cpu, and checks that a CUDA device asked for exists (imports torch)."""
@@ -137,10 +137,11 @@ class EngineConfig:
             index = int(self.device.partition(":")[2] or 0)
             _require(index < torch.cuda.device_count(), f"device {self.device!r}: this machine has "
                      f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
-        n = self.tensor_parallel_size
+        n = self.world_size
         if n > 1 and self.device == "cuda":
             count = torch.cuda.device_count()
-            _require(n <= count, f"tensor_parallel_size {n} needs {n} GPUs; this machine has {count}")
+            _require(n <= count, f"tensor_parallel_size {self.tensor_parallel_size} with expert_parallel_size "
+                     f"{self.expert_parallel_size} needs {n} GPUs; this machine has {count}")
 
     def _validate_tensor_parallel(self) -> None:
         n, model = self.tensor_parallel_size, self.model_config
@@ -159,8 +160,9 @@ class EngineConfig:
                      f"cuda:r), not {self.device!r}")
 
     def _validate_experts(self) -> None:
-        """Expert parallelism splits whole experts over the tensor-parallel ranks (attention stays tensor-parallel);
-        without it every rank holds every expert with a share of its width."""
+        """Expert parallelism splits whole experts over the ranks: the tensor-parallel ones (attention stays
+        tensor-parallel), or, with tensor_parallel_size 1, ranks of their own that each compute the whole attention.
+        Without it every tensor-parallel rank holds every expert with a share of its width."""
         model, tp = self.model_config, self.tensor_parallel_size
         if self.enable_expert_parallel and self.expert_parallel_size == 1:
             self.expert_parallel_size = tp
@@ -171,8 +173,11 @@ class EngineConfig:
                               f"{model.architecture} is dense")
             return
         if ep > 1:
-            _require(ep == tp, f"expert_parallel_size {ep} must equal tensor_parallel_size {tp}: experts are split "
-                               f"over the tensor-parallel ranks (EP with replicated attention is not supported yet)")
+            _require(tp in (1, ep), f"expert_parallel_size {ep} must equal tensor_parallel_size {tp} (experts split "
+                     f"over the tensor-parallel ranks) or go with tensor_parallel_size 1 (attention replicated on "
+                     f"{ep} ranks, experts split over them)")
+            _require(tp > 1 or not self.device.startswith("cuda") or self.device == "cuda",
+                     f"with expert_parallel_size {ep}, set device to cuda (rank r uses cuda:r), not {self.device!r}")
             _require(model.moe.num_experts % ep == 0, f"expert_parallel_size {ep} does not divide the model's "
                      f"{model.moe.num_experts} experts; use a divisor of {model.moe.num_experts}")
         elif tp > 1:
@@ -183,6 +188,12 @@ class EngineConfig:
                                    f"size {shared}")
         self.model_config = dataclasses.replace(
             model, moe=dataclasses.replace(model.moe, expert_parallel_size=ep))
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the engine: one per tensor-parallel rank, or per expert-parallel rank when attention is
+        replicated."""
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     @property
     def torch_dtype(self):

@@ -3,22 +3,21 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, fields
 
 import torch
 
 from kubeinfer.kernels import set_backend
-from kubeinfer.kernels.metadata import FP8_DTYPE
 from kubeinfer.kernels.backend import use_triton
-from kubeinfer.kernels.metadata import AttentionMetadata
+from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.context import ForwardContext, set_context
 from kubeinfer.runtime.cpu_allocator import keep_freed_memory
 from kubeinfer.runtime.cpu_threads import configure_torch_threads
-from kubeinfer.runtime.engine.block_manager import BlockManager, slot_mapping
+from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
+from kubeinfer.runtime.engine.step_inputs import StepInputs, build_step_inputs, step_to_device
 from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.layers.fused_moe import FusedMoE
 from kubeinfer.runtime.engine.messages import TokenLogprobs
@@ -26,7 +25,7 @@ from kubeinfer.runtime.layers.sampler import Sampler
 from kubeinfer.runtime.models.registry import MODEL_CLASSES
 from kubeinfer.runtime.models.loader import init_dummy_weights, load_weights
 from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
-from kubeinfer.runtime.parallel import min_over_ranks, tp_size
+from kubeinfer.runtime.parallel import min_over_ranks, tp_size, world_size
 
 logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_GIB = 0.5
@@ -49,24 +48,6 @@ def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.d
     return model.eval()
 
 
-@dataclass
-class StepInputs:
-    """Host tensors of one step: what rank 0 builds, and sends to the other tensor-parallel ranks."""
-    input_ids: torch.Tensor        # int64 [num_tokens]
-    positions: torch.Tensor        # int64 [num_tokens]
-    cu_seqlens_q: torch.Tensor     # int32 [num_seqs + 1]
-    seq_lens: torch.Tensor         # int32 [num_seqs]
-    block_tables: torch.Tensor     # int32 [num_seqs, blocks of the longest]
-    slot_mapping: torch.Tensor     # int64 [num_tokens]
-    max_seqlen_q: int
-    max_seqlen_k: int
-    sample_rows: list[int]         # token rows whose logits are sampled
-    sample_seqs: list[int]         # the batch index of the sequence each of those rows belongs to
-
-    def astuple(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))
-
-
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's dtype: "auto" is the model's, except on the CPU, whose attention kernel computes in fp32
     (a 16-bit model there keeps fp32 K/V: twice the bytes per token, no conversion in the kernel's inner loops)."""
@@ -86,7 +67,7 @@ class ModelRunner:
         self.config = config
         self.rank = rank
         self.workers: WorkerGroup | None = None
-        if config.tensor_parallel_size > 1 and rank == 0:
+        if config.world_size > 1 and rank == 0:
             self.workers = WorkerGroup(config)
         try:
             self._build(config)
@@ -95,13 +76,13 @@ class ModelRunner:
             raise
 
     def _build(self, config: EngineConfig) -> None:
-        if tp_size() != config.tensor_parallel_size:
-            raise RuntimeError(f"tensor_parallel_size is {config.tensor_parallel_size} but this process is in a "
-                               f"group of {tp_size()}: one tensor-parallel engine per process, alone")
+        if world_size() != config.world_size:
+            raise RuntimeError(f"the engine runs {config.world_size} processes but this one is in a group of "
+                               f"{world_size()}: one parallel engine per process, alone")
         self.device = rank_device(config, self.rank)
         if self.device.type == "cpu":
             keep_freed_memory()   # each step's activations reuse the heap, not fresh pages
-        if self.device.type == "cpu" and config.tensor_parallel_size == 1:   # TP workers share the CPUs
+        if self.device.type == "cpu" and config.world_size == 1:   # TP/EP workers share the CPUs
             threads = configure_torch_threads(config.cpu_threads)
             if threads is not None:
                 logger.info("CPU: %d torch threads (--cpu-threads, else the CPUs this process may use)", threads)
@@ -148,7 +129,7 @@ class ModelRunner:
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, FusedMoE)]   # empty: a dense model
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
                     model_config.architecture, self.dtype, ", dummy weights" if config.load_format == "dummy" else "",
-                    self.weight_bytes / 2**20, self.rank, tp_size())
+                    self.weight_bytes / 2**20, self.rank, world_size())
 
     def _allocate_kv_cache(self, config: EngineConfig) -> None:
         model_config = config.model_config
@@ -200,8 +181,8 @@ class ModelRunner:
         if not use_triton(self.kv_cache):
             logger.info("CUDA graphs off: they need the Triton kernels (kernel_backend is %s)", config.kernel_backend)
             return False
-        if tp_size() > 1:
-            logger.info("CUDA graphs off: not yet captured with tensor parallelism (runs eagerly)")
+        if world_size() > 1:
+            logger.info("CUDA graphs off: not yet captured with tensor or expert parallelism (runs eagerly)")
             return False
         return True
 
@@ -254,48 +235,10 @@ class ModelRunner:
 
     def prepare_host(self, batch: ScheduledBatch, block_manager: BlockManager) -> StepInputs:
         """The step's inputs as host tensors."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        cu_seqlens_q, seq_lens, rows, sample_rows, sample_seqs = [0], [], [], [], []
-        for index, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-            drafts = seq.draft_token_ids
-            if num_new == 1:
-                input_ids.append(seq.token_ids[start])
-                positions.append(start)
-            else:
-                input_ids.extend(seq.token_ids[start:end])
-                input_ids.extend(drafts)   # a decoding sequence's last token, then its drafts
-                positions.extend(range(start, end))
-            cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
-            seq_lens.append(end)
-            rows.append(block_manager.row(seq))
-            if end == seq.num_tokens + len(drafts):   # the last known token, and each draft, is sampled
-                sample_rows.extend(range(cu_seqlens_q[-1] - 1 - len(drafts), cu_seqlens_q[-1]))
-                sample_seqs.extend([index] * (1 + len(drafts)))
-        block_size = self.config.block_size
-        max_seqlen_k = max(seq_lens)
-        tables = torch.from_numpy(block_manager.tables[rows, :-(-max_seqlen_k // block_size)])
-        positions_t = torch.tensor(positions, dtype=torch.int64)
-        if len(positions) == len(rows):   # decode only: one token per sequence
-            owner = torch.arange(len(rows))
-        else:
-            owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(batch.num_new_tokens))
-        slots = slot_mapping(tables, owner, positions_t, block_size)
-        return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64), positions=positions_t,
-            cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables, slot_mapping=slots,
-            max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max_seqlen_k, sample_rows=sample_rows,
-            sample_seqs=sample_seqs)
+        return build_step_inputs(batch, block_manager, self.config.block_size)
 
     def _to_device(self, step: StepInputs):
-        to_device = {"device": self.device, "non_blocking": True}
-        meta = AttentionMetadata(
-            cu_seqlens_q=step.cu_seqlens_q.to(**to_device), seq_lens=step.seq_lens.to(**to_device),
-            block_tables=step.block_tables.to(**to_device), max_seqlen_q=step.max_seqlen_q,
-            max_seqlen_k=step.max_seqlen_k, slot_mapping=step.slot_mapping.to(**to_device))
-        return step.input_ids.to(**to_device), step.positions.to(**to_device), meta, step.sample_rows
+        return step_to_device(step, self.device)
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> torch.Tensor | None:
@@ -312,7 +255,9 @@ class ModelRunner:
             finally:
                 set_context(None)
         sample_rows = step.sample_rows
-        return self.model.compute_logits(hidden[sample_rows]) if sample_rows else None
+        if not sample_rows or (self.rank > 0 and tp_size() == 1):   # a replicated LM head: only rank 0 samples
+            return None
+        return self.model.compute_logits(hidden[sample_rows])
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager

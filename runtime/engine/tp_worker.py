@@ -1,4 +1,4 @@
-"""Tensor parallelism across processes: rank 0 (the engine process) drives ranks 1..N-1 (workers).
+"""Tensor and expert parallelism across processes: rank 0 (the engine process) drives ranks 1..N-1 (workers).
 
 Rank 0 opens a TCPStore on 127.0.0.1 (a free port), spawns one worker process per other rank, and all
 ranks join one `torch.distributed` group through it (NCCL on CUDA, gloo on CPU), with a finite timeout.
@@ -34,10 +34,11 @@ import torch
 import torch.distributed as dist
 
 from kubeinfer.runtime.cpu_threads import cpu_threads
+from kubeinfer.runtime.parallel import set_tensor_parallel
 
 if TYPE_CHECKING:
     from kubeinfer.runtime.config import EngineConfig
-    from kubeinfer.runtime.engine.model_runner import StepInputs
+    from kubeinfer.runtime.engine.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 TIMEOUT = timedelta(seconds=120)     # process-group start-up and any single collective
@@ -48,8 +49,8 @@ _HEADER = 8                          # bytes of the message length that precedes
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
-    """Rank r of a tensor-parallel group on CUDA uses cuda:r; on CPU every rank uses the CPU."""
-    if config.tensor_parallel_size > 1 and config.device == "cuda":
+    """Rank r of a group on CUDA uses cuda:r; on CPU every rank uses the CPU."""
+    if config.world_size > 1 and config.device == "cuda":
         return torch.device("cuda", rank)
     return torch.device(config.device)
 
@@ -59,7 +60,8 @@ def _init_process_group(config: EngineConfig, rank: int, store: dist.Store) -> N
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-                            world_size=config.tensor_parallel_size, timeout=TIMEOUT)
+                            world_size=config.world_size, timeout=TIMEOUT)
+    set_tensor_parallel(config.tensor_parallel_size)
 
 
 class StepChannel:
@@ -115,7 +117,7 @@ def pack(step: StepInputs) -> tuple:
 
 
 def unpack(message: tuple) -> StepInputs:
-    from kubeinfer.runtime.engine.model_runner import StepInputs
+    from kubeinfer.runtime.engine.step_inputs import StepInputs
     return StepInputs(*(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in message))
 
 
@@ -125,8 +127,8 @@ class WorkerGroup:
     def __init__(self, config: EngineConfig):
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed group already exists in this process; "
-                               "one tensor-parallel engine per process")
-        size = config.tensor_parallel_size
+                               "one parallel engine per process")
+        size = config.world_size
         context = mp.get_context("spawn")
         self._closed = False
         self._stopping = threading.Event()
@@ -249,7 +251,7 @@ def worker_main(config: EngineConfig, rank: int, store_port: int, channel: StepC
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     try:
-        store = dist.TCPStore("127.0.0.1", store_port, config.tensor_parallel_size, is_master=False,
+        store = dist.TCPStore("127.0.0.1", store_port, config.world_size, is_master=False,
                               timeout=TIMEOUT)
         _init_process_group(config, rank, store)
         runner = ModelRunner(config, rank)

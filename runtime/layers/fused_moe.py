@@ -3,16 +3,18 @@
 `w13 [E, 2I, H]` holds each expert's gate rows then up rows, `w2 [E, H, I]` its down projection, loaded straight
 from the checkpoint's per-expert tensors (`experts.N.gate_proj`, Mixtral's `experts.N.w1`...). Under tensor
 parallelism every rank holds every expert with its intermediate size split, as a column-parallel gate/up and a
-row-parallel down; under expert parallelism (over the same ranks) each holds `num_experts / N` whole experts and
-computes their share for every token. Either way the partial outputs are summed over the ranks (the hidden states
-are already on every rank: no tokens are sent, one all-reduce brings the sums back).
+row-parallel down; under expert parallelism each of the group's N ranks holds `num_experts / N` whole experts and
+computes their share for every token, whether attention is split over the same ranks or replicated on each.
+Either way the partial outputs are summed over the ranks (the hidden states are already on every rank: no tokens
+are sent, one all-reduce brings the sums back). Sending tokens to their experts' ranks (all-to-all) pays only when
+each rank holds different tokens, i.e. data-parallel attention, which the runtime does not have.
 """
 import torch
 from torch import nn
 
 from kubeinfer.kernels import ops
 from kubeinfer.runtime.layers.linear import _copy_into, _read, _shape, load_rows
-from kubeinfer.runtime.parallel import all_reduce, tp_rank, tp_size
+from kubeinfer.runtime.parallel import all_reduce, all_reduce_world, ep_rank, ep_size, tp_rank, tp_size
 
 # checkpoint projection name -> (our parameter, shard: 0 gate, 1 up, None down)
 EXPERT_PROJECTIONS = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None),
@@ -23,9 +25,10 @@ class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
                  weights_in_fp32: bool = False, expert_parallel: bool = False):
         super().__init__()
-        size, rank = tp_size(), tp_rank()
+        size, rank = (ep_size(), ep_rank()) if expert_parallel else (tp_size(), tp_rank())
         self.num_experts, self.top_k = num_experts, top_k
         self.renormalize, self.weights_in_fp32 = renormalize, weights_in_fp32
+        self.reduce = all_reduce_world if expert_parallel else all_reduce
         if expert_parallel:   # whole experts [first, first + local) on this rank
             assert num_experts % size == 0, f"{num_experts} experts do not split over {size} ranks"
             local, self.first_expert, self.width_split = num_experts // size, rank * (num_experts // size), 1
@@ -65,7 +68,7 @@ class FusedMoE(nn.Module):
         weights, ids = ops.moe_route(router_logits, self.top_k, self.renormalize, self.weights_in_fp32)
         flat = ids.flatten()
         self.routed_tokens.index_add_(0, flat, torch.ones_like(flat))   # no host sync: CUDA-graph safe
-        return all_reduce(ops.fused_moe(x, self.w13, self.w2, weights, ids, self.first_expert))
+        return self.reduce(ops.fused_moe(x, self.w13, self.w2, weights, ids, self.first_expert))
 
 
 def expert_load_summary(per_layer: list[list[int]]) -> tuple[tuple[int, ...], float]:

@@ -52,20 +52,28 @@ def test_prefix_hits_preemption_and_speculation_keep_the_tokens(moe_dirs, arch):
         assert [o.token_ids for o in llm.generate(prompt_ids, params)] == want
 
 
-@pytest.mark.parametrize("arch,parallel", [("qwen2moe", {}), ("mixtral", {}), ("qwen3moe", {"expert_parallel_size": 2}),
-                                           ("qwen2moe", {"enable_expert_parallel": True})],
-                         ids=["qwen2moe-tp2", "mixtral-tp2", "qwen3moe-ep2", "qwen2moe-ep2"])
+@pytest.mark.parametrize("arch,parallel", [
+    ("qwen2moe", {"tensor_parallel_size": 2}), ("mixtral", {"tensor_parallel_size": 2}),
+    ("qwen3moe", {"tensor_parallel_size": 2, "expert_parallel_size": 2}),
+    ("qwen2moe", {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+    ("qwen3moe", {"expert_parallel_size": 2})],
+    ids=["qwen2moe-tp2", "mixtral-tp2", "qwen3moe-ep2", "qwen2moe-ep2", "qwen3moe-ep2-attention-replicated"])
 def test_two_ranks_match_one_on_real_processes(moe_dirs, arch, parallel):
     """Two processes over gloo. TP: every rank holds every expert with half its width (Qwen2-MoE's shared expert
-    too). EP: each holds 4 of the 8 experts, whole, and computes their share of every token. Either way the
-    partial sums are all-reduced: the same greedy tokens as one rank, logprobs within summation-order error."""
+    too). EP: each holds 4 of the 8 experts, whole, and computes their share of every token, with attention split
+    over the same two ranks or (tensor_parallel_size 1) whole on each. Either way the partial sums are all-reduced:
+    the same greedy tokens as one rank, logprobs within summation-order error."""
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
     outputs = []
-    for settings in ({}, {"tensor_parallel_size": 2, **parallel}):
+    for settings in ({}, parallel):
         with LLM(str(moe_dirs[arch]), max_num_batched_tokens=32, num_kvcache_blocks=64, **settings) as llm:
-            if settings.get("expert_parallel_size") or settings.get("enable_expert_parallel"):
-                layer = llm.engine.model_runner.model.model.layers[0]   # rank 0 holds half of the experts
-                assert layer.mlp.experts.w13.shape[0] == 4
+            if settings:
+                layers = llm.engine.model_runner.model.model.layers
+                layer = next(layer for layer in layers if hasattr(layer.mlp, "experts"))   # a sparse layer
+                experts = 4 if settings.get("expert_parallel_size") or settings.get("enable_expert_parallel") else 8
+                assert layer.mlp.experts.w13.shape[0] == experts   # rank 0's experts
+                heads = llm.engine.config.model_config.num_heads // settings.get("tensor_parallel_size", 1)
+                assert layer.self_attn.num_heads == heads   # rank 0's attention heads
             outputs.append(llm.generate([llm.tokenizer.encode(p) for p in PROMPTS], params))
     assert_same_outputs(outputs[1], outputs[0], top_n=TOP_N)
 
@@ -74,6 +82,7 @@ def test_two_ranks_match_one_on_real_processes(moe_dirs, arch, parallel):
     ({"tensor_parallel_size": 4, "expert_parallel_size": 4}, "expert_parallel_size 4 does not divide the model's 6 "
                                                              "experts; use a divisor of 6"),
     ({"tensor_parallel_size": 2, "expert_parallel_size": 4}, "must equal tensor_parallel_size 2"),
+    ({"expert_parallel_size": 4}, "expert_parallel_size 4 does not divide the model's 6 experts"),
     ({"tensor_parallel_size": 4}, "tensor_parallel_size 4 does not divide the experts' intermediate size 6"),
 ])
 def test_bad_expert_settings_are_one_line_errors(moe_dirs, tmp_path, settings, message):

@@ -106,9 +106,9 @@ def test_tp2_speculative_greedy_matches_tp1_plain_greedy(model_dirs):
 
 def test_one_tensor_parallel_engine_per_process(llama_dir):
     with LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16):
-        with pytest.raises(RuntimeError, match="one tensor-parallel engine per process"):
+        with pytest.raises(RuntimeError, match="one parallel engine per process"):
             LLM(str(llama_dir), num_kvcache_blocks=16)
-        with pytest.raises(RuntimeError, match="one tensor-parallel engine per process"):
+        with pytest.raises(RuntimeError, match="one parallel engine per process"):
             LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16)
     assert tp_outputs(llama_dir, 1, PROMPTS[:1])[0].token_ids   # usable again once it is stopped
 
