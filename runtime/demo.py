@@ -1,7 +1,8 @@
-"""The built-in demo model: a tiny random-weight Llama with a byte-level BPE tokenizer trained offline.
+"""The built-in demo models: a tiny random-weight Llama (`demo`) and a tiny random-weight Qwen3-MoE (`demo-moe`, 8
+experts, 2 active per token), with a byte-level BPE tokenizer trained offline.
 
-`--model demo` builds it once under the user's cache directory, so the runtime works on a fresh machine
-with no download. Its weights are random: its text is too.
+`--model demo` (or `demo-moe`) builds it once under the user's cache directory, so the runtime works on a fresh
+machine with no download. The runtime image bakes both side by side. Their weights are random: their text is too.
 """
 import json
 import logging
@@ -16,6 +17,7 @@ from kubeinfer.runtime.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 DEMO_NAME = "demo"
+DEMO_MOE_NAME = "demo-moe"
 DEMO_VERSION = "v1"
 DEMO_DIR_ENV = "KUBEINFER_DEMO_MODEL_DIR"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -86,6 +88,7 @@ def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02, device:
 
     weights = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden),
                "model.norm.weight": ones(hidden), "lm_head.weight": normal(config["vocab_size"], hidden)}
+    experts = config.get("num_experts", 0)
     for i in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{i}."
         weights |= {
@@ -93,12 +96,19 @@ def random_llama_weights(config: dict, seed: int = 0, std: float = 0.02, device:
             prefix + "self_attn.k_proj.weight": normal(kv_size, hidden),
             prefix + "self_attn.v_proj.weight": normal(kv_size, hidden),
             prefix + "self_attn.o_proj.weight": normal(hidden, q_size),
-            prefix + "mlp.gate_proj.weight": normal(inter, hidden),
-            prefix + "mlp.up_proj.weight": normal(inter, hidden),
-            prefix + "mlp.down_proj.weight": normal(hidden, inter),
             prefix + "input_layernorm.weight": ones(hidden),
             prefix + "post_attention_layernorm.weight": ones(hidden),
         }
+        if config["model_type"] == "qwen3_moe":
+            weights |= {prefix + "self_attn.q_norm.weight": ones(head_dim),
+                        prefix + "self_attn.k_norm.weight": ones(head_dim)}
+        mlps = [(prefix + "mlp.", inter)]
+        if experts and i not in config.get("mlp_only_layers", []):   # Qwen3-MoE's router and experts
+            weights[prefix + "mlp.gate.weight"] = normal(experts, hidden)
+            mlps = [(f"{prefix}mlp.experts.{e}.", config["moe_intermediate_size"]) for e in range(experts)]
+        for mlp, size in mlps:
+            weights |= {mlp + "gate_proj.weight": normal(size, hidden), mlp + "up_proj.weight": normal(size, hidden),
+                        mlp + "down_proj.weight": normal(hidden, size)}
     return weights
 
 
@@ -115,39 +125,54 @@ def write_llama_model(model_dir: Path, tokenizer: Tokenizer, **overrides) -> dic
     return config
 
 
+def demo_moe_overrides() -> dict:
+    """The MoE demo: the demo Llama's attention, in Qwen3-MoE's layout, with 8 experts of 128 (top-2, renormalized)
+    in every layer: 8 divides over 1, 2, 4 or 8 expert-parallel processes."""
+    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 128, "norm_topk_prob": True, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "attention_bias": False}
+
+
 def build_demo_model(model_dir: Path) -> None:
     write_llama_model(model_dir, train_tokenizer())
 
 
-def demo_model_dir() -> Path:
-    """Where `--model demo` lives: $KUBEINFER_DEMO_MODEL_DIR (the runtime image bakes it there), else the
-    user's cache directory."""
+def build_demo_moe_model(model_dir: Path) -> None:
+    write_llama_model(model_dir, train_tokenizer(), **demo_moe_overrides())
+
+
+BUILDERS = {DEMO_NAME: build_demo_model, DEMO_MOE_NAME: build_demo_moe_model}
+
+
+def demo_model_dir(name: str = DEMO_NAME) -> Path:
+    """Where `--model demo` (or `demo-moe`) lives: $KUBEINFER_DEMO_MODEL_DIR (the runtime image bakes the demo
+    there, and `demo-moe` beside it), else the user's cache directory."""
     if baked := os.environ.get(DEMO_DIR_ENV):
-        return Path(baked)
+        return Path(baked) if name == DEMO_NAME else Path(baked).with_name(name)
     from kubeinfer.runtime.config import default_cache_dir
-    return default_cache_dir() / f"demo-model-{DEMO_VERSION}"
+    return default_cache_dir() / f"{name}-model-{DEMO_VERSION}"
 
 
 def resolve_model_dir(model: str) -> Path:
-    """`demo` -> the demo model's folder (built on first use); anything else is a folder path."""
-    if model != DEMO_NAME:
+    """`demo` or `demo-moe` -> that demo model's folder (built on first use); anything else is a folder path."""
+    if model not in BUILDERS:
         return Path(model).expanduser()
-    target = demo_model_dir()
+    target = demo_model_dir(model)
     if not (target / "model.safetensors").is_file():
-        logger.info("building the demo model in %s (once)", target)
+        logger.info("building the %s model in %s (once)", model, target)
         try:
-            _build_into(target)
+            _build_into(target, BUILDERS[model])
         except OSError as error:
-            raise ConfigError(f"cannot build the demo model in {target}: {error.strerror or error}; point "
+            raise ConfigError(f"cannot build the {model} model in {target}: {error.strerror or error}; point "
                               f"XDG_CACHE_HOME (or {DEMO_DIR_ENV}) at a writable folder") from error
     return target
 
 
-def _build_into(target: Path) -> None:
+def _build_into(target: Path, build) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".demo-"))
     try:
-        build_demo_model(staging)
+        build(staging)
         if target.exists():  # a half-built folder from an interrupted run
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -82,19 +82,23 @@ class EngineCore:
                 del self.seqs[seq.request_id]
         return deltas
 
-    def stats(self) -> EngineStats:
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """The scheduler's figures and the MoE load; `fresh` reads the load now, however recent the last read (the
+        engine does before it goes idle, so that the exported counts do not stay a second behind)."""
         scheduler = self.scheduler
         stats = scheduler.stats
         return EngineStats(len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
                            stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
                            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
-                           tuple(stats.accepted_per_position), *self._expert_load())
+                           tuple(stats.accepted_per_position), *self._expert_load(fresh))
 
-    def _expert_load(self) -> tuple[tuple[int, ...], float]:
-        """The MoE load figures, read from the device at most once a second (a read waits for the step)."""
+    def _expert_load(self, fresh: bool) -> tuple[tuple[int, ...], float]:
+        """The MoE load figures, read from the device at most once a second unless `fresh` (a read waits for the
+        step)."""
         now = time.monotonic()
-        if self._expert_load_read is not None and now - self._expert_load_read[0] < EXPERT_LOAD_INTERVAL_S:
-            return self._expert_load_read[1]
+        last = self._expert_load_read
+        if not fresh and last is not None and now - last[0] < EXPERT_LOAD_INTERVAL_S:
+            return last[1]
         per_layer = self.model_runner.expert_load()
         summary = expert_load_summary(per_layer) if per_layer else ((), 0.0)
         self._expert_load_read = (now, summary)

@@ -55,10 +55,11 @@ def serve_core(core, channel) -> None:
         if core.has_unfinished() and unread < MAX_STEPS_AHEAD:
             started = time.perf_counter()
             deltas = core.step()
-            channel.send(("step", deltas, core.stats(), time.perf_counter() - started))
+            stats = core.stats(fresh=not core.has_unfinished())   # the last step before idling: exact counts
+            channel.send(("step", deltas, stats, time.perf_counter() - started))
             unread += 1
         elif touched:   # the gauges, after aborts or stops with no step to follow
-            channel.send(("step", [], core.stats(), None))
+            channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None))
 
 
 def run_core(config: EngineConfig, eos_token_ids: tuple[int, ...], channel) -> int:

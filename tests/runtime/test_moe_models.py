@@ -118,8 +118,7 @@ def test_expert_load_is_counted_per_expert_and_exported(moe_dirs):
         per_layer = core.model_runner.expert_load()
         computed = sum(map(len, prompt_ids)) + 3 * len(prompt_ids)   # the last token of each is sampled, not run
         assert len(per_layer) == 2 and [sum(layer) for layer in per_layer] == [computed * 2] * 2   # 2 sparse layers
-        core._expert_load_read = None
-        stats = core.stats()
+        stats = core.stats(fresh=True)
     assert stats.expert_tokens == expert_load_summary(per_layer)[0] and stats.expert_imbalance >= 1.0
     metrics = EngineMetrics("m")
     metrics.observe_stats(stats, None)
@@ -127,6 +126,41 @@ def test_expert_load_is_counted_per_expert_and_exported(moe_dirs):
     exported = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("kubeinfer_moe_expert_routed_tokens_total{"))
     assert exported == sum(stats.expert_tokens) == computed * 2 * 2
+
+
+def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
+    """The load is read at most once a second while steps run; the step that leaves nothing unfinished reads it
+    then, so that the exported counts are exact once traffic stops (they stayed up to a second behind, for good)."""
+    from kubeinfer.runtime.engine.core_loop import serve_core
+
+    class Core:
+        unfinished, reads = 0, []
+
+        def add(self, *_):
+            self.unfinished = 3   # three steps to run
+
+        def has_unfinished(self):
+            return self.unfinished > 0
+
+        def step(self):
+            self.unfinished -= 1
+            return []
+
+        def stats(self, fresh=False):
+            self.reads.append(fresh)
+
+    class Channel:
+        inbox = [[("add", "r", [1], None, None)], [("shutdown",)]]
+
+        def receive(self, timeout):   # the API side reads each step as it comes
+            return self.inbox.pop(0) if timeout is None else [("read", 1)]
+
+        def send(self, message):
+            pass
+
+    core = Core()
+    serve_core(core, Channel())
+    assert core.reads == [False, False, True]
 
 
 def test_expert_load_summary():
@@ -173,3 +207,22 @@ def test_fp8_kv_cache_on_an_moe_model_stays_close(moe_dirs):
         assert len(shared) >= 4
         for token in shared:
             assert abs(full[token] - fp8[token]) < 0.05
+
+
+def test_the_moe_demo_is_a_qwen3_moe_that_transformers_reads_and_we_match(tmp_path, monkeypatch):
+    """`--model demo-moe` (the image bakes it beside the demo): written by our own code, no transformers, in the
+    Hugging Face layout; transformers loads it and produces our greedy tokens, with one process and with two."""
+    from kubeinfer.runtime import demo
+    monkeypatch.setenv(demo.DEMO_DIR_ENV, str(tmp_path / "models" / "demo"))
+    folder = demo.resolve_model_dir("demo-moe")
+    assert folder == tmp_path / "models" / "demo-moe"
+    config = ModelConfig.from_dir(folder)
+    assert config.architecture == "Qwen3MoeForCausalLM" and (config.moe.num_experts, config.moe.top_k) == (8, 2)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N)
+    outputs = []
+    for settings in ({}, {"expert_parallel_size": 2}):
+        with LLM("demo-moe", max_num_batched_tokens=32, num_kvcache_blocks=64, **settings) as llm:
+            prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+            outputs.append(llm.generate(prompt_ids, params))
+    assert_same_outputs(outputs[0], hf_greedy(folder, prompt_ids, MAX_TOKENS), top_n=TOP_N)
+    assert_same_outputs(outputs[1], outputs[0], top_n=TOP_N)
