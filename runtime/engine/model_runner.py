@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from kubeinfer.kernels import set_backend
+from kubeinfer.kernels import get_backend, set_backend
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -20,6 +20,7 @@ from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.engine.step_inputs import StepInputs, build_step_inputs, step_to_device
 from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.layers.fused_moe import FusedMoE
+from kubeinfer.runtime.layers.linear import pack_cpu_weights
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.layers.sampler import Sampler
 from kubeinfer.runtime.models.registry import MODEL_CLASSES
@@ -127,6 +128,10 @@ class ModelRunner:
                                  dummy_seed=config.seed if config.load_format == "dummy" else None)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, FusedMoE)]   # empty: a dense model
+        if self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path: bf16 GEMMs
+            packed = pack_cpu_weights(self.model)                           # on weights packed once
+            if packed:
+                logger.info("CPU: %d bf16 linear weights packed for oneDNN", packed)
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
                     model_config.architecture, self.dtype, ", dummy weights" if config.load_format == "dummy" else "",
                     self.weight_bytes / 2**20, self.rank, world_size())

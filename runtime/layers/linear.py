@@ -4,12 +4,14 @@ Each parameter carries a `weight_loader(param, source, shard_id=None)` that read
 a checkpoint tensor. `source` is a `checkpoint.TensorSource` (or a tensor): indexing it reads just that range,
 and its `read_into` reads a range of rows straight into the parameter (no intermediate tensor).
 Column-parallel layers split the output features; row-parallel layers split the input features and
-all-reduce their output; the model code never looks at the rank.
+all-reduce their output; the model code never looks at the rank. On the CPU a bf16 weight is packed once after
+loading (`pack_cpu_weights`, kernels/cpu_linear.py).
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kubeinfer.kernels import cpu_linear
 from kubeinfer.runtime.parallel import all_reduce, tp_rank, tp_size
 
 
@@ -48,9 +50,28 @@ class LinearBase(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
+        self.packed: torch.Tensor | None = None   # the weight in oneDNN's layout, once packed (the weight is freed)
+
+    def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.packed is not None:
+            return cpu_linear.linear(x, self.packed, bias)
+        return F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.project(x, self.bias)
+
+    def pack_weight(self) -> bool:
+        """Packs the weight for the CPU's bf16 GEMM (and frees the plain one) where it can; whether it did."""
+        if self.packed is not None or not cpu_linear.can_pack(self.weight):
+            return False
+        self.packed = cpu_linear.pack(self.weight.data)
+        self.weight.data = self.weight.data.new_empty(0)
+        return True
+
+
+def pack_cpu_weights(model: nn.Module) -> int:
+    """Packs every linear layer's bf16 CPU weight once (kernels/cpu_linear.py); how many it packed."""
+    return sum(module.pack_weight() for module in model.modules() if isinstance(module, LinearBase))
 
 
 class ReplicatedLinear(LinearBase):
@@ -130,5 +151,4 @@ class RowParallelLinear(LinearBase):
         _copy_into(param.data, _read(source, None, slice(start, start + cols)), "row-parallel linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias if tp_rank() == 0 else None)
-        return all_reduce(y)
+        return all_reduce(self.project(x, self.bias if tp_rank() == 0 else None))

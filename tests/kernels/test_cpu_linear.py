@@ -1,0 +1,53 @@
+"""bf16 linear layers over weights packed for oneDNN (kernels/cpu_linear.py) against F.linear, and in a model."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kubeinfer.kernels import cpu_linear
+
+needs_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2, dtype=torch.bfloat16)),
+                                   reason="this torch or CPU has no oneDNN bf16 GEMM")
+
+
+@needs_packing
+@pytest.mark.parametrize("tokens", [1, 3, 64, 130])
+@pytest.mark.parametrize("features", [(72, 130), (512, 1536)], ids=["odd", "model"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_f_linear_up_to_bf16_rounding(tokens, features, bias):
+    torch.manual_seed(tokens)
+    in_features, out_features = features
+    x = torch.randn(tokens, in_features, dtype=torch.bfloat16)
+    weight = torch.randn(out_features, in_features, dtype=torch.bfloat16) / in_features ** 0.5
+    b = torch.randn(out_features, dtype=torch.bfloat16) if bias else None
+    got = cpu_linear.linear(x, cpu_linear.pack(weight), b)
+    exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, out_features)
+    # Within a bf16 rounding of the exact result, as F.linear's own bf16 output is.
+    ours, theirs = (got.double() - exact).abs().max(), (F.linear(x, weight, b).double() - exact).abs().max()
+    assert ours <= max(2 * theirs, 2 ** -7 * exact.abs().max())
+
+
+@needs_packing
+def test_a_non_contiguous_input_is_accepted():
+    x = torch.randn(8, 64, dtype=torch.bfloat16)[::2]
+    weight = torch.randn(32, 64, dtype=torch.bfloat16)
+    torch.testing.assert_close(cpu_linear.linear(x, cpu_linear.pack(weight)), F.linear(x, weight), atol=0.1, rtol=0.02)
+
+
+def test_only_bf16_cpu_weights_are_packed():
+    assert not cpu_linear.can_pack(torch.empty(4, 4))   # fp32 keeps MKL's sgemm
+    assert not cpu_linear.can_pack(torch.empty(4, dtype=torch.bfloat16))
+
+
+@needs_packing
+def test_layers_pack_once_and_free_the_plain_weight():
+    from kubeinfer.runtime.layers.linear import MergedColumnParallelLinear, RowParallelLinear, pack_cpu_weights
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(MergedColumnParallelLinear(64, [96, 96]), RowParallelLinear(96, 64, bias=True))
+    for param in model.parameters():
+        param.data = torch.randn_like(param, dtype=torch.bfloat16) / 8
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    want = model[1](model[0](x)[:, :96])
+    assert pack_cpu_weights(model) == 2 and pack_cpu_weights(model) == 0
+    assert model[0].weight.numel() == 0   # only the packed copy is held
+    torch.testing.assert_close(model[1](model[0](x)[:, :96]), want, atol=0.05, rtol=0.02)
