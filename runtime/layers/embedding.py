@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kubeinfer.kernels import cpu_linear
 from kubeinfer.runtime.layers.linear import load_rows
 from kubeinfer.runtime.parallel import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
@@ -42,6 +43,18 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states onto the vocabulary; every rank gets the full logits (padding cut off)."""
 
+    packed: torch.Tensor | None = None   # the weight in oneDNN's layout (a bf16 CPU head of its own)
+
+    def pack_weight(self) -> bool:
+        """As LinearBase.pack_weight; a head tied to the embedding keeps its plain weight, which the embedding
+        reads."""
+        if self.packed is not None or getattr(self, "tied", False) or not cpu_linear.can_pack(self.weight):
+            return False
+        self.packed = cpu_linear.pack(self.weight.data)
+        self.weight.data = self.weight.data.new_empty(0)
+        return True
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last_dim(F.linear(hidden, self.weight))
+        projected = F.linear(hidden, self.weight) if self.packed is None else cpu_linear.linear(hidden, self.packed)
+        logits = all_gather_last_dim(projected)
         return logits[..., :self.vocab_size] if logits.shape[-1] != self.vocab_size else logits

@@ -70,8 +70,9 @@ class LinearBase(nn.Module):
 
 
 def pack_cpu_weights(model: nn.Module) -> int:
-    """Packs every linear layer's bf16 CPU weight once (kernels/cpu_linear.py); how many it packed."""
-    return sum(module.pack_weight() for module in model.modules() if isinstance(module, LinearBase))
+    """Packs the bf16 CPU weight of every layer that can (linear layers, an untied LM head) once
+    (kernels/cpu_linear.py); how many it packed."""
+    return sum(module.pack_weight() for module in model.modules() if hasattr(module, "pack_weight"))
 
 
 class ReplicatedLinear(LinearBase):

@@ -51,3 +51,18 @@ def test_layers_pack_once_and_free_the_plain_weight():
     assert pack_cpu_weights(model) == 2 and pack_cpu_weights(model) == 0
     assert model[0].weight.numel() == 0   # only the packed copy is held
     torch.testing.assert_close(model[1](model[0](x)[:, :96]), want, atol=0.05, rtol=0.02)
+
+
+@needs_packing
+def test_an_untied_lm_head_packs_and_a_tied_one_keeps_the_embeddings_weight():
+    from kubeinfer.runtime.layers.embedding import ParallelLMHead
+    head = ParallelLMHead(100, 64)
+    head.weight.data = torch.randn(100, 64, dtype=torch.bfloat16)
+    hidden = torch.randn(3, 64, dtype=torch.bfloat16)
+    want = head(hidden)
+    assert head.pack_weight() and head.weight.numel() == 0
+    torch.testing.assert_close(head(hidden), want, atol=0.1, rtol=0.02)
+    tied = ParallelLMHead(100, 64)
+    tied.weight.data = torch.randn(100, 64, dtype=torch.bfloat16)
+    tied.tied = True
+    assert not tied.pack_weight() and tied.weight.numel() == 100 * 64
