@@ -1,8 +1,8 @@
 """Paged attention on the CPU, in place over the paged cache: the launcher of `csrc/paged_attention_cpu.c`.
 
-Scope: an fp32 cache (other cache dtypes, FP8 included, take the PyTorch reference); fp32 queries, or 16-bit
-ones (a bf16 model over the CPU's fp32 cache: converted to fp32, the output back to their dtype); decode, speculative
-verification and prefill chunks, mixed in one call; GQA; sliding window. `references.paged_attention` defines
+Scope: an fp32 or a bf16 cache (`csrc/paged_attention_cpu_bf16kv.c`: rows widened to fp32 as they are read; other
+cache dtypes, FP8 included, take the PyTorch reference); fp32 queries, or 16-bit ones (converted to fp32, the output
+back to their dtype); decode, speculative verification and prefill chunks, mixed in one call; GQA; sliding window. `references.paged_attention` defines
 the result; tests compare the two on odd shapes.
 """
 import ctypes
@@ -14,27 +14,30 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 
 MAX_HEAD_DIM = 256
 QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_function = None
+# cache dtype -> (library, function)
+KERNELS = {torch.float32: ("paged_attention_cpu", "kubeinfer_paged_attention_f32"),
+           torch.bfloat16: ("paged_attention_cpu_bf16kv", "kubeinfer_paged_attention_bf16kv")}
+_functions: dict[torch.dtype, object] = {}
 
 
-def _kernel():
-    global _function
-    if _function is None:
-        lib = cpu_native.library("paged_attention_cpu")
+def _kernel(cache_dtype: torch.dtype):
+    if cache_dtype not in _functions:
+        library, name = KERNELS[cache_dtype]
+        lib = cpu_native.library(library)
         if lib is None:
             return None
-        function = lib.kubeinfer_paged_attention_f32
+        function = getattr(lib, name)
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
         function.argtypes = [p, i64, p, p, p, p, p, i64, i32, i32, i32, i32, i32, f32, i32, p]
         function.restype = ctypes.c_int
-        _function = function
-    return _function
+        _functions[cache_dtype] = function
+    return _functions[cache_dtype]
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether this kernel can run these tensors (and was built on this machine)."""
-    return (q.device.type == "cpu" and q.dtype in QUERY_DTYPES and k_cache.dtype == torch.float32
-            and q.shape[-1] <= MAX_HEAD_DIM and _kernel() is not None)
+    return (q.device.type == "cpu" and q.dtype in QUERY_DTYPES and k_cache.dtype in KERNELS
+            and q.shape[-1] <= MAX_HEAD_DIM and _kernel(k_cache.dtype) is not None)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
@@ -45,6 +48,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert cache_head_dim == head_dim and v_cache.shape == k_cache.shape, (q.shape, k_cache.shape, v_cache.shape)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads over {num_kv_heads} KV heads"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the paged cache must be contiguous"
+    assert v_cache.dtype == k_cache.dtype, (k_cache.dtype, v_cache.dtype)
     dtype = q.dtype
     if dtype != torch.float32:
         q = q.float()
@@ -55,7 +59,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tables = meta.block_tables.to(torch.int32).contiguous()
     assert cu_seqlens_q.numel() == seq_lens.numel() + 1 and int(cu_seqlens_q[-1]) == num_tokens
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
-    status = _kernel()(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
+    status = _kernel(k_cache.dtype)(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
                        seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0) if tables.dim() == 2 else 0,
                        seq_lens.numel(), num_heads, num_kv_heads, head_dim, block_size, scale,
                        sliding_window or 0, out.data_ptr())

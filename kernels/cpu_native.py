@@ -62,7 +62,8 @@ def _build(name: str, compiler: str) -> Path:
     source = SOURCES / f"{name}.c"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     flags = " ".join(compile_flags() + LINK_FLAGS)
-    texts = [path.read_text() for path in [source, *sorted(SOURCES.glob("*.h"))]]   # the source and its headers
+    # The source and every file it may include (headers, and another source with other settings).
+    texts = [path.read_text() for path in [source, *sorted(SOURCES.glob("*.h")), *sorted(SOURCES.glob("*.c"))]]
     key = hashlib.sha256("\0".join([*texts, flags, version, _cpu_identity()]).encode())
     folder = cache_dir()
     try:

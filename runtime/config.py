@@ -41,7 +41,7 @@ class EngineConfig:
     enforce_eager: bool = False            # no CUDA graphs for decode
     cuda_graph_max_batch_size: int = 256   # largest decode batch replayed from a CUDA graph
     load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights
-    kv_cache_dtype: str = "auto"           # auto = the model's (fp32 on the CPU); a dtype; fp8_e4m3 = 8 bits
+    kv_cache_dtype: str = "auto"           # auto = the model's (fp16 on the CPU: fp32); a dtype; fp8_e4m3 = 8 bits
     cpu_threads: int | None = None         # torch threads on CPU; None = the CPUs this process may use
     speculative_method: str | None = None  # None = off; ngram = prompt lookup (docs/runtime.md)
     speculative_tokens: int = 4            # tokens proposed per sequence and step, verified in one forward

@@ -1,6 +1,7 @@
 /* Paged attention on the CPU, straight over the paged KV cache: no gather into dense tensors.
 
-   Scope: fp32 queries and cache; any mix of decode (one query token), short extend (speculative drafts)
+   Scope: fp32 queries; an fp32 cache, or a bf16 one (paged_attention_cpu_bf16kv.c builds this file with KV_BF16:
+   its rows are widened to fp32 as they are read, so the arithmetic is the fp32 one); any mix of decode (one query token), short extend (speculative drafts)
    and long extend (prefill chunks) in one call; GQA; causal with an optional sliding window.
    Layouts (see kubeinfer.kernels): q [num_tokens, H, D] with a token stride and a head stride of D;
    k_cache/v_cache [num_blocks, block_size, KVH, D] contiguous; out [num_tokens, H, D] contiguous.
@@ -25,6 +26,28 @@
 #define KEY_CHUNK 64     /* keys per step of the online softmax (measured best of 16, 32, 64) */
 #define CONCAT_(a, b) a##b
 #define CONCAT(a, b) CONCAT_(a, b)   /* names pasted after expansion: attend_64_tile + _heads */
+
+/* The cache's element: kv_f32 widens one, kv_load16 sixteen consecutive ones into a vector. */
+#if defined(KV_BF16)
+typedef uint16_t kv_t;   /* bf16: the high half of an fp32 */
+#define KV_EXPORT kubeinfer_paged_attention_bf16kv
+static inline float kv_f32(kv_t v) {
+    union { uint32_t u; float f; } bits = {(uint32_t)v << 16};
+    return bits.f;
+}
+#if defined(__AVX512F__)
+static inline __m512 kv_load16(const kv_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+#else
+typedef float kv_t;
+#define KV_EXPORT kubeinfer_paged_attention_f32
+static inline float kv_f32(kv_t v) { return v; }
+#if defined(__AVX512F__)
+static inline __m512 kv_load16(const kv_t *p) { return _mm512_loadu_ps(p); }
+#endif
+#endif
 
 typedef struct {
     int32_t seq, first, count;      /* query tokens [first, first + count) of the sequence's chunk */
@@ -54,9 +77,9 @@ static inline item_span span_of(const work_item *item, const int32_t *cu_seqlens
 
 /* The K and V rows of keys [start, start + n) of one sequence, through its block table; `offset` selects a KV head
    inside a token's row (0: the row from its first head). */
-static inline void chunk_rows(const int32_t *table, int32_t block_size, const float *k_cache, const float *v_cache,
-                              int64_t token_stride, int64_t offset, int32_t start, int32_t n, const float **k_rows,
-                              const float **v_rows) {
+static inline void chunk_rows(const int32_t *table, int32_t block_size, const kv_t *k_cache, const kv_t *v_cache,
+                              int64_t token_stride, int64_t offset, int32_t start, int32_t n, const kv_t **k_rows,
+                              const kv_t **v_rows) {
     for (int32_t j = 0; j < n; j++) {
         const int32_t pos = start + j;
         const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
@@ -75,7 +98,7 @@ static inline void visible_range(int32_t pos, int32_t start, int32_t n, int32_t 
 
 /* acc += sum over j in [lo, hi] of probs[j] * (v_rows[j] + offset). With AVX-512 and d a multiple of 16 (up to
    128), the accumulator lives in registers for the whole range. */
-static inline void row_values(float *acc, const float *probs, const float *const *v_rows, int32_t offset,
+static inline void row_values(float *acc, const float *probs, const kv_t *const *v_rows, int32_t offset,
                               int32_t lo, int32_t hi, int32_t d) {
 #if defined(__AVX512F__)
     if (d % 16 == 0 && d <= 128) {
@@ -84,8 +107,8 @@ static inline void row_values(float *acc, const float *probs, const float *const
         for (int32_t x = 0; x < n; x++) a[x] = _mm512_loadu_ps(acc + 16 * x);
         for (int32_t j = lo; j <= hi; j++) {
             const __m512 p = _mm512_set1_ps(probs[j]);
-            const float *v = v_rows[j] + offset;
-            for (int32_t x = 0; x < n; x++) a[x] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * x), a[x]);
+            const kv_t *v = v_rows[j] + offset;
+            for (int32_t x = 0; x < n; x++) a[x] = _mm512_fmadd_ps(p, kv_load16(v + 16 * x), a[x]);
         }
         for (int32_t x = 0; x < n; x++) _mm512_storeu_ps(acc + 16 * x, a[x]);
         return;
@@ -93,14 +116,14 @@ static inline void row_values(float *acc, const float *probs, const float *const
 #endif
     for (int32_t j = lo; j <= hi; j++) {
         const float prob = probs[j];
-        const float *v = v_rows[j] + offset;
-        for (int32_t x = 0; x < d; x++) acc[x] += prob * v[x];
+        const kv_t *v = v_rows[j] + offset;
+        for (int32_t x = 0; x < d; x++) acc[x] += prob * kv_f32(v[x]);
     }
 }
 
 /* scores[j] = q . (k_rows[j] + offset) for j in [lo, hi]. With AVX-512 and d a multiple of 16, four keys at a time
    in independent FMA chains (a single chain per dot product waits on its own latency). */
-static inline void row_scores(const float *q, const float *const *k_rows, int32_t offset, int32_t lo, int32_t hi,
+static inline void row_scores(const float *q, const kv_t *const *k_rows, int32_t offset, int32_t lo, int32_t hi,
                               int32_t d, float *scores) {
     int32_t j = lo;
 #if defined(__AVX512F__)
@@ -108,14 +131,14 @@ static inline void row_scores(const float *q, const float *const *k_rows, int32_
         __m512 qv[16];
         for (int32_t x = 0; x < d / 16; x++) qv[x] = _mm512_loadu_ps(q + 16 * x);
         for (; j + 4 <= hi + 1; j += 4) {
-            const float *k0 = k_rows[j] + offset, *k1 = k_rows[j + 1] + offset;
-            const float *k2 = k_rows[j + 2] + offset, *k3 = k_rows[j + 3] + offset;
+            const kv_t *k0 = k_rows[j] + offset, *k1 = k_rows[j + 1] + offset;
+            const kv_t *k2 = k_rows[j + 2] + offset, *k3 = k_rows[j + 3] + offset;
             __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
             for (int32_t x = 0; x < d / 16; x++) {
-                a0 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k0 + 16 * x), a0);
-                a1 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k1 + 16 * x), a1);
-                a2 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k2 + 16 * x), a2);
-                a3 = _mm512_fmadd_ps(qv[x], _mm512_loadu_ps(k3 + 16 * x), a3);
+                a0 = _mm512_fmadd_ps(qv[x], kv_load16(k0 + 16 * x), a0);
+                a1 = _mm512_fmadd_ps(qv[x], kv_load16(k1 + 16 * x), a1);
+                a2 = _mm512_fmadd_ps(qv[x], kv_load16(k2 + 16 * x), a2);
+                a3 = _mm512_fmadd_ps(qv[x], kv_load16(k3 + 16 * x), a3);
             }
             scores[j] = _mm512_reduce_add_ps(a0);
             scores[j + 1] = _mm512_reduce_add_ps(a1);
@@ -125,27 +148,27 @@ static inline void row_scores(const float *q, const float *const *k_rows, int32_
     }
 #endif
     for (; j <= hi; j++) {
-        const float *k = k_rows[j] + offset;
+        const kv_t *k = k_rows[j] + offset;
         float dot = 0.0f;
-        for (int32_t x = 0; x < d; x++) dot += q[x] * k[x];
+        for (int32_t x = 0; x < d; x++) dot += q[x] * kv_f32(k[x]);
         scores[j] = dot;
     }
 }
 
 /* by_key[j][t] = q_t[:, t] . k_rows[j] for a tile's TILE_Q tokens (one vector lane each) and n keys. */
-static inline void tile_scores(float q_t[][TILE_Q], const float *const *k_rows, int32_t n, int32_t d,
+static inline void tile_scores(float q_t[][TILE_Q], const kv_t *const *k_rows, int32_t n, int32_t d,
                                float by_key[][TILE_Q]) {
     int32_t j = 0;
 #if defined(__AVX512F__) && TILE_Q == 16
     for (; j + 4 <= n; j += 4) {   /* four keys in flight: four independent FMA chains */
-        const float *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
+        const kv_t *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
         for (int32_t x = 0; x < d; x++) {
             const __m512 qx = _mm512_load_ps(q_t[x]);
-            s0 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k0[x]), s0);
-            s1 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k1[x]), s1);
-            s2 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k2[x]), s2);
-            s3 = _mm512_fmadd_ps(qx, _mm512_set1_ps(k3[x]), s3);
+            s0 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k0[x])), s0);
+            s1 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k1[x])), s1);
+            s2 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k2[x])), s2);
+            s3 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k3[x])), s3);
         }
         _mm512_store_ps(by_key[j], s0);
         _mm512_store_ps(by_key[j + 1], s1);
@@ -156,7 +179,7 @@ static inline void tile_scores(float q_t[][TILE_Q], const float *const *k_rows, 
     for (; j < n; j++) {
         float lanes[TILE_Q] __attribute__((aligned(64))) = {0};
         for (int32_t x = 0; x < d; x++)
-            for (int32_t t = 0; t < TILE_Q; t++) lanes[t] += q_t[x][t] * k_rows[j][x];
+            for (int32_t t = 0; t < TILE_Q; t++) lanes[t] += q_t[x][t] * kv_f32(k_rows[j][x]);
         for (int32_t t = 0; t < TILE_Q; t++) by_key[j][t] = lanes[t];
     }
 }
@@ -217,8 +240,7 @@ static inline void softmax_chunk(float *scores, int32_t lo, int32_t hi, float *r
 #undef HEAD_DIM
 
 /* Returns 0, or a negative code when a shape is outside this kernel's scope (the caller checks first). */
-int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const float *k_cache,
-                                  const float *v_cache, const int32_t *cu_seqlens_q, const int32_t *seq_lens,
+int KV_EXPORT(const float *q, int64_t q_token_stride, const kv_t *k_cache, const kv_t *v_cache, const int32_t *cu_seqlens_q, const int32_t *seq_lens,
                                   const int32_t *block_tables, int64_t table_stride, int32_t num_seqs,
                                   int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                   float scale, int32_t sliding_window, float *out) {
@@ -248,7 +270,7 @@ int kubeinfer_paged_attention_f32(const float *q, int64_t q_token_stride, const 
                 items[i++] = (work_item){s, first, q_len - first < tile ? q_len - first : tile, h, h + 1,
                                          q_len - first > TILE_Q / 4 && tile == TILE_Q};
     }
-    typedef void attend_fn(const work_item *, const float *, int64_t, const float *, const float *, const int32_t *,
+    typedef void attend_fn(const work_item *, const float *, int64_t, const kv_t *, const kv_t *, const int32_t *,
                            const int32_t *, const int32_t *, int64_t, int32_t, int32_t, int32_t, int32_t, float,
                            int32_t, float *);
     attend_fn *attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;

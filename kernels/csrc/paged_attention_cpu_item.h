@@ -2,7 +2,7 @@
    includer defines NAME (decode and short chunks), TILE_NAME (prefill tiles) and HEAD_DIM (a constant, or
    `head_dim` for any size). With the size known at compile time the inner loops unroll. */
 static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
-                        const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                        const kv_t *k_cache, const kv_t *v_cache, const int32_t *cu_seqlens_q,
                         const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
                         int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                         float scale, int32_t sliding_window, float *out) {
@@ -35,7 +35,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
     for (int32_t start = span.key_begin; start <= last_pos; start += KEY_CHUNK) {
         int32_t n = last_pos + 1 - start;
         if (n > KEY_CHUNK) n = KEY_CHUNK;
-        const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        const kv_t *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
         chunk_rows(table, block_size, k_cache, v_cache, token_stride, 0, start, n, k_rows, v_rows);
         /* The next chunk's rows are fetched while this one is computed: blocks lie anywhere in the cache, so
            the hardware prefetcher loses the stream at each block edge. */
@@ -44,7 +44,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
             const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
             const char *k_next = (const char *)(k_cache + slot * token_stride + (int64_t)item->kv_begin * d);
             const char *v_next = (const char *)(v_cache + slot * token_stride + (int64_t)item->kv_begin * d);
-            for (int32_t line = 0; line < (item->kv_end - item->kv_begin) * d * 4; line += 64) {
+            for (int32_t line = 0; line < (item->kv_end - item->kv_begin) * d * (int32_t)sizeof(kv_t); line += 64) {
                 __builtin_prefetch(k_next + line);
                 __builtin_prefetch(v_next + line);
             }
@@ -78,7 +78,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
    held transposed (acc_t[p][x] = dimension x of the 16 tokens), 16 / P dimensions at a time in registers.
    Nothing is transposed per key chunk. */
 static inline __attribute__((always_inline)) void TILE_HEADS(
-        const work_item *item, const float *q, int64_t q_token_stride, const float *k_cache, const float *v_cache,
+        const work_item *item, const float *q, int64_t q_token_stride, const kv_t *k_cache, const kv_t *v_cache,
         const int32_t *cu_seqlens_q, const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
         int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
         int32_t sliding_window, float *out, int32_t head0, const int32_t P) {
@@ -106,18 +106,18 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
     for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
         int32_t n = last_pos + 1 - start;
         if (n > KEY_CHUNK) n = KEY_CHUNK;
-        const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        const kv_t *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
         chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d, start, n,
                    k_rows, v_rows);
         int32_t j = 0;
         for (; j + 4 <= n; j += 4) {   /* four keys in flight per head: independent FMA chains */
-            const float *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
+            const kv_t *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
             __m512 s[2][4];
             for (int32_t p = 0; p < P; p++)
                 for (int32_t c = 0; c < 4; c++) s[p][c] = _mm512_setzero_ps();
             for (int32_t x = 0; x < d; x++) {
-                const __m512 b0 = _mm512_set1_ps(k0[x]), b1 = _mm512_set1_ps(k1[x]);
-                const __m512 b2 = _mm512_set1_ps(k2[x]), b3 = _mm512_set1_ps(k3[x]);
+                const __m512 b0 = _mm512_set1_ps(kv_f32(k0[x])), b1 = _mm512_set1_ps(kv_f32(k1[x]));
+                const __m512 b2 = _mm512_set1_ps(kv_f32(k2[x])), b3 = _mm512_set1_ps(kv_f32(k3[x]));
                 for (int32_t p = 0; p < P; p++) {
                     const __m512 qx = _mm512_load_ps(q_t[p][x]);
                     s[p][0] = _mm512_fmadd_ps(qx, b0, s[p][0]);
@@ -132,7 +132,7 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
         for (; j < n; j++)
             for (int32_t p = 0; p < P; p++) {
                 __m512 s = _mm512_setzero_ps();
-                for (int32_t x = 0; x < d; x++) s = _mm512_fmadd_ps(_mm512_load_ps(q_t[p][x]), _mm512_set1_ps(k_rows[j][x]), s);
+                for (int32_t x = 0; x < d; x++) s = _mm512_fmadd_ps(_mm512_load_ps(q_t[p][x]), _mm512_set1_ps(kv_f32(k_rows[j][x])), s);
                 _mm512_store_ps(by_key[p][j], s);
             }
         /* Key j is seen by the lanes t with start + j <= first_pos + t (causal) and, with a window,
@@ -173,11 +173,11 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
             for (int32_t p = 0; p < P; p++)
                 for (int32_t i = 0; i < width; i++) a[p][i] = _mm512_load_ps(acc_t[p][x0 + i]);
             for (int32_t j = 0; j < n; j++) {
-                const float *v = v_rows[j] + x0;
+                const kv_t *v = v_rows[j] + x0;
                 __m512 probs[2];
                 for (int32_t p = 0; p < P; p++) probs[p] = _mm512_load_ps(by_key[p][j]);
                 for (int32_t i = 0; i < width; i++) {
-                    const __m512 b = _mm512_set1_ps(v[i]);
+                    const __m512 b = _mm512_set1_ps(kv_f32(v[i]));
                     for (int32_t p = 0; p < P; p++) a[p][i] = _mm512_fmadd_ps(probs[p], b, a[p][i]);
                 }
             }
@@ -197,7 +197,7 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
 }
 
 static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_stride,
-                      const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                      const kv_t *k_cache, const kv_t *v_cache, const int32_t *cu_seqlens_q,
                       const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
                       int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                       float scale, int32_t sliding_window, float *out) {
@@ -216,7 +216,7 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
    computed for the TILE_Q tokens at once, one vector lane per token (Q transposed once per item), so the dot
    products need no horizontal sums; softmax and the values then go row by row as in NAME. */
 static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_stride,
-                      const float *k_cache, const float *v_cache, const int32_t *cu_seqlens_q,
+                      const kv_t *k_cache, const kv_t *v_cache, const int32_t *cu_seqlens_q,
                       const int32_t *seq_lens, const int32_t *block_tables, int64_t table_stride,
                       int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                       float scale, int32_t sliding_window, float *out) {
@@ -246,7 +246,7 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
         for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
             int32_t n = last_pos + 1 - start;
             if (n > KEY_CHUNK) n = KEY_CHUNK;
-            const float *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+            const kv_t *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
             chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d, start, n,
                        k_rows, v_rows);
             tile_scores(q_t, k_rows, n, d, by_key);

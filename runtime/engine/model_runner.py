@@ -50,13 +50,13 @@ def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.d
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache's dtype: "auto" is the model's, except on the CPU, whose attention kernel computes in fp32
-    (a 16-bit model there keeps fp32 K/V: twice the bytes per token, no conversion in the kernel's inner loops)."""
+    """The KV cache's dtype: "auto" is the model's, except for an fp16 model on the CPU, whose attention kernel reads
+    fp32 and bf16 caches only (an fp16 cache would take the slower reference attention), so it keeps fp32 K/V."""
     if name == "fp8_e4m3":
         return FP8_DTYPE
     if name != "auto":
         return getattr(torch, name)
-    return torch.float32 if device.type == "cpu" else model_dtype
+    return torch.float32 if device.type == "cpu" and model_dtype == torch.float16 else model_dtype
 
 
 class ModelRunner:

@@ -24,13 +24,17 @@ MIXED = [(1, 1), (37, 1), (300, 1), (70, 5), (80, 80), (47, 15), (200, 140), (12
 LONG = [(256, 256), (700, 400), (530, 530), (40, 1), (90, 7)]
 
 
-def check(make_paged, pairs, num_heads, num_kv_heads, head_dim, block_size, sliding_window=None, seed=0):
+def check(make_paged, pairs, num_heads, num_kv_heads, head_dim, block_size, sliding_window=None, seed=0,
+          cache_dtype=torch.float32):
+    """Against the reference in fp32; a bf16 cache against the reference over the same values widened to fp32
+    (what the kernel must compute: its arithmetic is fp32 either way)."""
     seq_lens, q_lens = zip(*pairs)
     q, k_cache, v_cache, meta, _, _ = make_paged(list(seq_lens), list(q_lens), num_heads, num_kv_heads, head_dim,
                                                  block_size, torch.float32, "cpu", seed=seed)
+    k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     scale = head_dim ** -0.5
     got = cpu_attention.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
-    want = references.paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    want = references.paged_attention(q, k_cache.float(), v_cache.float(), meta, scale, sliding_window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
@@ -40,6 +44,19 @@ def check(make_paged, pairs, num_heads, num_kv_heads, head_dim, block_size, slid
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_mixed_batch_matches_reference(make_paged, num_heads, num_kv_heads, head_dim, block_size):
     check(make_paged, MIXED, num_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (32, 8)], ids=["mha", "gqa4", "llama3"])
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 32])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_bf16_cache_matches_reference_over_its_widened_values(make_paged, num_heads, num_kv_heads, head_dim,
+                                                              block_size):
+    """The bf16 build (csrc/paged_attention_cpu_bf16kv.c): decodes, drafts, prefill tiles and long chunks."""
+    for pairs in (MIXED, LONG):
+        check(make_paged, pairs, num_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size,
+              cache_dtype=torch.bfloat16)
+    check(make_paged, MIXED, num_heads, num_kv_heads, head_dim, block_size, sliding_window=20, seed=head_dim,
+          cache_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("sliding_window", [1, 7, 16, 20, 65, 4096])
@@ -85,7 +102,8 @@ def test_scope_left_to_the_reference():
     """Other dtypes and very large heads are not this kernel's: `supports` says so and ops takes the reference."""
     cache = torch.zeros(4, 16, 2, 64)
     assert cpu_attention.supports(torch.zeros(1, 4, 64), cache)
-    assert not cpu_attention.supports(torch.zeros(1, 4, 64, dtype=torch.bfloat16), cache.bfloat16())
+    assert cpu_attention.supports(torch.zeros(1, 4, 64, dtype=torch.bfloat16), cache.bfloat16())
+    assert not cpu_attention.supports(torch.zeros(1, 4, 64, dtype=torch.bfloat16), cache.half())
     assert not cpu_attention.supports(torch.zeros(1, 4, 512), torch.zeros(4, 16, 2, 512))
 
 
