@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from kubeinfer.operator import generated, spec
 
@@ -87,7 +88,7 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def model_schema(model: type[spec.BaseModel]) -> dict[str, Any]:
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return structural(raw, raw.get("$defs", {}))
 

@@ -1,0 +1,132 @@
+"""The whole spec of an InferenceService: its sections, and the rules across them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from kubeinfer.operator.spec.autoscaling import Autoscaling
+from kubeinfer.operator.spec.model import ModelSource
+from kubeinfer.operator.spec.placement import Parallelism, Resources, Rollout, Scheduling
+from kubeinfer.operator.spec.routing import InferencePoolSpec, RouterSpec
+from kubeinfer.operator.spec.runtime import RuntimeSpec
+from kubeinfer.operator.spec.schema import SpecModel, cel, checked_by
+
+
+class SecretKeyRef(SpecModel):
+    name: str = Field(max_length=253)
+    key: str = Field(default="api-keys", description="Key holding one API key per line.")
+
+
+_TENSOR = "(has(self.parallelism) && has(self.parallelism.tensor) ? self.parallelism.tensor : 1)"
+_EXPERT = "(has(self.parallelism) && has(self.parallelism.expert) ? self.parallelism.expert : 1)"
+GPUS_MATCH_SHARDS = cel(
+    "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0 || self.resources.gpus == "
+    f"({_TENSOR} > {_EXPERT} ? {_TENSOR} : {_EXPERT})",
+    "resources.gpus must be 0 (run on CPU) or equal the larger of parallelism.tensor and parallelism.expert "
+    "(one GPU per runtime process)",
+)
+CPU_HAS_NO_GPU_PRODUCT = cel(
+    "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus != 0 || "
+    "!has(self.resources.gpuProduct)",
+    "resources.gpuProduct needs GPUs: remove it, or set resources.gpus above 0",
+)
+CPU_HAS_NO_GPU_MEMORY = cel(
+    "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus != 0 || !has(self.runtime) || "
+    "!has(self.runtime.gpuMemoryUtilization)",
+    "runtime.gpuMemoryUtilization applies to GPUs; with resources.gpus 0 the KV cache is sized from "
+    "resources.memory or runtime.kvCacheMemoryGib",
+)
+DRAFT_WITHOUT_TENSOR_PARALLELISM = cel(
+    "!has(self.runtime) || !has(self.runtime.speculative) || self.runtime.speculative.method != 'draft' || "
+    "!has(self.parallelism) || !has(self.parallelism.tensor) || self.parallelism.tensor == 1",
+    "runtime.speculative method draft runs with parallelism.tensor 1 only; use method ngram with tensor "
+    "parallelism",
+)
+# `self.replicas < 0`: a negative count is refused once, by the scale subresource's own check.
+REPLICAS_IN_BOUNDS = cel(
+    "!has(self.autoscaling) || !has(self.replicas) || self.replicas < 0 || "
+    "(self.replicas >= (has(self.autoscaling.minReplicas) ? self.autoscaling.minReplicas : 1) "
+    "&& self.replicas <= self.autoscaling.maxReplicas)",
+    "spec.replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas]; "
+    "the autoscaler owns spec.replicas when autoscaling is set",
+)
+
+
+class InferenceServiceSpec(SpecModel):
+    model_config = checked_by(REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
+                              DRAFT_WITHOUT_TENSOR_PARALLELISM)
+
+    model: ModelSource
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    # Defaulted by the API server too, so that `kubectl get -o wide` shows TP 1 when it is not set.
+    parallelism: Parallelism = Field(default_factory=Parallelism, json_schema_extra={"default": {}})
+    resources: Resources = Field(default_factory=Resources)
+    replicas: int | None = Field(
+        default=None, ge=0,
+        description="Desired replicas, a non-negative integer (1 when unset). With autoscaling it is the starting "
+                    "size and the autoscaler owns it.",
+    )
+    autoscaling: Autoscaling | None = None
+    router: RouterSpec | None = Field(
+        default=None, description="A cache-aware router in front of the replicas, which also holds requests while "
+                                  "none is up (scale from zero); clients call the Service NAME-router.")
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None, description="Also make an InferencePool NAME of the replicas for a Gateway API Inference "
+                                  "Extension gateway (when its CRD is served).")
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    rollout: Rollout = Field(default_factory=Rollout)
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret with the API keys; mounted as a file for --api-keys-file.",
+    )
+
+    @model_validator(mode="after")
+    def _replicas_in_bounds(self) -> InferenceServiceSpec:
+        a, r = self.autoscaling, self.replicas
+        if a is not None and r is not None and not a.min_replicas <= r <= a.max_replicas:
+            raise ValueError(REPLICAS_IN_BOUNDS["message"])
+        return self
+
+    @model_validator(mode="after")
+    def _accelerators(self) -> InferenceServiceSpec:
+        gpus = self.resources.gpus
+        if gpus is not None and gpus not in (0, self.parallelism.processes):
+            raise ValueError(GPUS_MATCH_SHARDS["message"])
+        if gpus == 0 and self.resources.gpu_product is not None:
+            raise ValueError(CPU_HAS_NO_GPU_PRODUCT["message"])
+        if gpus == 0 and self.runtime.gpu_memory_utilization is not None:
+            raise ValueError(CPU_HAS_NO_GPU_MEMORY["message"])
+        speculative = self.runtime.speculative
+        if speculative is not None and speculative.method == "draft" and self.parallelism.tensor != 1:
+            raise ValueError(DRAFT_WITHOUT_TENSOR_PARALLELISM["message"])
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs per replica: resources.gpus, else one per runtime process."""
+        return self.parallelism.processes if self.resources.gpus is None else self.resources.gpus
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.num_gpus == 0
+
+    @property
+    def router_enabled(self) -> bool:
+        return self.router is not None and self.router.enabled
+
+    @property
+    def desired_replicas(self) -> int:
+        # Policy: spec.replicas wins; with autoscaling and no replicas, start at
+        # minReplicas but never cold (at least one) unless the ceiling says otherwise.
+        if self.replicas is not None:
+            return self.replicas
+        if self.autoscaling is not None:
+            return min(max(self.autoscaling.min_replicas, 1), self.autoscaling.max_replicas)
+        return 1
+
+
+
+def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
+    """Parse a spec once into the typed model; raises pydantic.ValidationError."""
+    return InferenceServiceSpec.model_validate(raw)

@@ -1,0 +1,74 @@
+"""`status`: every field a writer (reconcile, the autoscaler) puts there, and the condition types they write.
+
+Conditions have constant types: reconcile writes Ready, Progressing and Degraded; the autoscaler writes
+ScalingActive and MetricsAvailable. Each writer keeps the others' conditions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from kubeinfer.operator.spec.schema import PRESERVE, SpecModel
+
+# Condition types: reconcile's (kubeinfer.operator.reconcile.status) and the autoscaler's.
+READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+SCALING_ACTIVE, METRICS_AVAILABLE = "ScalingActive", "MetricsAvailable"
+
+
+class Condition(SpecModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class ColdStartObservation(SpecModel):
+    """One pod's creation -> Ready, as the autoscaler observed it (operator.cold_start)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    pod: str
+    created_at: str
+    ready_at: str
+    seconds: float
+
+
+class InferenceServiceStatus(SpecModel):
+    """Every field a writer puts under status; a real API server prunes undeclared ones."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    observed_generation: int | None = None
+    replicas: int | None = Field(default=None, description="Pods of the Deployment (scale subresource).")
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    endpoint: str | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
+    ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
+    tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")
+    desired_replicas: int | None = Field(default=None, description="Last autoscaler recommendation.")
+    last_scale_time: str | None = Field(default=None, description="When the autoscaler last changed replicas.")
+    cold_start_seconds: float | None = Field(
+        default=None,
+        description="Written by the autoscaler: pod creation -> Ready, median of coldStartSamples; replaces "
+        "spec.autoscaling.initialDelaySeconds in the autoscaler's queue projection once measured.")
+    cold_start_samples: list[ColdStartObservation] | None = Field(
+        default=None, description="Written by the autoscaler: the last pods' creation -> Ready observations.")
+    last_signals: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=PRESERVE,
+        description="Written by the autoscaler: the signals of its last decision (queue, running, TTFT P95, rate).")
+    scaling_history: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=PRESERVE,
+        description="Written by the autoscaler: its windows, last scale events and learned capacity; "
+        "a restarted operator resumes from it.")
+
