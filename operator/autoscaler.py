@@ -40,7 +40,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator import builders, pod as pod_builder, router, status as status_mod
+from kubeinfer.operator.reconcile import builders, pod as pod_builder, router, status as status_mod
 from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
 from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
@@ -49,13 +49,14 @@ from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.metrics_source import (
     PodSelector, PrometheusSource, ScrapeSource, router_queue, with_router_queue,
 )
-from kubeinfer.operator.reconcile import _own_pods
-from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
+from kubeinfer.operator.reconcile.controller import _own_pods
+from kubeinfer.operator.spec import (
+    API_VERSION, KIND, METRICS_AVAILABLE, SCALING_ACTIVE, InferenceServiceSpec, parse_spec,
+)
 from kubeinfer.operator.times import rfc3339 as iso
 
 log = logging.getLogger(__name__)
 
-SCALING_ACTIVE, METRICS_AVAILABLE = status_mod.SCALING_ACTIVE, status_mod.METRICS_AVAILABLE
 MANUAL_SCALE_OVERRIDDEN = "ManualScaleOverridden"
 # Labels that the Prometheus Operator attaches to series scraped through our ServiceMonitor.
 PROMETHEUS_LABELS = ("namespace", "service")

@@ -24,11 +24,12 @@ from typing import Any
 import kopf
 import urllib3
 
-from kubeinfer.operator import autoscaler, builders, inference_pool, router
+from kubeinfer.operator import autoscaler
+from kubeinfer.operator.reconcile import builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
-from kubeinfer.operator.reconcile import Context, InvalidSpec, reconcile_named, reconcile_soon
+from kubeinfer.operator.reconcile.controller import Context, InvalidSpec, reconcile_named, reconcile_soon
 from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

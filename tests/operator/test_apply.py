@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kubeinfer.operator.apply import in_sync, is_subset
-from kubeinfer.operator.builders import HASH_ANNOTATION
+from kubeinfer.operator.reconcile.apply import in_sync, is_subset
+from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 
 
 def test_subset_allows_server_defaults_and_foreign_fields() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kubeinfer.operator import builders, pod
+from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.spec import parse_spec
 

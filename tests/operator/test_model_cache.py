@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeinfer.operator import builders, pod
+from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.spec import parse_spec
 

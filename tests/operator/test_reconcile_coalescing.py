@@ -3,7 +3,7 @@ kopf's executor runs handlers; a fake API that blocks the first read holds a pas
 import threading
 
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.reconcile import Context, reconcile_named, reconcile_soon
+from kubeinfer.operator.reconcile.controller import Context, reconcile_named, reconcile_soon
 from support import wait_for
 
 

@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from kubeinfer.operator import router
-from kubeinfer.operator.builders import INSTANCE_LABEL
+from kubeinfer.operator.reconcile import router
+from kubeinfer.operator.reconcile.builders import INSTANCE_LABEL
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.runtime.router.metrics import RouterMetrics
 

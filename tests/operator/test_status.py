@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.operator import status
+from kubeinfer.operator.reconcile import status
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 

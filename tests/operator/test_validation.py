@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kubeinfer.operator.spec import parse_spec
-from kubeinfer.operator.validation import semantic_errors
+from kubeinfer.operator.reconcile.validation import semantic_errors
 
 
 def errors(**spec: Any) -> list[str]:

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from kubeinfer.operator import pod
+from kubeinfer.operator.reconcile import pod
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.spec import API_VERSION, GROUP, KIND, InferenceServiceSpec
 

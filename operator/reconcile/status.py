@@ -12,7 +12,7 @@ The operator writes only the fields below; other writers' fields and conditions 
 
 `desiredReplicas` is what `kubectl get` shows as DESIRED, so it is never left blank: without autoscaling
 it is the replicas the spec asks for (spec.replicas, else 1); with autoscaling it is the autoscaler's last
-decision (operator.autoscaler), which reconcile writes only while there is none yet: the starting size.
+decision (kubeinfer.operator.autoscaling), which reconcile writes only while there is none yet: the starting size.
 Turning autoscaling off also drops the autoscaler's memory (`scalingHistory`), so that turning it on again
 starts from the user's spec.replicas rather than from a decision made before.
 """
@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+from kubeinfer.operator.spec import DEGRADED, PROGRESSING, READY
+
+# The autoscaler's conditions (ScalingActive, MetricsAvailable; kubeinfer.operator.spec.status) are not ours:
+# merge_conditions keeps them.
 OWN_CONDITIONS = (READY, PROGRESSING, DEGRADED)
-# Written by the autoscaler (kubeinfer.operator.autoscaler); merge_conditions keeps them.
-SCALING_ACTIVE, METRICS_AVAILABLE = "ScalingActive", "MetricsAvailable"
 OWN_FIELDS = ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas", "selector", "endpoint",
               "conditions", "desiredReplicas")
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from kubernetes.client import ApiException
 from kubernetes.utils import parse_quantity
 
-from kubeinfer.operator.builders import HASH_ANNOTATION
+from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 from kubeinfer.operator.kube import Kube, object_path
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from kubeinfer.operator import builders, pod
+from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, Kube, resource_path
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec

@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 from kubernetes.client import ApiException
 
-from kubeinfer.operator import builders, pod
+from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.kube import Kube
 from kubeinfer.operator.spec import InferenceServiceSpec
 
