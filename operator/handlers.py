@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 import urllib3
 
-from kubeinfer.operator import autoscaler
+from kubeinfer.operator.autoscaling import autoscaler
 from kubeinfer.operator.reconcile import builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration

@@ -54,7 +54,8 @@ def _validation_messages(error: ValidationError) -> list[str]:
     return messages
 
 
-def _own_pods(kube: Kube, owner: builders.Owner) -> list[dict[str, Any]]:
+def own_pods(kube: Kube, owner: builders.Owner) -> list[dict[str, Any]]:
+    """The replicas' pods of one InferenceService (the autoscaler counts and scrapes the same ones)."""
     selector = builders.selector_labels(owner)
     pods = kube.list(resource_path("v1", "Pod", owner.namespace), builders.selector_string(owner))
     # Also filter here: a server (or emulator) that ignores the selector must not mix services up.
@@ -96,7 +97,7 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
             else:
                 pool_unavailable = True
         deployment = ctx.kube.get(resource_path("apps/v1", "Deployment", owner.namespace, owner.name))
-        pods = _own_pods(ctx.kube, owner) if deployment is not None else []
+        pods = own_pods(ctx.kube, owner) if deployment is not None else []
         routed = spec is not None and not errors and spec.router_enabled
         if routed:
             router.sync_endpoints(ctx.kube, owner, pods)

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pydantic
 import pytest
 
-from kubeinfer.operator import autoscale_policy as ap
-from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
+from kubeinfer.operator.autoscaling import policy as ap
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
 
 T0 = 1_000_000.0
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kubeinfer.operator.autoscale_forecast import Forecast, ForecastConfig, update
-from kubeinfer.operator.autoscale_predictive import PerReplicaSizing, PredictiveConfig, PredictiveState, decide
+from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
+from kubeinfer.operator.autoscaling.predictive import PerReplicaSizing, PredictiveConfig, PredictiveState, decide
 
 
 def feed(rates, step=5.0, forecast=Forecast()):

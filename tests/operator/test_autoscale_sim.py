@@ -23,7 +23,7 @@ from autoscale.scenarios import (  # noqa: E402
 )
 from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
 
-from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig  # noqa: E402
 
 TARGET = 0.5
 MODEL = ReplicaModel(cold_start_s=30.0)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kubeinfer.operator import autoscaler
-from kubeinfer.operator.autoscale_types import ScaleHistory, Signals
+from kubeinfer.operator.autoscaling import autoscaler
+from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
 from kubeinfer.operator.spec import parse_spec
+from kubeinfer.operator.times import rfc3339 as iso
 
 NOW = 1_800_000_000.0
 MANUAL = autoscaler.MANUAL_SCALE_OVERRIDDEN
@@ -26,9 +27,9 @@ def body(replicas: int | None = 2, status: dict[str, Any] | None = None, **autos
 
 def pod(name: str, ready: bool = True, age: float = 3600, ip: str | None = "10.0.0.1",
         deleting: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "creationTimestamp": autoscaler.iso(NOW - age)}
+    meta: dict[str, Any] = {"name": name, "creationTimestamp": iso(NOW - age)}
     if deleting:
-        meta["deletionTimestamp"] = autoscaler.iso(NOW)
+        meta["deletionTimestamp"] = iso(NOW)
     return {"metadata": meta, "status": {"podIP": ip, "conditions": [
         {"type": "Ready", "status": "True" if ready else "False"}]}}
 
@@ -68,8 +69,8 @@ def test_scale_up_writes_status_then_replicas_and_one_event():
     assert p.events[0].message.startswith("2 -> 5 replicas: queue 20 on 2 ready")
     st = p.status
     assert (st["desiredReplicas"], st["queueDepth"], st["ttftP95Seconds"]) == (5, 20, 0.3)
-    assert st["lastScaleTime"] == autoscaler.iso(NOW)
-    assert st["scalingHistory"]["events"][-1] == {"time": autoscaler.iso(NOW), "from": 2, "to": 5, "reason": "ScaleUp"}
+    assert st["lastScaleTime"] == iso(NOW)
+    assert st["scalingHistory"]["events"][-1] == {"time": iso(NOW), "from": 2, "to": 5, "reason": "ScaleUp"}
     assert st["lastSignals"]["recommendation"] == 5
     types = {c["type"]: c for c in st["conditions"]}
     assert types["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # reconcile's condition kept
@@ -160,7 +161,7 @@ def test_metrics_coming_back_is_a_normal_event():
 def loaded_pod(name: str, loaded_s: float, age: float = 3600) -> dict[str, Any]:
     """A Ready pod that took `loaded_s` from creation to Ready."""
     p = pod(name, age=age)
-    p["status"]["conditions"][0]["lastTransitionTime"] = autoscaler.iso(NOW - age + loaded_s)
+    p["status"]["conditions"][0]["lastTransitionTime"] = iso(NOW - age + loaded_s)
     return p
 
 

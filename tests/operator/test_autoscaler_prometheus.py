@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kubeinfer.operator import autoscale_policy as ap
-from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
-from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling import policy as ap
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
 from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets
 
 MODEL = "tiny"

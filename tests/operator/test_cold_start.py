@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.operator.cold_start import MAX_SAMPLES, ColdStartRecord, ColdStartSample, observe_pod
-from kubeinfer.operator.autoscaler import iso
+from kubeinfer.operator.autoscaling.cold_start import MAX_SAMPLES, ColdStartRecord, ColdStartSample, observe_pod
+from kubeinfer.operator.times import rfc3339 as iso
 
 T0 = 1_800_000_000.0
 

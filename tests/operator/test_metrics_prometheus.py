@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeinfer.operator.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
-from kubeinfer.operator.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
+from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource, ScrapeSource
 from support import Prometheus, free_port, static_targets
 
 MODEL = "tiny-llama"

@@ -4,7 +4,7 @@
 writes (a `Plan`). `Autoscaler` does the I/O around it and `run()` is the loop of the per-object kopf
 daemon registered in `handlers.py`.
 
-Policy of the pass (the scaling rules themselves are in `autoscale_policy.decide`):
+Policy of the pass (the scaling rules themselves are in `policy.decide`):
 - The autoscaler owns `spec.replicas` while `spec.autoscaling` is set, and writes it with a merge patch on
   the object (so `kubectl get` shows the decision and reconcile applies it to the Deployment; the
   autoscaler never touches the Deployment itself, so the two never fight).
@@ -40,20 +40,22 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator.reconcile import builders, pod as pod_builder, router, status as status_mod
-from kubeinfer.operator.autoscale_policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
-from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals
-from kubeinfer.operator.cold_start import ColdStartRecord, parse_time
-from kubeinfer.operator.events import EventSpec, condition_events
-from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
-from kubeinfer.operator.metrics_source import (
+from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time
+from kubeinfer.operator.autoscaling.metrics_source import (
     PodSelector, PrometheusSource, ScrapeSource, router_queue, with_router_queue,
 )
-from kubeinfer.operator.reconcile.controller import _own_pods
+from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
+from kubeinfer.operator.autoscaling.policy_types import (
+    PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals,
+)
+from kubeinfer.operator.events import EventSpec, condition_events
+from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
+from kubeinfer.operator.reconcile import builders, pod as pod_builder, router, status as status_mod
+from kubeinfer.operator.reconcile.controller import own_pods
 from kubeinfer.operator.spec import (
     API_VERSION, KIND, METRICS_AVAILABLE, SCALING_ACTIVE, InferenceServiceSpec, parse_spec,
 )
-from kubeinfer.operator.times import rfc3339 as iso
+from kubeinfer.operator.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,7 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
                                 f"owns it and set it to {desired} ({decision.reason}: {decision.message})"))
     if desired != current:
         events.append(EventSpec("Normal", decision.reason, f"{current} -> {desired} replicas: {decision.message}"))
-    conditions = status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision), iso(now),
+    conditions = status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision), rfc3339(now),
                                              (body.get("metadata") or {}).get("generation"))
     events += condition_events(st.get("conditions") or [], conditions)
 
@@ -157,7 +159,7 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
         "conditions": conditions,
     }
     if decision.history.last_scale_time is not None:
-        status["lastScaleTime"] = iso(decision.history.last_scale_time)
+        status["lastScaleTime"] = rfc3339(decision.history.last_scale_time)
     if cold_start.samples:
         status.update(cold_start.to_status())
     return Plan(decision=decision, current=current, replicas=desired if spec.replicas != desired else None,
@@ -189,7 +191,7 @@ class Autoscaler:
             return body, None, []  # reconcile reports it; nothing to scale
         if spec.autoscaling is None:
             return body, None, []
-        return body, spec, _own_pods(self.ctx.kube, builders.Owner.from_body(body))
+        return body, spec, own_pods(self.ctx.kube, builders.Owner.from_body(body))
 
     async def _signals(self, spec: InferenceServiceSpec, body: dict[str, Any], pods: list[dict[str, Any]]) -> Signals:
         assert spec.autoscaling is not None

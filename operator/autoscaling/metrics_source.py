@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeinfer.operator.autoscale_types import Signals
-from kubeinfer.operator.metrics_histogram import histogram_quantile
+from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,303 @@
+"""The autoscaling policy: a pure function of (signals, replica counts, history, config, now).
+
+`decide()` returns the desired replica count, a reason, and the history to keep for the next call.
+It reads no clock and does no I/O; the operator's timer feeds it and applies the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+
+from kubeinfer.operator.autoscaling.policy_types import (
+    PolicyConfig,
+    ReplicaCounts,
+    ScaleDecision,
+    ScaleEvent,
+    ScaleHistory,
+    Signals,
+)
+
+log = logging.getLogger(__name__)
+
+# Reasons (constant words, used as Event reasons and in status).
+SCALE_UP = "ScaleUp"
+SCALE_DOWN = "ScaleDown"
+SCALE_TO_ZERO = "ScaleToZero"
+SCALE_FROM_ZERO = "ScaleFromZero"
+WITHIN_TOLERANCE = "WithinTolerance"
+STABILIZING_UP = "StabilizingUp"
+STABILIZING_DOWN = "StabilizingDown"
+PENDING_REPLICAS = "PendingReplicas"
+METRICS_UNAVAILABLE = "MetricsUnavailable"
+METRICS_STALE = "MetricsStale"
+BELOW_MIN = "BelowMinReplicas"
+ABOVE_MAX = "AboveMaxReplicas"
+
+
+# Policy, in order:
+# 1. Bounds are absolute: a count above maxReplicas is brought down to it, one below the floor up to it,
+#    whatever the metrics say. The floor is minReplicas; with minReplicas 0 it is 1 while there is
+#    traffic, and 0 only when the service is already at zero or has seen no traffic for
+#    scaleToZeroIdleSeconds.
+# 2. Missing or stale metrics hold the current count (within bounds): never a scale-down, never to
+#    zero on missing data. Unknown counts as traffic for the idle clock.
+# 3. Otherwise each signal recommends a count and the larger wins (see `_recommend`). A recommendation
+#    made under overload (queue or TTFT above target) is marked as such.
+# 4. Scale-up acts on the lowest recommendation of the last scaleUpStabilizationSeconds (0: at once),
+#    adding at most maxScaleUpStep replicas, or the current count if that is more (doubling), per decision.
+# 5. Scale-down acts on the highest recommendation still in force, removes at most maxScaleDownStep per
+#    decision, and never while a replica is pending or loading. A steady recommendation stays in force
+#    for scaleDownStabilizationSeconds; an overload one for one metric window only: once the backlog it
+#    answered is gone, the windowed arrival rate, not the backlog, says what the fleet must hold. A
+#    history younger than the window counts the current size as a recommendation (a fresh or restarted
+#    operator never scales down before one full window of its own observations). Scale to zero is the
+#    exception: the idle period is its own stabilization, so it goes straight to 0.
+def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, config: PolicyConfig,
+           now: float) -> ScaleDecision:
+    current = replicas.current
+    hist = _observe_ready(history, replicas, now)
+    if hist.started_at is None:
+        hist = replace(hist, started_at=now)
+
+    if not signals.available or now - signals.timestamp > config.stale_after_seconds:
+        reason = METRICS_UNAVAILABLE if not signals.available else METRICS_STALE
+        hist = replace(hist, last_traffic_time=now)
+        floor = _floor(config, current, idle=False)
+        desired = min(max(current, floor), config.max_replicas)
+        detail = signals.error or f"signals are {now - signals.timestamp:.0f}s old"
+        return _finish(current, desired, reason, f"holding {current}: {detail}", hist, None, now)
+
+    traffic = signals.has_traffic
+    last_traffic = now if traffic or hist.last_traffic_time is None else hist.last_traffic_time
+    hist = replace(hist, last_traffic_time=last_traffic)
+    hist = _learn_capacity(_observe_queue(hist, signals, replicas, config), signals, replicas, config)
+
+    idle = config.min_replicas == 0 and not traffic and now - last_traffic >= config.scale_to_zero_idle_seconds
+    floor = _floor(config, current, idle)
+    if current > config.max_replicas:
+        return _finish(current, config.max_replicas, ABOVE_MAX, f"maxReplicas is {config.max_replicas}",
+                       hist, None, now)
+    if current < floor:
+        reason = SCALE_FROM_ZERO if current == 0 else BELOW_MIN
+        return _finish(current, floor, reason, f"floor is {floor}", hist, None, now)
+
+    rec, why, overload = _recommend(signals, replicas, hist, config, now)
+    if idle:
+        rec, why, overload = 0, f"no traffic for {now - last_traffic:.0f}s", False
+    rec = min(max(rec, floor), config.max_replicas)
+    hist = _record(hist, rec, overload, now, config)
+
+    if rec > current:
+        window = [n for t, n, _ in hist.recommendations if t >= now - config.scale_up_stabilization_seconds]
+        stable_up = min(window) if config.scale_up_stabilization_seconds > 0 else rec
+        if stable_up <= current:
+            return _finish(current, current, STABILIZING_UP, f"{why}; waiting for it to hold", hist, rec, now)
+        desired = min(stable_up, current + max(config.max_scale_up_step, current))
+        return _finish(current, desired, SCALE_FROM_ZERO if current == 0 else SCALE_UP, why, hist, rec, now)
+
+    if rec < current:
+        if replicas.pending > 0:
+            return _finish(current, current, PENDING_REPLICAS,
+                           f"{why}; {replicas.pending} replica(s) still pending or loading", hist, rec, now)
+        if rec == 0 and idle:
+            return _finish(current, 0, SCALE_TO_ZERO, why, hist, rec, now)
+        stable_down = max(n for t, n, o in hist.recommendations if t >= now - _in_force(config, o))
+        if now - hist.started_at < config.scale_down_stabilization_seconds:
+            stable_down = max(stable_down, current)
+        if stable_down >= current:
+            return _finish(current, current, STABILIZING_DOWN, f"{why}; waiting for the window", hist, rec, now)
+        desired = max(stable_down, current - config.max_scale_down_step)
+        return _finish(current, desired, SCALE_DOWN, why, hist, rec, now)
+
+    return _finish(current, current, WITHIN_TOLERANCE, why, hist, rec, now)
+
+
+# Recommendation of each signal; the larger wins. Returns (replicas, why, made under overload).
+# - Queue above the band (overload): the replicas are saturated at their present running batch. The
+#   fleet that, by the time a new replica can serve (the cold start learned from the service's pods,
+#   else initialDelaySeconds), holds every request present and every one the queue's present growth
+#   adds meanwhile, each replica running its present batch
+#   with `target` waiting: (running + waiting + growth * initialDelay) / (running per replica + target).
+# - Queue inside the band: keep the ready count.
+# - Queue below the band (steady): with a saturation throughput per replica (measured, or else
+#   spec.autoscaling.throughputPerReplica), square-root staffing for the arrival rate of the last
+#   window: R + headroom * sqrt(R) replicas for an offered load of R = arrivals / throughput. This
+#   one may also scale up, ahead of any queue. It keeps the ready count while the need is within the
+#   tolerance below it. Without a throughput, (running + waiting) / (running per replica + target),
+#   which steps down one at a time until the fleet is seen busy once.
+#   Nothing ready: waiting / (capacity + target), or waiting / target.
+# - TTFT P95 above the band (overload): the ready count times the ratio (at most
+#   max_ttft_scale_up_ratio, at least +1), but only when every replica is ready, the ready count has
+#   been stable for a whole metric window and the queue was not above its band in it: the P95 is
+#   windowed, so before that it describes a fleet that no longer exists or a backlog the queue rule
+#   already answered; then it only holds the ready count (overload: held for one metric window).
+#   Inside the band it keeps the ready count; below it, or with no first token in the window, it has
+#   no objection.
+def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, config: PolicyConfig,
+               now: float) -> tuple[int, str, bool]:
+    ready, tol = replicas.ready, config.tolerance
+    waiting = signals.queue_depth or 0.0
+    running = signals.num_running or 0.0
+    target_q = config.target_queue_depth_per_replica
+    capacity = hist.capacity_per_replica or config.assumed_capacity_per_replica
+    throughput = hist.throughput_per_replica or config.assumed_throughput_per_replica
+
+    overload_q = False
+    if ready == 0:
+        rec_q = math.ceil(waiting / ((capacity or 0.0) + target_q)) if waiting > 0 else 0
+        rec_q = max(rec_q, replicas.current)  # replicas still loading are not evidence for fewer
+        why_q = f"{waiting:.0f} waiting, no ready replica"
+        overload_q = waiting > 0
+    else:
+        queue_ratio = waiting / ready / target_q
+        per_replica = running / ready
+        why_q = f"queue {waiting:.0f} on {ready} ready (target {target_q:g}/replica)"
+        if queue_ratio > 1 + tol:
+            growth = max(0.0, _queue_growth(hist))
+            horizon = config.cold_start_seconds
+            projected = running + waiting + growth * horizon
+            rec_q = max(ready + 1, math.ceil(projected / (per_replica + target_q)))
+            overload_q = True
+            if growth > 0:
+                why_q += f", growing {growth:.1f}/s over a {horizon:.0f}s cold start"
+        elif queue_ratio >= 1 - tol:
+            rec_q = ready
+        elif throughput:
+            arrivals = _arrival_rate(hist, signals)
+            load = arrivals / throughput
+            need = load + config.headroom * math.sqrt(load)
+            rec_q = ready if ready * (1 - tol) <= need <= ready else math.ceil(need - 1e-9)
+            why_q += f", {arrivals:.2f} req/s = {load:.2f} replicas busy"
+        else:
+            rec_q = min(ready, math.ceil((running + waiting) / (per_replica + target_q)))
+
+    rec_t, why_t, overload_t = 0, "", False
+    ttft = signals.ttft_p95_seconds
+    if ttft is not None and math.isfinite(ttft) and ready > 0:
+        ratio = ttft / config.target_ttft_p95_seconds
+        settled = (replicas.pending == 0 and hist.ready_changed_at is not None
+                   and now - hist.ready_changed_at >= config.metric_window_seconds
+                   and not _overloaded_in_window(hist, config))
+        if ratio > 1 + tol and settled:
+            rec_t = max(ready + 1, math.ceil(ready * min(ratio, config.max_ttft_scale_up_ratio)))
+            overload_t = True
+        elif ratio > 1 + tol:
+            rec_t, overload_t = ready, True  # no evidence for more, nor for fewer
+        elif 1 - tol <= ratio <= 1 + tol:
+            rec_t = ready
+        why_t = f"TTFT P95 {ttft:.3f}s (target {config.target_ttft_p95_seconds:g}s)"
+
+    if rec_t > rec_q:
+        return rec_t, why_t, overload_t
+    return rec_q, why_q + (f", {why_t}" if why_t else ""), overload_q or overload_t
+
+
+def _observe_queue(hist: ScaleHistory, signals: Signals, replicas: ReplicaCounts,
+                   config: PolicyConfig) -> ScaleHistory:
+    """Keep (signal time, waiting, running, ready) for one metric window; a repeated signal is not a new
+    sample."""
+    samples = hist.queue_samples
+    if samples and samples[-1][0] >= signals.timestamp:
+        return hist
+    oldest = signals.timestamp - config.metric_window_seconds
+    kept = tuple(s for s in samples if s[0] >= oldest)
+    sample = (signals.timestamp, signals.queue_depth or 0.0, signals.num_running or 0.0, replicas.ready)
+    return replace(hist, queue_samples=kept + (sample,))
+
+
+def _queue_change_per_second(first: tuple, last: tuple) -> float:
+    """Waiting requests added per second from one queue sample to a later one."""
+    return (last[1] - first[1]) / (last[0] - first[0])
+
+
+def _queue_growth(hist: ScaleHistory) -> float:
+    """Waiting requests added per second between the last two samples (0 with fewer than two)."""
+    if len(hist.queue_samples) < 2:
+        return 0.0
+    return _queue_change_per_second(*hist.queue_samples[-2:])
+
+
+def _arrival_rate(hist: ScaleHistory, signals: Signals) -> float:
+    """Requests arriving per second over the window: those admitted (first tokens) plus the queue's change."""
+    served = signals.request_rate or 0.0
+    if len(hist.queue_samples) < 2:
+        return served
+    return max(0.0, served + _queue_change_per_second(hist.queue_samples[0], hist.queue_samples[-1]))
+
+
+# A window in which the replicas ran at least this share of their batch capacity (or queued) on average
+# measures their throughput close enough to saturation (it can only underestimate it).
+BUSY_TO_MEASURE = 0.75
+# ... provided its queue samples span at least this share of the metric window.
+SAMPLES_SPAN_TO_MEASURE = 0.75
+
+
+def _learn_capacity(hist: ScaleHistory, signals: Signals, replicas: ReplicaCounts,
+                    config: PolicyConfig) -> ScaleHistory:
+    """Learn what one replica does when saturated, keeping the highest seen:
+    - the running batch, when the queue is at its target on a fully ready fleet (a request waiting for
+      the next engine step is not saturation; a loading replica runs nothing);
+    - the throughput, when the samples of (nearly) a whole window were busy on average (see
+      BUSY_TO_MEASURE) with the same ready count: first tokens per second over the window per ready
+      replica. A replica that just became ready fills its whole batch in one step, so windows in which
+      the count changed are not used."""
+    target = config.target_queue_depth_per_replica * (1 - config.tolerance)
+    ready, waiting = replicas.ready, signals.queue_depth or 0.0
+    if ready > 0 and replicas.pending == 0 and signals.num_running and waiting >= target * ready:
+        hist = replace(hist, capacity_per_replica=max(signals.num_running / ready, hist.capacity_per_replica or 0.0))
+    window = config.metric_window_seconds
+    samples = [s for s in hist.queue_samples if s[0] > signals.timestamp - window]
+    capacity = hist.capacity_per_replica
+    if not (capacity and signals.request_rate and len(samples) >= 2
+            and samples[-1][0] - samples[0][0] >= SAMPLES_SPAN_TO_MEASURE * window
+            and len({r for *_, r in samples}) == 1 and samples[0][3] > 0):
+        return hist
+    ready_then = samples[0][3]
+    busy = sum(min(1.0, n / (capacity * ready_then)) if q < target * ready_then else 1.0
+               for _, q, n, _ in samples) / len(samples)
+    measured = signals.request_rate / ready_then
+    if busy >= BUSY_TO_MEASURE and measured > (hist.throughput_per_replica or 0.0):
+        hist = replace(hist, throughput_per_replica=measured)
+    return hist
+
+
+def _overloaded_in_window(hist: ScaleHistory, config: PolicyConfig) -> bool:
+    """Whether any queue sample of the window was above its band."""
+    limit = config.target_queue_depth_per_replica * (1 + config.tolerance)
+    return any(q > limit * max(r, 1) for _, q, _, r in hist.queue_samples)
+
+
+def _floor(config: PolicyConfig, current: int, idle: bool) -> int:
+    if config.min_replicas > 0:
+        return config.min_replicas
+    return 0 if idle or current == 0 else 1
+
+
+def _observe_ready(hist: ScaleHistory, replicas: ReplicaCounts, now: float) -> ScaleHistory:
+    if hist.last_ready == replicas.ready:
+        return hist
+    return replace(hist, last_ready=replicas.ready, ready_changed_at=now)
+
+
+def _in_force(config: PolicyConfig, overload: int) -> float:
+    """How long a recommendation holds scale-down: the window, or one metric window for an overload one."""
+    if overload:
+        return min(config.metric_window_seconds, config.scale_down_stabilization_seconds)
+    return config.scale_down_stabilization_seconds
+
+
+def _record(hist: ScaleHistory, rec: int, overload: bool, now: float, config: PolicyConfig) -> ScaleHistory:
+    keep = max(config.scale_up_stabilization_seconds, config.scale_down_stabilization_seconds)
+    recs = tuple(r for r in hist.recommendations if r[0] >= now - keep) + ((now, rec, int(overload)),)
+    return replace(hist, recommendations=recs)
+
+
+def _finish(current: int, desired: int, reason: str, message: str, hist: ScaleHistory, rec: int | None,
+            now: float) -> ScaleDecision:
+    if desired != current:
+        hist = hist.with_event(ScaleEvent(now, current, desired, reason))
+        log.info("autoscale %s: %d -> %d (%s)", reason, current, desired, message)
+    return ScaleDecision(desired_replicas=desired, reason=reason, message=message, history=hist,
+                         recommendation=rec)

@@ -1,0 +1,135 @@
+"""The predictive autoscaling policy: replicas ordered one cold start ahead of the forecast need, released by
+expected cost. Pure: the caller brings the observation, the state it kept, and the replica model's sizing.
+
+- **Need.** A `Sizing`: the fleet a steady arrival rate needs within the TTFT target, and the rate a fleet serves,
+  from the calibrated replica model (in the simulator the table that sizes the clairvoyant limit; `PerReplicaSizing`
+  from a throughput per replica).
+- **Up.** The forecast's upper value over the next cold start (`Forecast.high`), plus what drains the queue at
+  hand within that time: a replica ordered now is ready when the forecast says it is needed.
+- **Down, by expected cost.** Releasing a replica and ordering it again costs one cold start of billing; keeping
+  it costs the time it idles. So a replica is kept while the upper forecast over one cold start still needs it,
+  and released (one step at a time) once the need has stayed below the fleet for `confirm_down_s`.
+- **Guards.** Pending replicas count as capacity (the caller's `current` includes them); a missing observation
+  never scales down; direction changes per hour are bounded (`max_flaps_per_hour`); min/max replicas hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
+
+
+class Sizing(Protocol):
+    def replicas_for(self, rate: float) -> int:
+        """The fleet a steady arrival rate (requests/s) needs."""
+
+    def capacity(self, replicas: int) -> float:
+        """The highest steady arrival rate `replicas` serve."""
+
+
+@dataclass(frozen=True)
+class PerReplicaSizing:
+    """Every replica serves `rate_per_replica` requests/s (spec throughputPerReplica, or one measured)."""
+    rate_per_replica: float
+
+    def replicas_for(self, rate: float) -> int:
+        return max(1, math.ceil(rate / self.rate_per_replica))
+
+    def capacity(self, replicas: int) -> float:
+        return replicas * self.rate_per_replica
+
+
+@dataclass(frozen=True)
+class PredictiveConfig:
+    min_replicas: int
+    max_replicas: int
+    k_spread: float = 1.0               # spreads above the mean forecast provisioned for
+    drain_s: float = 20.0               # a backlog is to be served within this long once the replicas are up
+    queue_per_replica: float = 4.0      # waiting requests a replica holds in normal running (not a backlog)
+    confirm_down_s: float = 30.0        # how long the need stays below the fleet before a release
+    max_scale_down_step: int = 1
+    max_flaps_per_hour: int = 12
+    forecast: ForecastConfig = ForecastConfig()
+
+
+@dataclass(frozen=True)
+class PredictiveState:
+    forecast: Forecast = Forecast()
+    below_since: float | None = None
+    last_direction: int = 0                       # +1 up, -1 down, 0 none yet
+    direction_changes: tuple[float, ...] = ()     # when the direction flipped, within the last hour
+
+    def to_dict(self) -> dict:
+        return {"forecast": self.forecast.to_dict(), "belowSince": self.below_since,
+                "lastDirection": self.last_direction, "directionChanges": list(self.direction_changes)}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> PredictiveState:
+        if not data:
+            return cls()
+        return cls(Forecast.from_dict(data.get("forecast")), data.get("belowSince"), data.get("lastDirection", 0),
+                   tuple(data.get("directionChanges", ())))
+
+
+@dataclass(frozen=True)
+class PredictiveDecision:
+    desired_replicas: int
+    reason: str
+    state: PredictiveState = field(default_factory=PredictiveState)
+
+
+def decide(observed_rate: float | None, queue_depth: float | None, current: int, state: PredictiveState,
+           config: PredictiveConfig, cold_start_s: float, now: float, sizing: Sizing,
+           rate_window_s: float = 30.0) -> PredictiveDecision:
+    """`observed_rate`: arrivals per second over the last `rate_window_s` (None: no metrics); `queue_depth`:
+    requests waiting; `current`: replicas asked for (ready and pending); `sizing`: fleets for steady rates (its
+    table already holds the TTFT share under Poisson arrivals)."""
+    if observed_rate is None:
+        return PredictiveDecision(current, "no metrics: holding", state)
+    forecast = update(state.forecast, observed_rate, now, config.forecast)
+    horizon = cold_start_s
+    noise = math.sqrt(max(forecast.level, 0.0) / rate_window_s)   # a Poisson count's own spread, as a rate
+    k = config.k_spread
+    # The backlog when replicas ordered now are up (the queue at hand, plus what arrives beyond the fleet's
+    # capacity meanwhile), to be served within `drain_s` on top of the arrivals: requests that arrive behind a
+    # backlog wait for all of it, so a slow drain makes them late too.
+    queue = max(0.0, (queue_depth or 0.0) - config.queue_per_replica * current)
+    backlog_rate = 0.0
+    if queue > 0:
+        backlog = queue + max(0.0, forecast.level - sizing.capacity(current)) * horizon
+        backlog_rate = backlog / config.drain_s
+    # Up only past the estimate's own noise (hysteresis): at a rate on a fleet-size boundary, noise alone would
+    # order and release a replica every minute.
+    up_need = sizing.replicas_for(max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate)
+    keep_need = sizing.replicas_for(forecast.peak_over(horizon, k, noise) + backlog_rate)
+    desired, below_since = current, state.below_since
+    if up_need > current:
+        desired, below_since = up_need, None
+        reason = f"forecast {forecast.high(horizon, k, noise):.2f} req/s in {horizon:.0f} s needs {up_need}"
+    elif keep_need < current:
+        below_since = now if below_since is None else below_since
+        if now - below_since >= config.confirm_down_s:
+            desired = max(keep_need, current - config.max_scale_down_step)
+            reason = (f"need {keep_need} for {now - below_since:.0f} s (forecast peak "
+                      f"{forecast.peak_over(horizon, k, noise):.2f} req/s within a cold start)")
+        else:
+            reason = f"need {keep_need} < {current}; confirming for {config.confirm_down_s:.0f} s"
+    else:
+        below_since = None
+        reason = f"need {keep_need}, fleet {current}: holding"
+    desired = min(config.max_replicas, max(config.min_replicas, desired))
+    direction = (desired > current) - (desired < current)
+    changes = tuple(t for t in state.direction_changes if now - t < 3600.0)
+    if direction and state.last_direction and direction != state.last_direction:
+        if len(changes) >= config.max_flaps_per_hour and direction < 0:   # never hold back a scale-up
+            return PredictiveDecision(current, f"{len(changes)} direction changes this hour: holding",
+                                      PredictiveState(forecast, below_since, state.last_direction, changes))
+        changes += (now,)
+    last = direction or state.last_direction
+    if direction < 0:
+        below_since = None   # the next step down confirms afresh
+    return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes))
+
