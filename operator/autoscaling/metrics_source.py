@@ -21,17 +21,11 @@ from dataclasses import dataclass, field, replace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeinfer.operator.autoscaling.policy_types import Signals
 from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
+from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.metric_names import ROUTER_QUEUE, RUNNING, TTFT, WAITING
 
 log = logging.getLogger(__name__)
-
-WAITING = "kubeinfer_num_requests_waiting"
-RUNNING = "kubeinfer_num_requests_running"
-TTFT = "kubeinfer_time_to_first_token_seconds"
-
-
-ROUTER_QUEUE = "kubeinfer_router_queue_requests"
 
 
 async def router_queue(client: httpx.AsyncClient, url: str) -> float | None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubeinfer.operator.manifests import find_helm, helm_template
+from kubeinfer.operator.install.manifests import find_helm, helm_template
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeinfer"

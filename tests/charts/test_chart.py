@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from kubeinfer import __version__
-from kubeinfer.operator import chart, crd, manifests, monitoring, rbac
+from kubeinfer.operator.install import chart, crd, manifests, monitoring, rbac
 from kubeinfer.operator.config import DEFAULT_RUNTIME_IMAGE
-from kubeinfer.operator.values_schema import SCHEMA
+from kubeinfer.operator.install.values_schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 Render = Callable[..., list[dict[str, Any]]]

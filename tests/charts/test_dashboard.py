@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubeinfer.operator import monitoring
+from kubeinfer.operator.install import dashboard, monitoring
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.server.metrics import EngineMetrics
 
@@ -54,9 +54,9 @@ def metric_names(expr: str) -> set[str]:
 def all_queries() -> list[tuple[str, str]]:
     out = [(f"alert {r['alert']}", r["expr"])
            for r in monitoring.rule_groups(DEFAULTS["monitoring"]["alerts"], "https://x")[0]["rules"]]
-    for panel in monitoring.dashboard()["panels"]:
+    for panel in dashboard.dashboard()["panels"]:
         out += [(f"panel {panel['title']}/{t['refId']}", t["expr"]) for t in panel["targets"]]
-    for var in monitoring.dashboard()["templating"]["list"]:
+    for var in dashboard.dashboard()["templating"]["list"]:
         if var["type"] == "query":
             out.append((f"variable {var['name']}", var["definition"]))
     return out
@@ -77,7 +77,7 @@ def test_the_metric_check_would_catch_a_rename() -> None:
 
 def test_dashboard_json_model(chart_dir: Path) -> None:
     board = json.loads((chart_dir / "files" / "kubeinfer-overview.json").read_text())
-    assert board == monitoring.dashboard()
+    assert board == dashboard.dashboard()
     for key in ("uid", "title", "schemaVersion", "panels", "templating", "time", "refresh"):
         assert key in board, key
     assert isinstance(board["schemaVersion"], int) and board["schemaVersion"] >= 36
@@ -104,7 +104,7 @@ def test_dashboard_json_model(chart_dir: Path) -> None:
 
 
 def test_dashboard_shows_what_a_serving_team_watches() -> None:
-    exprs = " ".join(t["expr"] for p in monitoring.dashboard()["panels"] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dashboard.dashboard()["panels"] for t in p["targets"])
     for needed in ("histogram_quantile(0.5, sum by (service, le) (rate(kubeinfer_time_to_first_token_seconds_bucket",
                    "histogram_quantile(0.95, sum by (service, le) (rate(kubeinfer_time_to_first_token_seconds_bucket",
                    "kubeinfer_inter_token_latency_seconds_bucket", "kubeinfer_generation_tokens_total",

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kubeinfer.operator import crd, manifests, rbac
+from kubeinfer.operator.install import crd, manifests, rbac
 
 KUBERNETES_VERSIONS = ["1.27", "1.30", "1.33"]
 PROMTOOL = shutil.which("promtool")

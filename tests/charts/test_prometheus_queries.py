@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from kubeinfer.operator import monitoring
+from kubeinfer.operator.install import dashboard, monitoring
 from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, free_port, static_targets, stop_process, wait_for
 
 NAMESPACE, SERVICE = "ns1", "svc-a"
@@ -214,7 +214,7 @@ def _dashboard_promql(expr: str) -> str:
             .replace("$model", ".*"))
 
 
-PANEL_TARGETS = [(p["title"], t["refId"], t["expr"]) for p in monitoring.dashboard()["panels"] for t in p["targets"]]
+PANEL_TARGETS = [(p["title"], t["refId"], t["expr"]) for p in dashboard.dashboard()["panels"] for t in p["targets"]]
 
 
 @pytest.mark.parametrize("title,ref,expr", PANEL_TARGETS, ids=[f"{t}/{r}" for t, r, _ in PANEL_TARGETS])
@@ -225,7 +225,7 @@ def test_dashboard_query_returns_data(loaded: dict[str, Any], title: str, ref: s
 
 def test_dashboard_variables_list_the_fleet(loaded: dict[str, Any]) -> None:
     expected = {"namespace": NAMESPACE, "service": SERVICE, "model": MODEL}
-    for var in monitoring.dashboard()["templating"]["list"]:
+    for var in dashboard.dashboard()["templating"]["list"]:
         if var["type"] != "query":
             continue
         inner = var["definition"][len("label_values("):-1]

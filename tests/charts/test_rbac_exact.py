@@ -16,7 +16,7 @@ import kmock as kmock_lib
 import pytest
 
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.rbac import RULES
+from kubeinfer.operator.install.rbac import RULES
 from kubeinfer.operator.spec import GROUP, KIND, VERSION
 from support import operator_harness as harness
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kubeinfer.operator import crd, spec
+from kubeinfer.operator import spec
+from kubeinfer.operator.install import crd
 from kubeinfer.operator.reconcile import status
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """Every bad input a user can type gets one line that says what was expected, exit code 2, no traceback."""
 import pytest
 
-from kubeinfer.operator.manifests import find_helm
+from kubeinfer.operator.install.manifests import find_helm
 from support import run_kubeinfer
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.rbac import RULES
+from kubeinfer.operator.install.rbac import RULES
 from kubeinfer.operator.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 
 NAMESPACE = "default"

@@ -1,0 +1,25 @@
+"""The metric names of the runtime and the router that the operator reads (docs/contracts.md): the autoscaler's
+queries and scrapes, and the install's alerts and dashboard. The runtime defines them
+(kubeinfer.runtime.server.metrics, kubeinfer.runtime.router); the operator's image carries no runtime, so they
+are named again here, once."""
+
+TTFT = "kubeinfer_time_to_first_token_seconds"
+ITL = "kubeinfer_inter_token_latency_seconds"
+E2E = "kubeinfer_e2e_request_latency_seconds"
+WAITING = "kubeinfer_num_requests_waiting"
+RUNNING = "kubeinfer_num_requests_running"
+KV_USAGE = "kubeinfer_kv_cache_usage_ratio"
+PROMPT_TOKENS = "kubeinfer_prompt_tokens_total"
+GENERATION_TOKENS = "kubeinfer_generation_tokens_total"
+PREFIX_HITS = "kubeinfer_prefix_cache_hits_total"
+PREFIX_QUERIES = "kubeinfer_prefix_cache_queries_total"
+PREEMPTIONS = "kubeinfer_num_preemptions_total"
+SPEC_DRAFT_TOKENS = "kubeinfer_spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "kubeinfer_spec_decode_num_accepted_tokens_total"
+SPEC_DRAFTS = "kubeinfer_spec_decode_num_drafts_total"
+SUCCESS = "kubeinfer_request_success_total"
+ERRORS = "kubeinfer_request_errors_total"
+ROUTER_QUEUE = "kubeinfer_router_queue_requests"
+ROUTER_PICKS = "kubeinfer_router_picks_total"
+ROUTER_UPSTREAM_ERRORS = "kubeinfer_router_upstream_errors_total"
+ROUTER_ADDED = "kubeinfer_router_added_latency_seconds"
