@@ -14,67 +14,40 @@ Policy, decided here:
 - Root filesystem is read-only, so every writable path is an explicit emptyDir.
 - Compiled kernels (Triton's cache, torch's and CUDA's) go to one volume at /var/cache/kubeinfer: an emptyDir
   unless ``runtime.compileCache`` names a node directory or a PVC that every replica shares.
-- Downloaded weights (hf://, s3://) go to an emptyDir, or to a shared cache (a node directory or a PVC) in a
-  folder named after the URI, so models never mix there. The download takes a file lock beside that
-  folder (flock: released by the kernel when its holder dies, so a killed download never wedges the
-  next), fills `<folder>.partial` (resumed after a failure) and renames it into place when complete: a
-  replica finds either nothing or the whole model, and replicas that start together download it once.
+- Weights: see :mod:`kubeinfer.operator.reconcile.model_cache`; security contexts:
+  :mod:`kubeinfer.operator.reconcile.security`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
-import shlex
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.spec import InferenceServiceSpec, ModelSource
+from kubeinfer.operator.reconcile.model_cache import MODEL_MOUNT, download_init_container, model_dir, model_volume
+from kubeinfer.operator.reconcile.security import container_security_context, pod_security_context
+from kubeinfer.operator.spec import InferenceServiceSpec
 
 PORT = 8000
 PORT_NAME = "http"
 RUNTIME_CONTAINER = "runtime"
-RUN_AS_USER = 1000
 PRESTOP_SLEEP_SECONDS = 5
 GRACE_MARGIN_SECONDS = 10
 # The startup probe asks every second: a replica is Ready about a second sooner than with 2 s (measured on the
 # real node, CPU demo model: pod created -> Ready 4.41 -> 3.37 s, median of 3; benchmarks/pod_startup.py).
 STARTUP_PERIOD_SECONDS = 1
 
-MODEL_MOUNT = "/models"
 COMPILE_CACHE_MOUNT = "/var/cache/kubeinfer"
 # Where each compiler keeps its cache, under the compile cache volume.
 COMPILE_CACHE_ENV = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
                      "CUDA_CACHE_PATH": "cuda"}
-DOWNLOAD_COMPLETE = ".kubeinfer-complete"
 API_KEYS_DIR = "/etc/kubeinfer/api-keys"
 API_KEYS_FILE = f"{API_KEYS_DIR}/keys"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CPU_KV_CACHE_SHARE = 0.25
-
-# Flags the operator sets itself; a user may not pass them through extraArgs or env.
-
-
-def model_dir(model: ModelSource) -> str:
-    """The directory `kubeinfer serve --model` reads inside the runtime container."""
-    if model.scheme == "file":
-        return "/" + model.location.lstrip("/")
-    if model.scheme == "pvc":
-        _, _, path = model.location.partition("/")
-        return f"{MODEL_MOUNT}/{path}".rstrip("/")
-    if model.cache_host_path or model.cache_volume_claim:
-        return f"{MODEL_MOUNT}/{cache_key(model.uri)}"
-    return f"{MODEL_MOUNT}/weights"
-
-
-def cache_key(uri: str) -> str:
-    """The folder of a downloaded model in a shared cache: readable, and unique to the URI (revision included)."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", uri.replace("://", "-", 1)).strip("-.")[:80]
-    return f"{readable}-{hashlib.sha256(uri.encode()).hexdigest()[:10]}"
 
 
 def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
@@ -171,93 +144,6 @@ def probes(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + spec.runtime.drain_timeout_seconds + GRACE_MARGIN_SECONDS
-
-
-def container_security_context() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
-
-
-def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS_USER,
-        "runAsGroup": RUN_AS_USER,
-        "fsGroup": RUN_AS_USER,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def model_volume(model: ModelSource) -> dict[str, Any] | None:
-    """The volume mounted at /models, or None for file:// (weights baked into the image)."""
-    if model.scheme == "file":
-        return None
-    if model.scheme == "pvc":
-        claim = model.location.split("/", 1)[0]
-        return {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-    if model.cache_volume_claim:
-        return {"name": "model", "persistentVolumeClaim": {"claimName": model.cache_volume_claim}}
-    if model.cache_host_path:
-        return {"name": "model", "hostPath": {"path": model.cache_host_path, "type": "DirectoryOrCreate"}}
-    empty: dict[str, Any] = {}
-    if model.cache_size_limit:
-        empty["sizeLimit"] = model.cache_size_limit
-    return {"name": "model", "emptyDir": empty}
-
-
-def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any] | None:
-    """An init container that fetches hf:// or s3:// weights into `model_dir` (once per cache)."""
-    model = spec.model
-    target = model_dir(model)
-    partial = f"{target}.partial"
-    if model.scheme == "hf":
-        repo, _, revision = model.location.partition("@")
-        fetch = f"hf download {shlex.quote(repo)} --local-dir {partial}"
-        fetch += f" --revision {shlex.quote(revision)}" if revision else ""
-        image = config.hf_downloader_image or spec.runtime.image or config.runtime_image
-    elif model.scheme == "s3":
-        fetch = f"aws s3 sync {shlex.quote(model.uri)} {partial} --only-show-errors"
-        image = config.s3_downloader_image
-    else:
-        return None
-    container: dict[str, Any] = {
-        "name": "model-download",
-        "image": image,
-        "command": ["sh", "-c", download_script(fetch, target)],
-        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
-    }
-    if model.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": model.credentials_secret}}]
-    return container
-
-
-def download_script(fetch: str, target: str) -> str:
-    """The init container's shell script: `fetch` (which writes `<target>.partial`) runs at most once per cache,
-    under a file lock, and its folder is renamed to `target` only when complete (policy: module docstring)."""
-    done = f"{target}/{DOWNLOAD_COMPLETE}"
-    return "\n".join([
-        "set -eu",
-        f"test -f {done} && exit 0",
-        "command -v flock >/dev/null || { echo 'kubeinfer: error: the downloader image has no flock (util-linux)'"
-        " >&2; exit 2; }",
-        f"( : >>{target}.lock ) 2>/dev/null || {{ echo \"kubeinfer: error: the model cache {MODEL_MOUNT} is"
-        f" not writable by uid $(id -u): give the volume to uid {RUN_AS_USER} (a node directory: chown it)\" >&2;"
-        " exit 2; }",
-        f"exec 9>>{target}.lock",
-        "flock 9",
-        f"test -f {done} && exit 0   # another replica finished it while this one waited",
-        fetch,
-        f"touch {target}.partial/{DOWNLOAD_COMPLETE}",
-        f"rm -rf {target}",
-        f"mv {target}.partial {target}",
-    ])
 
 
 def volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

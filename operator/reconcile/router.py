@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from kubeinfer.operator.reconcile import builders, pod
+from kubeinfer.operator.reconcile import builders, pod, security
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, Kube, resource_path
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
@@ -97,7 +97,7 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
         "livenessProbe": {**http("/health"), "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(pod.PRESTOP_SLEEP_SECONDS)]}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": pod.container_security_context(),
+        "securityContext": security.container_security_context(),
         "volumeMounts": [{"name": "endpoints", "mountPath": ENDPOINTS_DIR, "readOnly": True}],
     }
     if spec.runtime.image_pull_policy:
@@ -106,7 +106,7 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
         "containers": [container],
         "volumes": [{"name": "endpoints", "downwardAPI": {"items": [{
             "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}],
-        "securityContext": pod.pod_security_context(),
+        "securityContext": security.pod_security_context(),
         # Router pods on different nodes where the scheduler can: one node's loss then leaves the others.
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
             "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector_labels(owner)},

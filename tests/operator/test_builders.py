@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile import builders, model_cache, pod
 from kubeinfer.operator.spec import parse_spec
 
 OWNER = builders.Owner(name="qwen", namespace="ml", uid="0000-1111")
@@ -230,7 +230,7 @@ def test_hf_uri_downloads_in_an_init_container_into_an_emptydir() -> None:
 def test_s3_uri_syncs_into_a_cache_pvc_when_given() -> None:
     dep = build(model={"uri": "s3://bucket/llama", "cacheVolumeClaim": "weights-cache"})
     init = dep["spec"]["template"]["spec"]["initContainers"][0]
-    folder = f"/models/{pod.cache_key('s3://bucket/llama')}"
+    folder = f"/models/{model_cache.cache_key('s3://bucket/llama')}"
     assert f"aws s3 sync s3://bucket/llama {folder}.partial --only-show-errors" in init["command"][-1]
     assert init["image"] == CONFIG.s3_downloader_image
     assert volume(dep, "model")["persistentVolumeClaim"] == {"claimName": "weights-cache"}
@@ -271,7 +271,7 @@ def test_hf_downloads_run_in_the_pods_runtime_image_unless_the_operator_names_on
 
 @pytest.mark.parametrize("uri", ["hf://org/m;rm -rf /", "s3://b/$(reboot)", "hf://a/../../etc@`id`"])
 def test_cache_folders_are_plain_names(uri: str) -> None:
-    key = pod.cache_key(uri)
+    key = model_cache.cache_key(uri)
     assert re.fullmatch(r"[A-Za-z0-9._-]+", key) and not key.startswith(".")   # one path component, not hidden
 
 

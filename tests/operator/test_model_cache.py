@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile import builders, model_cache
+from kubeinfer.operator.reconcile.security import RUN_AS_USER
 from kubeinfer.operator.spec import parse_spec
 
 from support.hub_standin import HubStandIn
@@ -34,8 +35,8 @@ def init_script(cache: Path, uri: str = URI) -> str:
     spec = parse_spec({"model": {"uri": uri, "cacheHostPath": "/var/lib/kubeinfer/models"}})
     dep = builders.deployment(spec, OWNER, OperatorConfig())
     [init] = dep["spec"]["template"]["spec"]["initContainers"]
-    assert {"name": "model", "mountPath": pod.MODEL_MOUNT} in init["volumeMounts"]
-    return init["command"][-1].replace(pod.MODEL_MOUNT + "/", f"{cache}/")
+    assert {"name": "model", "mountPath": model_cache.MODEL_MOUNT} in init["volumeMounts"]
+    return init["command"][-1].replace(model_cache.MODEL_MOUNT + "/", f"{cache}/")
 
 
 def replica(script: str, hub: HubStandIn, home: Path, user: list[str] | None = None) -> subprocess.Popen:
@@ -61,14 +62,14 @@ def remote(tmp_path: Path) -> Path:
 
 
 def model_folder(cache: Path, uri: str = URI) -> Path:
-    return cache / pod.cache_key(uri)
+    return cache / model_cache.cache_key(uri)
 
 
 def assert_complete(cache: Path, remote: Path) -> None:
     folder = model_folder(cache)
     for file in remote.iterdir():
         assert (folder / file.name).read_bytes() == file.read_bytes()
-    assert (folder / pod.DOWNLOAD_COMPLETE).is_file()
+    assert (folder / model_cache.DOWNLOAD_COMPLETE).is_file()
     assert not folder.with_name(folder.name + ".partial").exists()
 
 
@@ -95,7 +96,7 @@ def test_another_revision_gets_its_own_folder(tmp_path: Path, remote: Path) -> N
         assert finish(replica(init_script(cache, f"hf://{REPO}@v2"), hub, tmp_path / "b"))[0] == 0
         assert hub.downloads == {"config.json": 2, "model.safetensors": 2}
     assert model_folder(cache) != model_folder(cache, f"hf://{REPO}@v2")
-    assert (model_folder(cache, f"hf://{REPO}@v2") / pod.DOWNLOAD_COMPLETE).is_file()
+    assert (model_folder(cache, f"hf://{REPO}@v2") / model_cache.DOWNLOAD_COMPLETE).is_file()
 
 
 def test_a_download_killed_midway_publishes_nothing_and_the_next_replica_finishes_it(tmp_path: Path,
@@ -123,14 +124,14 @@ def test_a_node_directory_the_pods_user_cannot_write_fails_with_one_clear_line(t
     cache = tmp_path / "node-cache"
     cache.mkdir(mode=0o755)   # as the kubelet creates a missing hostPath directory: root's, 0755
     tmp_path.chmod(0o755)
-    as_pod_user = ["setpriv", f"--reuid={pod.RUN_AS_USER}", f"--regid={pod.RUN_AS_USER}", "--clear-groups"]
+    as_pod_user = ["setpriv", f"--reuid={RUN_AS_USER}", f"--regid={RUN_AS_USER}", "--clear-groups"]
     with HubStandIn(REPO, remote) as hub:
         home = tmp_path / "home"
         home.mkdir()
-        shutil.chown(home, pod.RUN_AS_USER, pod.RUN_AS_USER)
+        shutil.chown(home, RUN_AS_USER, RUN_AS_USER)
         code, err = finish(replica(init_script(cache), hub, home, as_pod_user))
         assert hub.downloads == {}
     assert code == 2
     assert err.strip().splitlines() == [
-        f"kubeinfer: error: the model cache {pod.MODEL_MOUNT} is not writable by uid {pod.RUN_AS_USER}: give the volume to "
-        f"uid {pod.RUN_AS_USER} (a node directory: chown it)"]
+        f"kubeinfer: error: the model cache {model_cache.MODEL_MOUNT} is not writable by uid {RUN_AS_USER}: give the volume to "
+        f"uid {RUN_AS_USER} (a node directory: chown it)"]
