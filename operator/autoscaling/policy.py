@@ -1,7 +1,8 @@
 """The autoscaling policy: a pure function of (signals, replica counts, history, config, now).
 
 `decide()` returns the desired replica count, a reason, and the history to keep for the next call.
-It reads no clock and does no I/O; the operator's timer feeds it and applies the result.
+It reads no clock and does no I/O; the operator's timer feeds it and applies the result. What it keeps and
+learns from each observation (queue samples, arrival rate, saturation capacity) is in `observations`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import logging
 import math
 from dataclasses import replace
 
+from kubeinfer.operator.autoscaling.observations import (
+    arrival_rate, learn_capacity, observe_queue, observe_ready, overloaded_in_window, queue_growth,
+)
 from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig,
     ReplicaCounts,
@@ -57,7 +61,7 @@ ABOVE_MAX = "AboveMaxReplicas"
 def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, config: PolicyConfig,
            now: float) -> ScaleDecision:
     current = replicas.current
-    hist = _observe_ready(history, replicas, now)
+    hist = observe_ready(history, replicas, now)
     if hist.started_at is None:
         hist = replace(hist, started_at=now)
 
@@ -72,7 +76,7 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
     traffic = signals.has_traffic
     last_traffic = now if traffic or hist.last_traffic_time is None else hist.last_traffic_time
     hist = replace(hist, last_traffic_time=last_traffic)
-    hist = _learn_capacity(_observe_queue(hist, signals, replicas, config), signals, replicas, config)
+    hist = learn_capacity(observe_queue(hist, signals, replicas, config), signals, replicas, config)
 
     idle = config.min_replicas == 0 and not traffic and now - last_traffic >= config.scale_to_zero_idle_seconds
     floor = _floor(config, current, idle)
@@ -155,7 +159,7 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
         per_replica = running / ready
         why_q = f"queue {waiting:.0f} on {ready} ready (target {target_q:g}/replica)"
         if queue_ratio > 1 + tol:
-            growth = max(0.0, _queue_growth(hist))
+            growth = max(0.0, queue_growth(hist))
             horizon = config.cold_start_seconds
             projected = running + waiting + growth * horizon
             rec_q = max(ready + 1, math.ceil(projected / (per_replica + target_q)))
@@ -165,7 +169,7 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
         elif queue_ratio >= 1 - tol:
             rec_q = ready
         elif throughput:
-            arrivals = _arrival_rate(hist, signals)
+            arrivals = arrival_rate(hist, signals)
             load = arrivals / throughput
             need = load + config.headroom * math.sqrt(load)
             rec_q = ready if ready * (1 - tol) <= need <= ready else math.ceil(need - 1e-9)
@@ -179,7 +183,7 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
         ratio = ttft / config.target_ttft_p95_seconds
         settled = (replicas.pending == 0 and hist.ready_changed_at is not None
                    and now - hist.ready_changed_at >= config.metric_window_seconds
-                   and not _overloaded_in_window(hist, config))
+                   and not overloaded_in_window(hist, config))
         if ratio > 1 + tol and settled:
             rec_t = max(ready + 1, math.ceil(ready * min(ratio, config.max_ttft_scale_up_ratio)))
             overload_t = True
@@ -194,91 +198,10 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
     return rec_q, why_q + (f", {why_t}" if why_t else ""), overload_q or overload_t
 
 
-def _observe_queue(hist: ScaleHistory, signals: Signals, replicas: ReplicaCounts,
-                   config: PolicyConfig) -> ScaleHistory:
-    """Keep (signal time, waiting, running, ready) for one metric window; a repeated signal is not a new
-    sample."""
-    samples = hist.queue_samples
-    if samples and samples[-1][0] >= signals.timestamp:
-        return hist
-    oldest = signals.timestamp - config.metric_window_seconds
-    kept = tuple(s for s in samples if s[0] >= oldest)
-    sample = (signals.timestamp, signals.queue_depth or 0.0, signals.num_running or 0.0, replicas.ready)
-    return replace(hist, queue_samples=kept + (sample,))
-
-
-def _queue_change_per_second(first: tuple, last: tuple) -> float:
-    """Waiting requests added per second from one queue sample to a later one."""
-    return (last[1] - first[1]) / (last[0] - first[0])
-
-
-def _queue_growth(hist: ScaleHistory) -> float:
-    """Waiting requests added per second between the last two samples (0 with fewer than two)."""
-    if len(hist.queue_samples) < 2:
-        return 0.0
-    return _queue_change_per_second(*hist.queue_samples[-2:])
-
-
-def _arrival_rate(hist: ScaleHistory, signals: Signals) -> float:
-    """Requests arriving per second over the window: those admitted (first tokens) plus the queue's change."""
-    served = signals.request_rate or 0.0
-    if len(hist.queue_samples) < 2:
-        return served
-    return max(0.0, served + _queue_change_per_second(hist.queue_samples[0], hist.queue_samples[-1]))
-
-
-# A window in which the replicas ran at least this share of their batch capacity (or queued) on average
-# measures their throughput close enough to saturation (it can only underestimate it).
-BUSY_TO_MEASURE = 0.75
-# ... provided its queue samples span at least this share of the metric window.
-SAMPLES_SPAN_TO_MEASURE = 0.75
-
-
-def _learn_capacity(hist: ScaleHistory, signals: Signals, replicas: ReplicaCounts,
-                    config: PolicyConfig) -> ScaleHistory:
-    """Learn what one replica does when saturated, keeping the highest seen:
-    - the running batch, when the queue is at its target on a fully ready fleet (a request waiting for
-      the next engine step is not saturation; a loading replica runs nothing);
-    - the throughput, when the samples of (nearly) a whole window were busy on average (see
-      BUSY_TO_MEASURE) with the same ready count: first tokens per second over the window per ready
-      replica. A replica that just became ready fills its whole batch in one step, so windows in which
-      the count changed are not used."""
-    target = config.target_queue_depth_per_replica * (1 - config.tolerance)
-    ready, waiting = replicas.ready, signals.queue_depth or 0.0
-    if ready > 0 and replicas.pending == 0 and signals.num_running and waiting >= target * ready:
-        hist = replace(hist, capacity_per_replica=max(signals.num_running / ready, hist.capacity_per_replica or 0.0))
-    window = config.metric_window_seconds
-    samples = [s for s in hist.queue_samples if s[0] > signals.timestamp - window]
-    capacity = hist.capacity_per_replica
-    if not (capacity and signals.request_rate and len(samples) >= 2
-            and samples[-1][0] - samples[0][0] >= SAMPLES_SPAN_TO_MEASURE * window
-            and len({r for *_, r in samples}) == 1 and samples[0][3] > 0):
-        return hist
-    ready_then = samples[0][3]
-    busy = sum(min(1.0, n / (capacity * ready_then)) if q < target * ready_then else 1.0
-               for _, q, n, _ in samples) / len(samples)
-    measured = signals.request_rate / ready_then
-    if busy >= BUSY_TO_MEASURE and measured > (hist.throughput_per_replica or 0.0):
-        hist = replace(hist, throughput_per_replica=measured)
-    return hist
-
-
-def _overloaded_in_window(hist: ScaleHistory, config: PolicyConfig) -> bool:
-    """Whether any queue sample of the window was above its band."""
-    limit = config.target_queue_depth_per_replica * (1 + config.tolerance)
-    return any(q > limit * max(r, 1) for _, q, _, r in hist.queue_samples)
-
-
 def _floor(config: PolicyConfig, current: int, idle: bool) -> int:
     if config.min_replicas > 0:
         return config.min_replicas
     return 0 if idle or current == 0 else 1
-
-
-def _observe_ready(hist: ScaleHistory, replicas: ReplicaCounts, now: float) -> ScaleHistory:
-    if hist.last_ready == replicas.ready:
-        return hist
-    return replace(hist, last_ready=replicas.ready, ready_changed_at=now)
 
 
 def _in_force(config: PolicyConfig, overload: int) -> float:
