@@ -8,7 +8,7 @@ What makes an Event (policy):
   conditions are its normal start, not news.
 - Conditions that change together with the same reason and message make one Event
   (`Ready=False, Degraded=True: pod ... cannot be scheduled: ...`).
-- Each autoscaler decision that changes replicas or overrides a manual scale (operator.autoscaler).
+- Each autoscaler decision that changes replicas or overrides a manual scale (autoscaling.autoscaler).
 - Warning for problem reasons (`WARNING_REASONS`), Normal otherwise.
 
 What keeps them from flooding the API server (as client-go's EventCorrelator does for the kubelet):

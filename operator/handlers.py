@@ -25,10 +25,10 @@ import kopf
 import urllib3
 
 from kubeinfer.operator.autoscaling import autoscaler
-from kubeinfer.operator.reconcile import builders, inference_pool, router
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
+from kubeinfer.operator.reconcile import builders, inference_pool, router
 from kubeinfer.operator.reconcile.controller import Context, InvalidSpec, reconcile_named, reconcile_soon
 from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
 

@@ -2,7 +2,7 @@
 
 `plan_pass()` is pure: from the stored object, its pods and the signals it computes everything the pass
 writes (a `Plan`). `Autoscaler` does the I/O around it and `run()` is the loop of the per-object kopf
-daemon registered in `handlers.py`.
+daemon registered in `kubeinfer.operator.handlers`.
 
 Policy of the pass (the scaling rules themselves are in `policy.decide`):
 - The autoscaler owns `spec.replicas` while `spec.autoscaling` is set, and writes it with a merge patch on

@@ -2,7 +2,7 @@
 keeps between decisions (serialisable, so the operator can keep it in the InferenceService status and
 a restarted operator resumes from it).
 
-Everything here is a frozen dataclass; the policy itself lives in `autoscale_policy`.
+Everything here is a frozen dataclass; the policy itself lives in `policy`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class PolicyConfig:
     # (in replicas), steady-state sizing plans R + headroom * sqrt(R) replicas. Latency climbs steeply
     # near saturation (the TTFT "cliff") and a small fleet needs relatively more spare than a large one.
     headroom: float = 0.4
-    # Pod creation -> Ready as the operator measured it on this service's pods (operator.cold_start);
+    # Pod creation -> Ready as the operator measured it on this service's pods (cold_start);
     # replaces initialDelaySeconds as the horizon over which an overload's queue growth is projected.
     learned_cold_start_seconds: float | None = None
 

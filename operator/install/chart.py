@@ -3,7 +3,7 @@
     python -m kubeinfer.operator.chart            # (re)write the generated files
     python -m kubeinfer.operator.chart --check    # exit 1 when a committed file is stale
 
-Generated: Chart.yaml, values.schema.json (:mod:`kubeinfer.operator.values_schema`), crds/ (as crds/ at the
+Generated: Chart.yaml, values.schema.json (:mod:`kubeinfer.operator.install.values_schema`), crds/ (as crds/ at the
 repository root, from the spec models), files/ (ClusterRole rules, Grafana dashboard, kube-state-metrics
 config) and templates/prometheusrule.yaml (alerts with their thresholds as Helm values). values.yaml and the
 other templates are written by hand; tests/charts renders them with the real `helm template`.

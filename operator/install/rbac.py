@@ -30,7 +30,7 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
      "verbs": ["get", "create", "patch", "delete"]},
     # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only the
-    # annotation of router pods that lists the ready replicas (operator.router).
+    # annotation of router pods that lists the ready replicas (reconcile.router).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     # Events: ours (condition changes, scaling; patch: a repeat raises the count of the first, operator.events)
     # and kopf's warnings/errors.

@@ -18,8 +18,8 @@ from typing import Any, Literal
 from kubernetes.client import ApiException
 from kubernetes.utils import parse_quantity
 
-from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 from kubeinfer.operator.kube import Kube, object_path
+from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 
 log = logging.getLogger(__name__)
 

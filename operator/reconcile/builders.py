@@ -1,7 +1,7 @@
 """Pure builders of the child objects of one InferenceService: Deployment, Service, PDB, ServiceMonitor.
 
 Each returns a complete object, ready for server-side apply, carrying the owner reference, the
-common labels and a hash annotation of its own content (see :mod:`kubeinfer.operator.apply`).
+common labels and a hash annotation of its own content (see :mod:`kubeinfer.operator.reconcile.apply`).
 The pod selector uses only the owner's name, so it never changes across spec updates
 (a Deployment's selector is immutable).
 """
@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Any
 
-from kubeinfer.operator.reconcile import pod
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile import pod
 from kubeinfer.operator.spec import API_VERSION, GROUP, KIND, InferenceServiceSpec
 
 INSTANCE_LABEL = f"{GROUP}/inferenceservice"

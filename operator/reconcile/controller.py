@@ -16,14 +16,14 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator.reconcile import builders, inference_pool, router, status
-from kubeinfer.operator.reconcile.apply import ensure
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.events import EventRecorder, condition_events
 from kubeinfer.operator.kube import Kube, resource_path
+from kubeinfer.operator.reconcile import builders, inference_pool, router, status
+from kubeinfer.operator.reconcile.apply import ensure
+from kubeinfer.operator.reconcile.validation import semantic_errors
 from kubeinfer.operator.spec import API_VERSION, KIND, parse_spec
 from kubeinfer.operator.times import rfc3339
-from kubeinfer.operator.reconcile.validation import semantic_errors
 
 log = logging.getLogger(__name__)
 

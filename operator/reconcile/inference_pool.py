@@ -22,8 +22,8 @@ from typing import Any
 import kopf
 from kubernetes.client import ApiException
 
-from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.kube import Kube
+from kubeinfer.operator.reconcile import builders, pod
 from kubeinfer.operator.spec import InferenceServiceSpec
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from kubeinfer.operator.reconcile import builders, pod, security
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, Kube, resource_path
+from kubeinfer.operator.reconcile import builders, pod, security
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
 
 log = logging.getLogger(__name__)

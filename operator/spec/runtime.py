@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kubeinfer.operator.spec.schema import INT_OR_STRING, PRESERVE, SpecModel, cel, checked_by
 
-# `kubeinfer serve` flags the operator sets from the spec (operator.pod), and their environment variables.
+# `kubeinfer serve` flags the operator sets from the spec (reconcile.pod), and their environment variables.
 MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
                  "--expert-parallel-size", "--enable-expert-parallel", "--api-keys-file", "--device")
 MANAGED_ENV = tuple("KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper() for flag in MANAGED_FLAGS)

@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from kubeinfer import __version__
-from kubeinfer.operator.install import chart, crd, manifests, monitoring, rbac
 from kubeinfer.operator.config import DEFAULT_RUNTIME_IMAGE
+from kubeinfer.operator.install import chart, crd, manifests, monitoring, rbac
 from kubeinfer.operator.install.values_schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ from support.cluster import (
 NAME = "demo"
 MERGE = "application/merge-patch+json"
 ROLLOUT_STREAMS, ROLLOUT_TOKENS = 20, 1000
-PRESTOP_SECONDS = 5   # kubeinfer.operator.pod.PRESTOP_SLEEP_SECONDS
+PRESTOP_SECONDS = 5   # kubeinfer.operator.reconcile.pod.PRESTOP_SLEEP_SECONDS
 
 
 @dataclass

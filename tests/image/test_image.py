@@ -36,8 +36,8 @@ MAX_TOKENS = 64
 
 def operator_pod(**spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod spec, runtime container) exactly as the operator builds them for this image."""
-    from kubeinfer.operator.reconcile import builders
     from kubeinfer.operator.config import OperatorConfig
+    from kubeinfer.operator.reconcile import builders
     from kubeinfer.operator.spec import parse_spec
     raw = {"model": {"uri": DEMO_URI}, "resources": {"gpus": 0, "memory": "2Gi"}, **spec}
     dep = builders.deployment(parse_spec(raw), builders.Owner(SERVED, "default", "uid"),

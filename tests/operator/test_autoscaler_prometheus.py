@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from kubeinfer.operator.autoscaling import policy as ap
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
 from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
 from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets
 
 MODEL = "tiny"

@@ -1,4 +1,4 @@
-"""The cold start learned from pods (`operator.cold_start`): what counts as an observation, the median,
+"""The cold start learned from pods (`autoscaling.cold_start`): what counts as an observation, the median,
 the watermark, and the round trip through status."""
 
 from __future__ import annotations

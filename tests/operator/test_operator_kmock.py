@@ -13,8 +13,8 @@ from typing import Any
 import kmock as kmock_lib
 import pytest
 
-from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 
 from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator, settle,
                                       write_requests)

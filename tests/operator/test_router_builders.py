@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile import router
 from kubeinfer.operator.reconcile.builders import Owner
-from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.spec import parse_spec
 from kubeinfer.runtime.cli import build_parser
 

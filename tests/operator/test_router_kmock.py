@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile import router
 from kubeinfer.operator.reconcile.builders import INSTANCE_LABEL
-from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.runtime.router.metrics import RouterMetrics
 
 from support.operator_harness import (NAMESPACE, TEST_USER_AGENT, child_path, isvc_path, operator_requests,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from kubeinfer.operator.spec import parse_spec
 from kubeinfer.operator.reconcile.validation import semantic_errors
+from kubeinfer.operator.spec import parse_spec
 
 
 def errors(**spec: Any) -> list[str]:
