@@ -6,6 +6,12 @@
 
 Neither raises on a measuring failure: it logs one line and returns `Signals.missing(...)`, which the
 policy answers by holding the current replica count.
+
+Exposition text is parsed by prometheus_client's parser, the operator's only one (escapes, histograms and
+timestamps as Prometheus reads them; the operator reads a few texts per interval). The router keeps its own
+scan of three gauges (kubeinfer.runtime.router.replicas.parse_gauges), on its event loop once per replica and
+scrape interval: 4.5 us against 88 us for this parser on its filtered 414-byte scrape, 28 against 1,340 us on
+a full exposition (one core of the 2-core dev box, median of 5 x 2,000 calls, same values from both).
 """
 
 from __future__ import annotations
