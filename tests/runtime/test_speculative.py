@@ -202,7 +202,7 @@ def test_draft_model_settings_are_checked_in_one_line(llama_dir, tmp_path):
         EngineConfig(model=str(llama_dir), speculative_method="ngram", speculative_model=str(llama_dir))
     with pytest.raises(ConfigError, match="does not exist"):
         EngineConfig(model=str(llama_dir), speculative_method="draft", speculative_model=str(tmp_path / "nope"))
-    with pytest.raises(ConfigError, match="tensor_parallel_size 1 only"):
+    with pytest.raises(ConfigError, match="a draft model runs in a single process only"):
         EngineConfig(model=str(llama_dir), speculative_method="draft", speculative_model=str(llama_dir),
                      tensor_parallel_size=2)
     other_vocab = tmp_path / "other"
