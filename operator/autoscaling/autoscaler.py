@@ -4,7 +4,9 @@
 writes (a `Plan`). `Autoscaler` does the I/O around it and `run()` is the loop of the per-object kopf
 daemon registered in `kubeinfer.operator.handlers`.
 
-Policy of the pass (the scaling rules themselves are in `policy.decide`):
+Policy of the pass (the scaling rules themselves are in `policy.decide`, and with `autoscaling.policy:
+predictive` in `predictive_pass.decide_predictive`, which takes over from it where a forecast has something to
+say; its state and last forecast are in `status.predictive`):
 - The autoscaler owns `spec.replicas` while `spec.autoscaling` is set, and writes it with a merge patch on
   the object (so `kubectl get` shows the decision and reconcile applies it to the Deployment; the
   autoscaler never touches the Deployment itself, so the two never fight).
@@ -48,6 +50,7 @@ from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAIL
 from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals,
 )
+from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
 from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.reconcile import builders, pod as pod_builder, router, status as status_mod
@@ -134,7 +137,12 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
     manual = spec.replicas is not None and last is not None and spec.replicas != last
     current = last if manual else spec.desired_replicas
     counts = replica_counts(current, pods, config.initial_delay_seconds, now)
-    decision = decide(signals, counts, ScaleHistory.from_dict(st.get("scalingHistory")), config, now)
+    history = ScaleHistory.from_dict(st.get("scalingHistory"))
+    decision = decide(signals, counts, history, config, now)
+    predictive = None
+    if spec.autoscaling.policy == "predictive":
+        outcome = decide_predictive(decision, history, signals, counts, st.get("predictive"), config, now)
+        decision, predictive = outcome.decision, outcome.status
     desired = decision.desired_replicas
 
     events: list[EventSpec] = []
@@ -158,6 +166,8 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
         "scalingHistory": decision.history.to_dict(),
         "conditions": conditions,
     }
+    if predictive is not None:
+        status["predictive"] = predictive
     if decision.history.last_scale_time is not None:
         status["lastScaleTime"] = rfc3339(decision.history.last_scale_time)
     if cold_start.samples:

@@ -43,6 +43,23 @@ class PerReplicaSizing:
 
 
 @dataclass(frozen=True)
+class StaffedSizing:
+    """The reactive policy's steady-state sizing (square-root staffing): an offered load of R replicas' saturated
+    throughput takes R + headroom x sqrt(R) replicas, so that the fleet does not run at its TTFT cliff. The
+    operator's sizing: `rate_per_replica` is the learned saturated throughput (or spec throughputPerReplica)."""
+    rate_per_replica: float
+    headroom: float = 0.4
+
+    def replicas_for(self, rate: float) -> int:
+        offered = max(0.0, rate) / self.rate_per_replica
+        return max(1, math.ceil(offered + self.headroom * math.sqrt(offered) - 1e-9))
+
+    def capacity(self, replicas: int) -> float:
+        root = (-self.headroom + math.sqrt(self.headroom ** 2 + 4 * max(replicas, 0))) / 2   # R + h sqrt(R) = n
+        return root * root * self.rate_per_replica
+
+
+@dataclass(frozen=True)
 class PredictiveConfig:
     min_replicas: int
     max_replicas: int

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kubeinfer.operator.install.monitoring import ISVC_MAX_REPLICAS, ISVC_READY_REPLICAS, ISVC_SPEC_REPLICAS
+from kubeinfer.operator.install.monitoring import (
+    ISVC_ARRIVAL_RATE, ISVC_FORECAST_HIGH, ISVC_MAX_REPLICAS, ISVC_READY_REPLICAS, ISVC_SPEC_REPLICAS,
+)
 from kubeinfer.operator.metric_names import (
     E2E, ERRORS, GENERATION_TOKENS, ITL, KV_USAGE, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS,
     ROUTER_ADDED, ROUTER_PICKS, ROUTER_QUEUE, ROUTER_UPSTREAM_ERRORS, RUNNING, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS,
@@ -71,6 +73,12 @@ PANELS: list[Panel] = [
            (f"sum by (inferenceservice) ({ISVC_READY_REPLICAS}{{{ISVC_SEL}}})", "ready {{inferenceservice}}"),
            (f"sum by (inferenceservice) ({ISVC_MAX_REPLICAS}{{{ISVC_SEL}}})", "max {{inferenceservice}}")],
           "From kube-state-metrics' custom-resource state (see the chart's kube-state-metrics config)."),
+    Panel("Predictive autoscaling: arrivals vs forecast", "reqps",
+          [(f"sum by (inferenceservice) ({ISVC_ARRIVAL_RATE}{{{ISVC_SEL}}})", "arrivals {{inferenceservice}}"),
+           (f"sum by (inferenceservice) ({ISVC_FORECAST_HIGH}{{{ISVC_SEL}}})",
+            "provisioned for, one cold start ahead {{inferenceservice}}")],
+          "With spec.autoscaling.policy predictive: the arrival rate the autoscaler observed and the forecast it "
+          "sizes the fleet for (status.predictive.forecast)."),
     Panel("Errors by status code", "reqps", [(_rate(ERRORS, "status_code"), "{{status_code}}")]),
     Panel("Finished requests by reason", "reqps", [(_rate(SUCCESS, "finished_reason"), "{{finished_reason}}")]),
     # The router of an InferenceService (spec.router): its Service is NAME-router, its series carry no model_name.

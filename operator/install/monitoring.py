@@ -33,6 +33,10 @@ ISVC_STATUS_REPLICAS = "kubeinfer_inferenceservice_status_replicas"
 ISVC_READY_REPLICAS = "kubeinfer_inferenceservice_status_ready_replicas"
 ISVC_MAX_REPLICAS = "kubeinfer_inferenceservice_spec_autoscaling_max_replicas"
 ISVC_MIN_REPLICAS = "kubeinfer_inferenceservice_spec_autoscaling_min_replicas"
+# The predictive policy's last pass (status.predictive.forecast): the arrival rate it saw and the rate it
+# provisions for one cold start ahead.
+ISVC_ARRIVAL_RATE = "kubeinfer_inferenceservice_status_predictive_arrival_rate"
+ISVC_FORECAST_HIGH = "kubeinfer_inferenceservice_status_predictive_forecast_high"
 KSM_DEPLOYMENT_SPEC = "kube_deployment_spec_replicas"
 KSM_DEPLOYMENT_READY = "kube_deployment_status_replicas_ready"
 
@@ -166,6 +170,10 @@ def kube_state_metrics_config() -> dict[str, Any]:
                        ["spec", "autoscaling", "maxReplicas"]),
                 _gauge("inferenceservice_spec_autoscaling_min_replicas", "Autoscaling floor",
                        ["spec", "autoscaling", "minReplicas"]),
+                _gauge("inferenceservice_status_predictive_arrival_rate", "Arrival rate the predictive autoscaler "
+                       "observed (requests/s)", ["status", "predictive", "forecast", "arrivalRate"]),
+                _gauge("inferenceservice_status_predictive_forecast_high", "Arrival rate the predictive autoscaler "
+                       "provisions for, one cold start ahead (requests/s)", ["status", "predictive", "forecast", "high"]),
             ],
         }]},
     }

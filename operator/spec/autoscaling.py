@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from kubeinfer.operator.spec.schema import SpecModel, cel, checked_by
@@ -15,6 +17,13 @@ class Autoscaling(SpecModel):
         "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
     ))
 
+    policy: Literal["reactive", "predictive"] = Field(
+        default="reactive",
+        description="reactive: replicas follow the measured queue, TTFT and arrival rate. predictive: replicas are "
+                    "ordered one learned cold start ahead of a forecast of the arrival rate (Holt's trend with its "
+                    "spread) and released once the forecast no longer needs them; the reactive rules still hold "
+                    "when metrics are missing, at the bounds and for scale to and from zero. status.predictive "
+                    "shows the forecast and why (docs/autoscaling.md).")
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(ge=1)
     target_queue_depth_per_replica: float = Field(default=4, gt=0)

@@ -67,6 +67,11 @@ class InferenceServiceStatus(SpecModel):
     last_signals: dict[str, Any] | None = Field(
         default=None, json_schema_extra=PRESERVE,
         description="Written by the autoscaler: the signals of its last decision (queue, running, TTFT P95, rate).")
+    predictive: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=PRESERVE,
+        description="Written by the autoscaler under autoscaling.policy predictive: the forecaster's state (a "
+        "restarted operator resumes it) and, under forecast, the last pass's arrival rate, forecast, fleet "
+        "needed and reason.")
     scaling_history: dict[str, Any] | None = Field(
         default=None, json_schema_extra=PRESERVE,
         description="Written by the autoscaler: its windows, last scale events and learned capacity; "

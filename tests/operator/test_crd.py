@@ -131,7 +131,7 @@ def test_every_status_field_is_declared() -> None:
 def test_autoscaling_fields_match_the_contract() -> None:
     fields = set(_schema()["properties"]["spec"]["properties"]["autoscaling"]["properties"])
     assert fields == {
-        "minReplicas", "maxReplicas", "targetQueueDepthPerReplica", "targetTTFTP95Seconds", "metricWindowSeconds",
+        "policy", "minReplicas", "maxReplicas", "targetQueueDepthPerReplica", "targetTTFTP95Seconds", "metricWindowSeconds",
         "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "maxScaleUpStep", "maxScaleDownStep",
         "scaleToZeroIdleSeconds", "initialDelaySeconds", "tolerance", "throughputPerReplica", "routerMetricsUrl"}
 

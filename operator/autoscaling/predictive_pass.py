@@ -1,0 +1,82 @@
+"""The predictive policy inside the operator's pass (`spec.autoscaling.policy: predictive`). Pure.
+
+The reactive policy (`policy.decide`) still runs first on every pass. It keeps the history the predictive one
+reads: the queue samples that give the arrival rate, and the saturated throughput it learns per replica. It also
+owns the cases where a forecast has nothing to add: metrics missing or stale (hold: never scale down blind), the
+floor and the ceiling, scale to zero after idling and from zero on a waiting request. Everywhere else the
+forecaster (`forecast.py`) takes the arrival rate, and `predictive.decide` sizes the fleet one learned cold start
+ahead, with `StaffedSizing` over the learned throughput per replica. Its state is kept in `status.predictive`, so
+a restarted operator resumes the same forecast; `status.forecast` says what it saw and why it decided.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kubeinfer.operator.autoscaling.observations import arrival_rate
+from kubeinfer.operator.autoscaling.policy import (
+    ABOVE_MAX, BELOW_MIN, METRICS_STALE, METRICS_UNAVAILABLE, SCALE_FROM_ZERO, SCALE_TO_ZERO,
+)
+from kubeinfer.operator.autoscaling.policy_types import (
+    PolicyConfig, ReplicaCounts, ScaleDecision, ScaleEvent, ScaleHistory, Signals,
+)
+from kubeinfer.operator.autoscaling.predictive import PredictiveConfig, PredictiveState, StaffedSizing, decide
+
+REACTIVE_OWNS = frozenset({METRICS_UNAVAILABLE, METRICS_STALE, ABOVE_MAX, BELOW_MIN, SCALE_FROM_ZERO, SCALE_TO_ZERO})
+PREDICTIVE_UP, PREDICTIVE_DOWN, PREDICTIVE_HOLD = "PredictiveScaleUp", "PredictiveScaleDown", "PredictiveHold"
+NO_THROUGHPUT = ("predictive: no saturated throughput per replica known yet (learned once the fleet is busy for a "
+                 "metric window; or set autoscaling.throughputPerReplica), so the reactive policy decides: ")
+
+
+@dataclass(frozen=True)
+class PredictiveOutcome:
+    decision: ScaleDecision
+    status: dict[str, Any]   # status.predictive: the forecaster's state, and what the last pass saw ("forecast")
+
+
+def _without_own_event(reactive: ScaleDecision, before: ScaleHistory, current: int) -> ScaleHistory:
+    """The reactive pass's history without the scale event it recorded: the predictive decision replaces it."""
+    history = reactive.history
+    if reactive.desired_replicas == current:
+        return history
+    return replace(history, events=history.events[:-1], last_scale_time=before.last_scale_time)
+
+
+def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, signals: Signals,
+                      counts: ReplicaCounts, stored: dict[str, Any] | None, config: PolicyConfig,
+                      now: float) -> PredictiveOutcome:
+    """The pass's decision under the predictive policy, from the reactive one (`reactive`, decided from
+    `history_before`) and the predictive state kept in status (`stored`)."""
+    state = PredictiveState.from_dict((stored or {}).get("state"))
+    kept = {"state": state.to_dict(), "forecast": (stored or {}).get("forecast")}
+    if reactive.reason in REACTIVE_OWNS:
+        return PredictiveOutcome(reactive, kept)
+    per_replica = reactive.history.throughput_per_replica or config.assumed_throughput_per_replica
+    if not per_replica:
+        return PredictiveOutcome(replace(reactive, message=NO_THROUGHPUT + reactive.message), kept)
+
+    current = counts.current
+    rate = arrival_rate(reactive.history, signals)
+    cold_start = config.learned_cold_start_seconds or float(config.initial_delay_seconds)
+    window = float(config.metric_window_seconds)
+    predictive = PredictiveConfig(config.min_replicas, config.max_replicas,
+                                  max_scale_down_step=config.max_scale_down_step)
+    sizing = StaffedSizing(per_replica, config.headroom)
+    d = decide(rate, signals.queue_depth, current, state, predictive, cold_start, now, sizing, window)
+    desired = d.desired_replicas
+    reason = PREDICTIVE_UP if desired > current else PREDICTIVE_DOWN if desired < current else PREDICTIVE_HOLD
+    history = _without_own_event(reactive, history_before, current)
+    if desired != current:
+        history = history.with_event(ScaleEvent(now, current, desired, reason))
+    forecast = d.state.forecast
+    noise = math.sqrt(max(forecast.level, 0.0) / window)
+    seen = {"arrivalRate": round(rate, 4), "rate": round(forecast.level, 4),
+            "trendPerMinute": round(forecast.trend * 60, 4),
+            "high": round(forecast.high(cold_start, predictive.k_spread, noise), 4),
+            "horizonSeconds": round(cold_start, 1), "ratePerReplica": round(per_replica, 4),
+            "replicasNeeded": sizing.replicas_for(forecast.high(cold_start, predictive.k_spread, noise)),
+            "reason": d.reason}
+    decision = ScaleDecision(desired, reason, d.reason, history, recommendation=desired)
+    return PredictiveOutcome(decision, {"state": d.state.to_dict(), "forecast": seen})
