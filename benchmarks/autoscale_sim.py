@@ -23,6 +23,7 @@ from autoscale.policies import (  # noqa: E402
     FixedFleet,
     KubeInferPolicy,
     MovingAverageConcurrency,
+    OperatorPredictivePolicy,
     PredictivePolicy,
     StablePanic,
     TableSizing,
@@ -38,8 +39,8 @@ from autoscale.scenarios import (  # noqa: E402
 )
 from autoscale.sim import ReplicaModel, Simulation, Trace  # noqa: E402
 
-from kubeinfer.operator.autoscale_predictive import PredictiveConfig  # noqa: E402
-from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
+from kubeinfer.operator.autoscaling.predictive import PredictiveConfig  # noqa: E402
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig  # noqa: E402
 
 TTFT_TARGET_S = 0.5
 MIN_REPLICAS, MAX_REPLICAS = 1, 20
@@ -79,6 +80,10 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
         ClairvoyantPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, name=CLAIRVOYANT),
         PredictivePolicy(TableSizing(sizing), PredictiveConfig(MIN_REPLICAS, MAX_REPLICAS),
                          initial_cold_start_s=INITIAL_DELAY_S),
+        # What `autoscaling.policy: predictive` runs in the operator: sized by the throughput per replica (given,
+        # as for the reactive row above), not by the simulator's table.
+        OperatorPredictivePolicy(dataclasses.replace(config, assumed_throughput_per_replica=saturation_throughput(
+            model, lengths=lengths))),
     ]
 
 

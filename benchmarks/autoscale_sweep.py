@@ -26,8 +26,9 @@ from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel  # noqa: E402
 from autoscale.trace_file import load_trace  # noqa: E402
 
-COLUMNS = ("clairvoyant", "kubeinfer predictive", "kubeinfer, throughputPerReplica given", "kubeinfer, learning throughput",
-           "KubeAI-style", "KubeAI-style, 60 s", "KPA-style", "fixed (peak-sized)")
+COLUMNS = ("clairvoyant", "kubeinfer predictive", "kubeinfer predictive (operator)",
+           "kubeinfer, throughputPerReplica given", "kubeinfer, learning throughput", "KubeAI-style", "KubeAI-style, 60 s",
+           "KPA-style", "fixed (peak-sized)")
 
 
 def header() -> str:
@@ -38,9 +39,9 @@ def header() -> str:
 
 def row(results: list, cold_start_s: float) -> str:
     """One markdown row: results in autoscale_sim.make_policies order (fixed, ours reactive, ours reactive
-    learning, KubeAI, KubeAI 60 s, KPA, clairvoyant, ours predictive); "ours" against the limit is the
-    predictive policy."""
-    fixed, reactive, learning, kubeai, kubeai60, kpa, limit, ours = results
+    learning, KubeAI, KubeAI 60 s, KPA, clairvoyant, ours predictive, ours predictive as the operator runs it);
+    "ours" against the limit is the predictive policy."""
+    fixed, reactive, learning, kubeai, kubeai60, kpa, limit, ours, operator = results
 
     def cell(r) -> str:
         return f"{100 * r.slo_share:.1f}% / {r.gpu_hours:.2f}"
@@ -49,7 +50,7 @@ def row(results: list, cold_start_s: float) -> str:
     ratio = ours.gpu_hours / limit.gpu_hours
     slo_ok, gpu_ok = gap <= autoscale_sim.LIMIT_SLO_POINTS, ratio <= autoscale_sim.LIMIT_GPU_RATIO
     goal = ", ".join(what for what, ok in (("SLO missed", slo_ok), ("GPU-hours missed", gpu_ok)) if not ok) or "met"
-    cells = " | ".join(cell(r) for r in (limit, ours, reactive, learning, kubeai, kubeai60, kpa, fixed))
+    cells = " | ".join(cell(r) for r in (limit, ours, operator, reactive, learning, kubeai, kubeai60, kpa, fixed))
     return f"| {ours.trace} | {cold_start_s:g} | {cells} | {gap:+.1f}, {100 * ratio:.0f}% | {goal} |"
 
 

@@ -1,8 +1,15 @@
-"""One burst on a real cluster, then the same requests in the autoscaling simulator: replicas and TTFT over
-time, side by side.
+"""One burst (or a replayed trace file) on a real cluster, then the same requests in the autoscaling simulator:
+replicas and TTFT over time, side by side.
 
     python benchmarks/burst_real_vs_sim.py --kubeconfig K --image IMG [--base-rate 1 --burst-rate 8
         --phase-seconds 40] [--plot docs/burst-real-vs-sim.png]
+    python benchmarks/burst_real_vs_sim.py --kubeconfig K --image IMG --trace-file benchmarks/autoscale/traces/X.csv
+        [--compress-to 180 --rate-scale 1 --max-prompt-tokens 300 --max-output-tokens 48] [--policy predictive]
+
+With `--trace-file` the arrivals are the file's (`TIMESTAMP,ContextTokens,GeneratedTokens`, compressed and scaled
+as in benchmarks/autoscale_sweep.py), each request with its own prompt and output length (clipped to what the CPU
+demo model serves; prompts are built from words up to the token count). `--policy predictive` runs the operator's
+predictive policy (`spec.autoscaling.policy`) on the cluster and the same policy in the simulator.
 
 Real: `kubeinfer operator` on this machine (direct scrape of the pods' /metrics, its default), an
 autoscaled CPU InferenceService of the demo model in the namespace `kubeinfer-burst-bench`, and Poisson
@@ -33,11 +40,12 @@ from kubernetes import client, config as kube_config
 from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from autoscale.policies import KubeInferPolicy  # noqa: E402
+from autoscale.policies import KubeInferPolicy, OperatorPredictivePolicy  # noqa: E402
 from autoscale.sim import CPU_DEMO_MODEL, Request, Simulation, Trace  # noqa: E402
+from autoscale.trace_file import load_trace  # noqa: E402
 from serve import histogram_sums  # noqa: E402
 
-from kubeinfer.operator.autoscale_types import PolicyConfig  # noqa: E402
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE, NAME = "kubeinfer-burst-bench", "burst"
@@ -47,13 +55,43 @@ AUTOSCALING = {"minReplicas": 1, "maxReplicas": 2, "targetQueueDepthPerReplica":
                "metricWindowSeconds": 10, "scaleDownStabilizationSeconds": 20, "initialDelaySeconds": 0}
 
 
-def inference_service(image: str) -> dict:
+def inference_service(image: str, autoscaling: dict) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": NAME},
             "spec": {"model": {"uri": "file:///opt/kubeinfer/models/demo"},
                      "runtime": {"image": image, "imagePullPolicy": "Never", "maxModelLen": 1024,
                                  "maxNumSeqs": MAX_NUM_SEQS},
                      "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
-                     "autoscaling": AUTOSCALING}}
+                     "autoscaling": autoscaling}}
+
+
+def autoscaling_of(args) -> dict:
+    extra = {"policy": args.policy} if args.policy != "reactive" else {}
+    if args.throughput_per_replica:
+        extra["throughputPerReplica"] = args.throughput_per_replica
+    return {**AUTOSCALING, **extra}
+
+
+def prompt_of(tokens: int, tokenizer, rng: random.Random) -> str:
+    """Words of the demo vocabulary until the demo tokenizer counts `tokens` (the usage reports the exact count)."""
+    words: list[str] = []
+    while len(tokenizer.encode(" ".join(words)).ids) < tokens:
+        words.append(rng.choice(["pod", "node", "cache", "token", "queue", "replica", "model", "batch"]))
+    return " ".join(words)
+
+
+def workload(args) -> list[tuple[float, str, int]]:
+    """(arrival, prompt, max_tokens) of every request: the burst's Poisson arrivals with one prompt and length,
+    or the trace file's requests with their own."""
+    rng = random.Random(args.seed)
+    if not args.trace_file:
+        prompt = " ".join(rng.choice(["pod", "node", "cache", "token", "queue"]) for _ in range(args.prompt_words))
+        return [(t, prompt, args.max_tokens)
+                for t in arrivals(args.base_rate, args.burst_rate, args.phase_seconds, args.seed)]
+    from kubeinfer.runtime.demo import train_tokenizer
+    tokenizer = train_tokenizer()
+    trace = load_trace(args.trace_file, args.compress_to, args.rate_scale, args.seed,
+                       max_prompt=args.max_prompt_tokens, max_output=args.max_output_tokens)
+    return [(t, prompt_of(p, tokenizer, rng), o) for t, p, o in trace.requests]
 
 
 def arrivals(base: float, burst: float, phase_s: float, seed: int) -> list[float]:
@@ -87,8 +125,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, prompt: str, max
         record["error"] = str(error)
 
 
-async def run_load(url: str, times: list[float], prompt: str, max_tokens: int, sample) -> list[dict]:
-    records = [{"arrival": t} for t in times]
+async def run_load(url: str, requests: list[tuple[float, str, int]], sample) -> list[dict]:
+    records = [{"arrival": t, "prompt": prompt, "max_tokens": n} for t, prompt, n in requests]
     started = time.monotonic()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=300)) as session:
@@ -96,7 +134,8 @@ async def run_load(url: str, times: list[float], prompt: str, max_tokens: int, s
         sampler = asyncio.create_task(sample(started))
         for record in records:
             await asyncio.sleep(max(0.0, started + record["arrival"] - time.monotonic()))
-            tasks.append(asyncio.create_task(one_request(session, url, prompt, max_tokens, record)))
+            tasks.append(asyncio.create_task(one_request(session, url, record["prompt"], record["max_tokens"],
+                                                         record)))
         await asyncio.gather(*tasks)
         await asyncio.sleep(AUTOSCALING["scaleDownStabilizationSeconds"] + 15)   # the scale-down, seen
         sampler.cancel()
@@ -113,8 +152,17 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=120)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-file", type=Path, help="replay this CSV trace instead of the burst")
+    parser.add_argument("--compress-to", type=float, default=180.0, help="the trace's span, in seconds here")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="thin (< 1) or multiply the trace's requests")
+    parser.add_argument("--max-prompt-tokens", type=int, default=300)
+    parser.add_argument("--max-output-tokens", type=int, default=48)
+    parser.add_argument("--policy", choices=("reactive", "predictive"), default="reactive")
+    parser.add_argument("--throughput-per-replica", type=float, help="spec.autoscaling.throughputPerReplica")
     parser.add_argument("--plot", help="write a PNG of both runs here")
     args = parser.parse_args()
+    requests = workload(args)
+    args.duration = args.compress_to if args.trace_file else 3 * args.phase_seconds
     kube_config.load_kube_config(args.kubeconfig)
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
     subprocess.run(["kubectl", "--kubeconfig", args.kubeconfig, "apply", "--server-side", "--force-conflicts",
@@ -130,10 +178,12 @@ def main() -> None:
                                 stdout=log, stderr=subprocess.STDOUT, cwd="/")
     timeline: list[tuple[float, int, int]] = []
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, inference_service(args.image))
+        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                               inference_service(args.image, autoscaling_of(args)))
         url = wait_ready(core, custom)
-        print(f"ready; load: {args.base_rate}/s, {args.burst_rate}/s, {args.base_rate}/s for "
-              f"{args.phase_seconds:.0f} s each", flush=True)
+        load = (f"{args.trace_file.name}: {len(requests)} requests over {args.duration:.0f} s" if args.trace_file else
+                f"{args.base_rate}/s, {args.burst_rate}/s, {args.base_rate}/s for {args.phase_seconds:.0f} s each")
+        print(f"ready; policy {args.policy}; load: {load}", flush=True)
 
         async def sample(started: float) -> None:
             while True:
@@ -142,10 +192,7 @@ def main() -> None:
                                  len(ready_pods(core))))
                 await asyncio.sleep(1.0)
 
-        times = arrivals(args.base_rate, args.burst_rate, args.phase_seconds, args.seed)
-        prompt = " ".join(random.Random(args.seed).choice(["pod", "node", "cache", "token", "queue"])
-                          for _ in range(args.prompt_words))
-        records = asyncio.run(run_load(url, times, prompt, args.max_tokens, sample))
+        records = asyncio.run(run_load(url, requests, sample))
         cold_starts = observed_cold_starts(core)
         intervals = token_intervals(core)
     finally:
@@ -199,15 +246,17 @@ def observed_cold_starts(core) -> list[float]:
 def simulate(args, records: list[dict], cold_start_s: float, slowdown: float = 1.0, tail_s: float = 0.0) -> Simulation:
     """The same requests in the simulator; `slowdown` multiplies the calibrated replica's step times; the policy
     goes on deciding `tail_s` after the trace (as the real operator did while the run was watched)."""
-    duration = 3 * args.phase_seconds
-    trace = Trace("real burst", duration, lambda t: args.burst_rate, args.burst_rate)
+    duration = args.duration
+    peak = max(len([r for r in records if t <= r["arrival"] < t + 10]) / 10 for t in range(0, int(duration) + 1, 5))
+    trace = Trace("real replay", duration, lambda t: peak, peak)
     base = CPU_DEMO_MODEL
     model = replace(base, cold_start_s=cold_start_s, max_batch=MAX_NUM_SEQS,
                     decode_base_s=base.decode_base_s * slowdown, decode_per_seq_s=base.decode_per_seq_s * slowdown,
                     prefill_s_per_token=base.prefill_s_per_token * slowdown)
-    policy = KubeInferPolicy(PolicyConfig.from_spec(AUTOSCALING))
+    config = PolicyConfig.from_spec(autoscaling_of(args))
+    policy = OperatorPredictivePolicy(config) if args.policy == "predictive" else KubeInferPolicy(config)
     sim = Simulation(trace, policy, initial_replicas=1, model=model, tail_s=tail_s)
-    sim.requests = [Request(r["arrival"], r.get("prompt_tokens", 1), r.get("output_tokens", args.max_tokens))
+    sim.requests = [Request(r["arrival"], r.get("prompt_tokens", 1), r.get("output_tokens", r["max_tokens"]))
                     for r in records]
     return sim.run()
 
@@ -222,13 +271,14 @@ def report(args, records: list[dict], timeline, cold_starts: list[float], interv
     errors = [r for r in records if "ttft" not in r]
     cold_start = statistics.median(cold_starts) if cold_starts else 5.0
     prompt_tokens = statistics.median(r["prompt_tokens"] for r in served)
+    output_tokens = statistics.median(r["output_tokens"] for r in served)
     # The calibrated replica's step at a full batch, against the real pods' mean time between two tokens.
     model = CPU_DEMO_MODEL
     modelled = (model.decode_base_s + model.decode_per_seq_s * MAX_NUM_SEQS
-                + model.prefill_s_per_token * prompt_tokens / args.max_tokens)
+                + model.prefill_s_per_token * prompt_tokens / output_tokens)
     slowdown = intervals["kubeinfer_inter_token_latency_seconds"] / modelled
     print(f"\n{len(records)} requests ({len(errors)} without a first token), prompt {prompt_tokens:.0f} tokens, "
-          f"{args.max_tokens} output tokens; cold start creation -> Ready (real pods, median of "
+          f"{output_tokens:.0f} output tokens (medians); cold start creation -> Ready (real pods, median of "
           f"{len(cold_starts)}): {cold_start:.1f} s")
     print(f"real pods: mean time between two tokens {intervals['kubeinfer_inter_token_latency_seconds'] * 1e3:.1f} "
           f"ms, mean engine forward {intervals['kubeinfer_engine_step_seconds'] * 1e3:.1f} ms; the calibrated "
@@ -237,7 +287,7 @@ def report(args, records: list[dict], timeline, cold_starts: list[float], interv
     for label, factor in (("calibrated offline (engine steps alone)", 1.0),
                           (f"recalibrated from this run (steps x{slowdown:.1f})", slowdown)):
         print(f"\n### simulated: {label}")
-        sim = simulate(args, served, cold_start, factor, tail_s=max(0.0, timeline[-1][0] - 3 * args.phase_seconds))
+        sim = simulate(args, served, cold_start, factor, tail_s=max(0.0, timeline[-1][0] - args.duration))
         runs.append((label, sim, table(args, served, timeline, sim)))
     if args.plot:
         plot(args.plot, served, timeline, runs, AUTOSCALING["targetTTFTP95Seconds"])
@@ -251,7 +301,7 @@ def table(args, served: list[dict], timeline, sim: Simulation) -> dict[float, fl
           "sim TTFT P50 / P95 (s) |")
     print("|---|---|---|---|---|---|")
     step = 10.0
-    for start in [i * step for i in range(int(3 * args.phase_seconds // step) + 3)]:
+    for start in [i * step for i in range(int(args.duration // step) + 3)]:
         window = [r for r in served if start <= r["arrival"] < start + step]
         real = sorted(r["ttft"] for r in window)
         simulated = sorted(sim_ttft.get(round(r["arrival"], 6), float("nan")) for r in window)

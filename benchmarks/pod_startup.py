@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client, config as kube_config
 from kubernetes.client.rest import ApiException
 
-from kubeinfer.operator import pod as pods
+from kubeinfer.operator.reconcile import pod as pods
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.spec import InferenceServiceSpec
 

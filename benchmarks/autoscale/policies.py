@@ -1,4 +1,4 @@
-"""The policies the simulator compares: ours (kubeinfer.operator.autoscale_policy, fed Prometheus-like
+"""The policies the simulator compares: ours (kubeinfer.operator.autoscaling.policy, fed Prometheus-like
 signals), a fixed fleet, a KubeAI-style moving average of concurrency, and a Knative-KPA-style
 stable/panic policy. The two baselines are written here from their public descriptions (KubeAI:
 concurrency sampled every `interval`, averaged over `timeWindow`, divided by `targetRequests`, scale-down
@@ -14,10 +14,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from kubeinfer.operator import autoscale_predictive
-from kubeinfer.operator.autoscale_policy import decide
-from kubeinfer.operator.autoscale_types import PolicyConfig, ReplicaCounts, ScaleHistory
-from kubeinfer.operator.cold_start import ColdStartRecord
+from kubeinfer.operator.autoscaling import predictive as autoscale_predictive
+from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord
+from kubeinfer.operator.autoscaling.policy import decide
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
 
 from .sim import Observation
 
@@ -36,7 +37,7 @@ class FixedFleet:
 class KubeInferPolicy:
     """Ours. The history goes through its JSON form at every tick, as it would through the status. With
     `learn_cold_start` it learns the cold start from the replicas it created, as the operator does from
-    its pods (`kubeinfer.operator.cold_start`), and uses it in place of initialDelaySeconds."""
+    its pods (`kubeinfer.operator.autoscaling.cold_start`), and uses it in place of initialDelaySeconds."""
 
     config: PolicyConfig
     tick_s: float = 5.0  # the operator's default KUBEINFER_AUTOSCALE_INTERVAL_SECONDS
@@ -57,6 +58,30 @@ class KubeInferPolicy:
         self.history = ScaleHistory.from_dict(json.loads(json.dumps(d.history.to_dict())))
         self.reasons.append(d.reason)
         return d.desired_replicas
+
+
+@dataclass
+class OperatorPredictivePolicy(KubeInferPolicy):
+    """Ours with `autoscaling.policy: predictive`, as the operator runs it (`predictive_pass`): the reactive pass
+    first, then the forecast over its arrival rate, sized by the learned throughput per replica (StaffedSizing),
+    one learned cold start ahead. Both states go through their JSON form at every tick, as through the status."""
+
+    name: str = "kubeinfer predictive (operator)"
+    stored: dict | None = None
+
+    def decide(self, obs: Observation) -> int:
+        signals = obs.signals(self.scrape_interval_s, self.config.metric_window_seconds)
+        config = self.config
+        if self.learn_cold_start:
+            self.cold_start = self.cold_start.with_samples(obs.cold_starts())
+            config = replace(config, learned_cold_start_seconds=self.cold_start.seconds)
+        counts = ReplicaCounts(obs.current, obs.ready, obs.pending)
+        reactive = decide(signals, counts, self.history, config, obs.now)
+        outcome = decide_predictive(reactive, self.history, signals, counts, self.stored, config, obs.now)
+        self.history = ScaleHistory.from_dict(json.loads(json.dumps(outcome.decision.history.to_dict())))
+        self.stored = json.loads(json.dumps(outcome.status))
+        self.reasons.append(outcome.decision.reason)
+        return outcome.decision.desired_replicas
 
 
 @dataclass
@@ -150,7 +175,7 @@ class TableSizing:
 
 @dataclass
 class PredictivePolicy:
-    """Ours, predictive (kubeinfer.operator.autoscale_predictive): the arrival rate over the last 10 s into the
+    """Ours, predictive (kubeinfer.operator.autoscaling.predictive): the arrival rate over the last 10 s into the
     forecaster, the fleet sized by the calibrated replica model (the table that sizes the limit), the cold start
     learned from the replicas it creates."""
 

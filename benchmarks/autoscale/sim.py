@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kubeinfer.operator.autoscale_types import Signals
-from kubeinfer.operator.cold_start import ColdStartSample
-from kubeinfer.operator.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
+from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.cold_start import ColdStartSample
+from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 
 
 @dataclass(frozen=True)

@@ -70,13 +70,17 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     history = _without_own_event(reactive, history_before, current)
     if desired != current:
         history = history.with_event(ScaleEvent(now, current, desired, reason))
-    forecast = d.state.forecast
-    noise = math.sqrt(max(forecast.level, 0.0) / window)
-    seen = {"arrivalRate": round(rate, 4), "rate": round(forecast.level, 4),
-            "trendPerMinute": round(forecast.trend * 60, 4),
-            "high": round(forecast.high(cold_start, predictive.k_spread, noise), 4),
-            "horizonSeconds": round(cold_start, 1), "ratePerReplica": round(per_replica, 4),
-            "replicasNeeded": sizing.replicas_for(forecast.high(cold_start, predictive.k_spread, noise)),
-            "reason": d.reason}
     decision = ScaleDecision(desired, reason, d.reason, history, recommendation=desired)
+    seen = _seen(rate, d, cold_start, window, per_replica, sizing, predictive)
     return PredictiveOutcome(decision, {"state": d.state.to_dict(), "forecast": seen})
+
+
+def _seen(rate: float, d, cold_start: float, window: float, per_replica: float, sizing: StaffedSizing,
+          predictive: PredictiveConfig) -> dict[str, Any]:
+    """status.predictive.forecast: what the pass saw and why it decided."""
+    forecast = d.state.forecast
+    high = forecast.high(cold_start, predictive.k_spread, math.sqrt(max(forecast.level, 0.0) / window))
+    return {"arrivalRate": round(rate, 4), "rate": round(forecast.level, 4),
+            "trendPerMinute": round(forecast.trend * 60, 4), "high": round(high, 4),
+            "horizonSeconds": round(cold_start, 1), "ratePerReplica": round(per_replica, 4),
+            "replicasNeeded": sizing.replicas_for(high), "reason": d.reason}

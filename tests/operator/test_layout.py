@@ -9,7 +9,6 @@ Every module of operator/ belongs to one unit; a unit may import only the units 
     install      room 3: CRDs, chart, manifests                 (spec, shared)
     process      __main__, handlers, preflight, peering         (spec, shared, reconcile, autoscaling)
     command      `python -m kubeinfer.operator.crd` and co.     (install)
-    kept         old names benchmarks/ still import             (the module each re-exports)
 
 So reconcile never imports autoscaling, the install neither room, and nothing but `__main__` imports the kopf
 handlers. The imports are read from the source (every import statement, those inside functions too), so a
@@ -32,8 +31,6 @@ ROOMS = ("reconcile", "autoscaling", "install")
 SHARED = {"config", "kube", "events", "times", "metric_names"}
 PROCESS = {"__main__", "handlers", "preflight", "peering"}
 COMMANDS = {"crd", "chart", "manifests", "rbac"}
-# Thin re-exports at the names benchmarks/ imports; each goes once benchmarks/ imports the room's module.
-KEPT = {"pod", "autoscale_types", "autoscale_policy", "autoscale_predictive", "cold_start", "metrics_histogram"}
 
 MAY_IMPORT: dict[str, set[str]] = {
     "package": set(),
@@ -44,7 +41,6 @@ MAY_IMPORT: dict[str, set[str]] = {
     "install": {"spec", "shared", "install"},
     "process": {"spec", "shared", "reconcile", "autoscaling", "process"},
     "command": {"install"},
-    "kept": {"reconcile", "autoscaling"},
 }
 
 
@@ -66,7 +62,7 @@ def unit(module: str) -> str | None:
     if head == "spec" or head in ROOMS:
         return head
     if len(parts) == 1:
-        for name, members in (("shared", SHARED), ("process", PROCESS), ("command", COMMANDS), ("kept", KEPT)):
+        for name, members in (("shared", SHARED), ("process", PROCESS), ("command", COMMANDS)):
             if head in members:
                 return name
     return None
@@ -156,8 +152,8 @@ def test_each_room_says_what_it_owns_and_may_import(room: str) -> None:
     assert "Owns:" in doc and ("May import:" in doc or "imports nothing else" in doc), doc
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS | KEPT))
-def test_commands_and_kept_names_stay_thin(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_commands_stay_thin(name: str) -> None:
     """They re-export a room's module, nothing more: no logic lives outside the rooms."""
     tree = ast.parse((OPERATOR / f"{name}.py").read_text())
     logic = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
