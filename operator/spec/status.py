@@ -28,7 +28,7 @@ class Condition(SpecModel):
 
 
 class ColdStartObservation(SpecModel):
-    """One pod's creation -> Ready, as the autoscaler observed it (operator.cold_start)."""
+    """One pod's creation -> Ready, as the autoscaler observed it (operator.autoscaling.cold_start)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
