@@ -42,7 +42,8 @@ KSM_STAND_IN = textwrap.dedent("""
     crs = dict(customresource_group="kubeinfer.dev", customresource_kind="InferenceService",
                customresource_version="v1alpha1", namespace="ns1", inferenceservice="svc-a")
     for name, value in [("spec_replicas", 2), ("status_replicas", 2), ("status_ready_replicas", 1),
-                        ("spec_autoscaling_max_replicas", 2), ("spec_autoscaling_min_replicas", 1)]:
+                        ("spec_autoscaling_max_replicas", 2), ("spec_autoscaling_min_replicas", 1),
+                        ("status_predictive_arrival_rate", 1.5), ("status_predictive_forecast_high", 2.0)]:
         Gauge("kubeinfer_inferenceservice_" + name, name, list(crs), registry=reg).labels(**crs).set(value)
     for name, value in [("kube_deployment_spec_replicas", 2), ("kube_deployment_status_replicas_ready", 1)]:
         Gauge(name, name, ["namespace", "deployment"], registry=reg).labels("ns1", "svc-a").set(value)
