@@ -10,11 +10,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.server import openai_api
+from kubeinfer.runtime.server import openai_api, responses_api
 from kubeinfer.runtime.server.engine_client import EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
 from kubeinfer.runtime.server.openai_api import ServerState
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from kubeinfer.runtime.server.responses_protocol import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 
@@ -120,5 +121,17 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await openai_api.chat_completions(state, body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        return await responses_api.create_response(state, body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request):
+        return responses_api.get_response(state, response_id, request)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request):
+        return responses_api.delete_response(state, response_id, request)
 
     return app

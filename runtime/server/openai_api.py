@@ -11,7 +11,7 @@ together can never be admitted past the capacity.
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,6 +20,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.engine.messages import check_prompt
+from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server.chat import render_chat
@@ -27,6 +28,7 @@ from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from kubeinfer.runtime.server.responses import Formatter, sse
+from kubeinfer.runtime.server.responses_store import ResponseStore
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 RETRY_AFTER_FULL_SECONDS = 1.0
@@ -42,6 +44,7 @@ class ServerState:
     metrics: EngineMetrics
     draining: bool = False
     admitted: int = 0   # engine requests of admitted jobs whose responses have not ended
+    responses: ResponseStore = field(default_factory=ResponseStore)   # /v1/responses with store: true
 
     @property
     def capacity(self) -> int:
@@ -82,7 +85,7 @@ def authenticate(state: ServerState, request: Request) -> str | None:
     return key
 
 
-def _admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
+def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
            logprobs: int | None, prefix: str) -> Job:
     if state.draining:
         raise APIError(503, "the server is shutting down", code="draining")
@@ -119,7 +122,7 @@ async def completions(state: ServerState, body: CompletionRequest, request: Requ
     prompts = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
     if not prompts:
         raise InvalidRequestError("the prompt is empty", "prompt")
-    job = _admit(state, body, key, prompts, body.max_tokens, body.logprobs, "cmpl")
+    job = admit(state, body, key, prompts, body.max_tokens, body.logprobs, "cmpl")
     formatter = Formatter(False, job.request_id, int(time.time()), body.model, state.tokenizer,
                           body.logprobs is not None)
     return await _respond(state, job, formatter, body, request)
@@ -136,7 +139,7 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
                        body.add_generation_prompt, tokenizer.bos_token, tokenizer.eos_token)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    job = _admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl")
+    job = admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl")
     formatter = Formatter(True, job.request_id, int(time.time()), body.model, tokenizer, body.logprobs)
     return await _respond(state, job, formatter, body, request)
 
@@ -144,7 +147,7 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
 async def _respond(state: ServerState, job: Job, formatter: Formatter, body, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _JobStream(job, _stream(state, job, formatter, include_usage), media_type="text/event-stream",
+        return JobStream(job, _stream(state, job, formatter, include_usage), media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         return await _collect(state, job, formatter, request)
@@ -152,7 +155,7 @@ async def _respond(state: ServerState, job: Job, formatter: Formatter, body, req
         job.release()
 
 
-class _JobStream(StreamingResponse):
+class JobStream(StreamingResponse):
     """A streamed response that gives its job's room back when it ends, even when its body never started."""
 
     def __init__(self, job: Job, content, **kwargs):
@@ -167,6 +170,14 @@ class _JobStream(StreamingResponse):
 
 
 async def _collect(state: ServerState, job: Job, formatter: Formatter, request: Request):
+    outputs = await gather_outputs(state, job, request)
+    if outputs is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(formatter.response(outputs, job.num_prompt_tokens))
+
+
+async def gather_outputs(state: ServerState, job: Job, request: Request) -> list[RequestOutput] | None:
+    """The last output of each of the job's requests; None if the client went away first (they are aborted)."""
     async def collect(sub_id, prompt, params):
         last = None
         async for output in state.engine.generate(sub_id, prompt, params):
@@ -180,14 +191,14 @@ async def _collect(state: ServerState, job: Job, formatter: Formatter, request: 
         await asyncio.wait({gathered, disconnected}, return_when=asyncio.FIRST_COMPLETED)
         if not gathered.done():   # the client went away: its requests are aborted (their blocks freed)
             gathered.cancel()
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
+            return None
         outputs = gathered.result()
     finally:
         disconnected.cancel()
         for task in tasks:
             task.cancel()
     state.keys.charge(job.key, sum(len(o.token_ids) for o in outputs))
-    return JSONResponse(formatter.response(outputs, job.num_prompt_tokens))
+    return outputs
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -1,0 +1,106 @@
+"""`POST /v1/responses` (the Responses API), and `GET`/`DELETE /v1/responses/{id}` of stored responses.
+
+The input items (after the stored conversation of `previous_response_id`, if any; `instructions` first, as a
+system message, and never carried over) are rendered with the chat template, admitted like a chat completion
+(`openai_api.admit`: same 401/503/404/400/429 order), and generated as one engine request. Unsupported fields are
+refused with 400 (`ResponsesRequest.check_unsupported`).
+"""
+import logging
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from kubeinfer.runtime.engine.output_processor import RequestOutput
+from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.server.chat import render_chat
+from kubeinfer.runtime.server.errors import APIError
+from kubeinfer.runtime.server.openai_api import (CLIENT_CLOSED_REQUEST, Job, JobStream, ServerState, admit,
+                                                 authenticate, gather_outputs)
+from kubeinfer.runtime.server.responses_object import ResponseBuilder, message_item, new_id, response_usage
+from kubeinfer.runtime.server.responses_protocol import ResponsesRequest, item_messages
+from kubeinfer.runtime.server.responses_store import StoredResponse
+
+logger = logging.getLogger(__name__)
+INCOMPLETE_REASONS = {"length": "max_output_tokens"}
+
+
+async def create_response(state: ServerState, body: ResponsesRequest, request: Request):
+    key = authenticate(state, request)
+    body.check_unsupported()
+    history: list[dict] = []
+    if body.previous_response_id is not None:
+        stored = state.responses.get(body.previous_response_id)
+        if stored is None:
+            raise InvalidRequestError(
+                f"previous response {body.previous_response_id!r} is not stored on this replica (responses are kept "
+                f"in memory, the newest {state.responses.capacity} per replica, and only with store: true)",
+                "previous_response_id")
+        history = stored.messages
+    conversation = history + item_messages(body.input_items())
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
+    tokenizer = state.tokenizer
+    text = render_chat(tokenizer.chat_template, messages, True, tokenizer.bos_token, tokenizer.eos_token)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    job = admit(state, body, key, [prompt], body.max_output_tokens, None, "resp")
+    builder = ResponseBuilder(body, int(time.time()), {"type": "text"})
+    if body.stream:
+        return JobStream(job, _stream(state, job, builder, conversation), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        outputs = await gather_outputs(state, job, request)
+    finally:
+        job.release()
+    if outputs is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    response = _finish(state, builder, job, outputs[0], new_id("msg"), conversation)
+    return JSONResponse(response)
+
+
+def _finish(state: ServerState, builder: ResponseBuilder, job: Job, output: RequestOutput, item_id: str,
+            conversation: list[dict]) -> dict:
+    """The final response object (stored when asked)."""
+    reason = INCOMPLETE_REASONS.get(output.finish_reason)
+    usage = response_usage(job.num_prompt_tokens, len(output.token_ids), output.num_cached_tokens)
+    response = builder.response("incomplete" if reason else "completed", [message_item(item_id, output.text)],
+                                usage, reason)
+    if builder.body.store:
+        messages = conversation + [{"role": "assistant", "content": output.text}]
+        state.responses.put(builder.id, StoredResponse(response, messages))
+    return response
+
+
+async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conversation: list[dict]):
+    [(_, sub_id, prompt, params)] = list(job.sub_requests())
+    item_id, emitted = new_id("msg"), 0
+    try:
+        for event in builder.started() + builder.text_started(0, item_id):
+            yield event
+        last = None
+        async for output in state.engine.generate(sub_id, prompt, params):
+            last, emitted = output, len(output.token_ids)
+            if output.new_text:
+                yield builder.text_delta(0, item_id, output.new_text)
+        for event in builder.text_done(0, item_id, last.text):
+            yield event
+        yield builder.finished(_finish(state, builder, job, last, item_id, conversation))
+    except Exception as error:   # noqa: BLE001 - reported to the client as an error event
+        state.metrics.count_error(500)
+        yield builder.event("error", code="server_error", message=str(error), param=None)
+    finally:
+        state.keys.charge(job.key, emitted)
+
+
+def get_response(state: ServerState, response_id: str, request: Request) -> dict:
+    authenticate(state, request)
+    stored = state.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"response {response_id!r} is not stored on this replica", "response_id", "not_found")
+    return stored.body
+
+
+def delete_response(state: ServerState, response_id: str, request: Request) -> dict:
+    authenticate(state, request)
+    if not state.responses.delete(response_id):
+        raise APIError(404, f"response {response_id!r} is not stored on this replica", "response_id", "not_found")
+    return {"id": response_id, "object": "response", "deleted": True}
