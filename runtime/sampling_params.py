@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 
 from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20
 
@@ -23,6 +24,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None     # top-N logprobs of each sampled position (0 = only the sampled token's)
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None   # the output must match this grammar (response_format, tools)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -44,6 +46,9 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", "stop")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
+        if self.structured is not None:   # the grammar ends the output with EOS: nothing may hold EOS back
+            _check(not self.ignore_eos, "ignore_eos cannot be combined with structured output", "ignore_eos")
+            _check(self.min_tokens == 0, "min_tokens cannot be combined with structured output", "min_tokens")
 
     @property
     def is_greedy(self) -> bool:

@@ -17,6 +17,7 @@ from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.layers.fused_moe import expert_load_summary
 from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.structured.grammars import GrammarCache
 
 logger = logging.getLogger(__name__)
 EXPERT_LOAD_INTERVAL_S = 1.0
@@ -30,6 +31,7 @@ class EngineCore:
                                           config.max_blocks_per_seq, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
+        self.grammars = GrammarCache(config.model, config.model_config.vocab_size, eos_token_ids)
         self._expert_load_read: tuple[float, tuple] | None = None   # (when, figures) of the last MoE load read
         self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
                                config.model_config.vocab_size, eos_token_ids,
@@ -42,6 +44,8 @@ class EngineCore:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_prompt(token_ids, self.info)
         seq = Sequence(request_id, token_ids, params, arrival_time)
+        if params.structured is not None:
+            seq.guide = self.grammars.matcher(params.structured.grammar)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -66,6 +70,7 @@ class EngineCore:
             self.model_runner.draft.propose(batch, self.block_manager)
         sampled, logprobs = self.model_runner.run(batch, self.block_manager)
         kept = self.scheduler.postprocess(batch, sampled)
+        self._advance_grammars(batch.seqs, kept)
         now = time.monotonic()
         deltas = []
         for seq, tokens, token_logprobs in zip(batch.seqs, kept, logprobs):
@@ -81,6 +86,17 @@ class EngineCore:
             if seq.is_finished:
                 del self.seqs[seq.request_id]
         return deltas
+
+    @staticmethod
+    def _advance_grammars(seqs: list[Sequence], kept: list[list[int]]) -> None:
+        """Moves each constrained sequence's matcher over the tokens it kept. Only kept tokens move it (drafts were
+        rolled back), and a preempted sequence keeps its tokens (recomputed, not resampled): its matcher stays right."""
+        for seq, tokens in zip(seqs, kept):
+            if seq.guide is None or not tokens or seq.is_finished:
+                continue
+            if not seq.guide.consume_tokens(tokens):
+                logger.error("request %s: its grammar refused a sampled token (%s)", seq.request_id,
+                             seq.guide.get_error())
 
     def stats(self, fresh: bool = False) -> EngineStats:
         """The scheduler's figures and the MoE load; `fresh` reads the load now, however recent the last read (the

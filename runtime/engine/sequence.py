@@ -38,6 +38,7 @@ class Sequence:
         self.draft_token_ids: list[int] = []   # proposed for this step, verified by its forward (speculation)
         self.num_draft_computed = 0            # tokens whose K/V are in the draft model's cache (draft method)
         self.draft_limit: int | None = None    # drafts to propose next step (adapted to acceptance); None: all
+        self.guide = None   # structured output: the grammar's matcher, advanced by every kept output token
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -1,7 +1,7 @@
 """Turns the last position's logits into the next token of each sequence.
 
-Order: min_tokens (EOS and stop ids masked), penalties, then greedy argmax or temperature -> top-k ->
-top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) noise), which picks token
+Order: min_tokens (EOS and stop ids masked), penalties, the grammar's token mask (structured output), then
+greedy argmax or temperature -> top-k -> top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) noise), which picks token
 i with probability p_i; a request with a seed draws its noise from its own generator, so its tokens do not
 depend on what else shares the batch. Logprobs are those of the model's raw distribution.
 
@@ -10,7 +10,8 @@ draft tokens (k + 1 rows). Row j is processed as if drafts 1..j were already out
 penalties see them), so it is the exact distribution p_j that plain decoding would sample there. Draft j is
 accepted with probability p_j(draft) (the proposer's distribution is one-hot: min(1, p/q) = p), else the
 token is drawn from p_j with the draft removed and renormalised, and the sequence stops there; if all k
-are accepted, row k gives one more token. The result has plain sampling's distribution (Leviathan et al.
+are accepted, row k gives one more token. A constrained sequence's row j is masked by its grammar as it stands
+after drafts 0..j-1, so a draft the grammar refuses has probability 0 and is never accepted. The result has plain sampling's distribution (Leviathan et al.
 2023, Chen et al. 2023); greedy rows accept a draft iff it is the argmax, so greedy output is plain greedy
 output. A seeded request draws a row's noise from its own generator exactly as plain sampling does, and a
 uniform for each draft row only, so a sequence without drafts in a step draws what plain decoding draws.
@@ -20,6 +21,7 @@ import torch
 
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.sequence import Sequence
+from kubeinfer.runtime.structured.bitmask import apply_grammars
 
 
 class Sampler:
@@ -33,6 +35,8 @@ class Sampler:
         if any(seq.params.logprobs is not None for seq in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
+        if any(seq.guide is not None for seq in seqs):
+            apply_grammars(logits, seqs)
         greedy = logits.argmax(dim=-1)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
@@ -55,6 +59,8 @@ class Sampler:
         if any(seq.params.logprobs is not None for seq in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
+        if any(seq.guide is not None for seq in seqs):
+            apply_grammars(logits, seqs, drafts)
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
         greedy = logits.argmax(dim=-1)

@@ -86,12 +86,13 @@ def authenticate(state: ServerState, request: Request) -> str | None:
 
 
 def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
-           logprobs: int | None, prefix: str) -> Job:
+          logprobs: int | None, prefix: str) -> Job:
     if state.draining:
         raise APIError(503, "the server is shutting down", code="draining")
     if body.model != state.config.served_model_name:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves "
                             f"{state.config.served_model_name!r}", "model", "model_not_found")
+    structured = body.structured_output()
     max_len = state.engine.info.max_model_len
     params = []
     for prompt in prompts:
@@ -100,7 +101,7 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
         if len(prompt) + wanted > max_len:
             raise InvalidRequestError(f"max_tokens {wanted} plus the prompt's {len(prompt)} tokens exceeds this "
                                       f"model's {max_len}-token limit", "max_tokens")
-        params.extend(body.sampling_params(wanted, logprobs, choice) for choice in range(body.n))
+        params.extend(body.sampling_params(wanted, logprobs, choice, structured) for choice in range(body.n))
     if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)

@@ -4,12 +4,14 @@ Unknown fields are ignored, as OpenAI's own clients may send fields we do not mo
 sampling fields (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
 `skip_special_tokens`) are accepted as vLLM accepts them.
 """
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.structured.formats import response_format_output
+from kubeinfer.runtime.structured.spec import StructuredOutput
 
 MAX_N = 16
 
@@ -40,8 +42,14 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    response_format: dict[str, Any] | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+    def structured_output(self) -> StructuredOutput | None:
+        """The grammar the output must match (checked: a bad format or schema is a 400 naming it)."""
+        return response_format_output(self.response_format)
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int,
+                        structured: StructuredOutput | None = None) -> SamplingParams:
         """The engine's settings for choice `choice` of `n` (a seed gives each choice its own stream)."""
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
@@ -56,6 +64,7 @@ class _SamplingFields(BaseModel):
             seed=None if self.seed is None else self.seed + choice,
             stop=stop, stop_token_ids=self.stop_token_ids or [], min_tokens=min(self.min_tokens, max_tokens),
             ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            structured=structured,
         )
 
 

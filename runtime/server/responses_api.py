@@ -43,7 +43,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     text = render_chat(tokenizer.chat_template, messages, True, tokenizer.bos_token, tokenizer.eos_token)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     job = admit(state, body, key, [prompt], body.max_output_tokens, None, "resp")
-    builder = ResponseBuilder(body, int(time.time()), {"type": "text"})
+    builder = ResponseBuilder(body, int(time.time()), body.text_format)
     if body.stream:
         return JobStream(job, _stream(state, job, builder, conversation), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

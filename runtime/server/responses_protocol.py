@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server.protocol import _SamplingFields
+from kubeinfer.runtime.structured.formats import text_format_output
+from kubeinfer.runtime.structured.spec import StructuredOutput
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant")
@@ -51,6 +53,13 @@ class ResponsesRequest(_SamplingFields):
             raise InvalidRequestError("top_logprobs is not supported on /v1/responses", "top_logprobs")
         if self.truncation == "auto":
             raise InvalidRequestError("truncation 'auto' is not supported: a prompt too long is refused", "truncation")
+
+    def structured_output(self) -> StructuredOutput | None:
+        return text_format_output(self.text.format if self.text else None)
+
+    @property
+    def text_format(self) -> dict:
+        return (self.text.format if self.text else None) or {"type": "text"}
 
     def input_items(self) -> list[dict[str, Any]]:
         """The input as a list of items (a string is one user message)."""
