@@ -40,10 +40,14 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     shifts = _SHIFTS.get(device)
     if shifts is None:
         shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
-    words = bitmask[rows].to(device, non_blocking=True)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
+    every_row = len(rows) == logits.shape[0]
+    words = (bitmask if every_row else bitmask[rows]).to(device, non_blocking=True)
+    banned = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab] == 0
+    if every_row:   # the usual case: one in-place fill, no gather and scatter
+        logits.masked_fill_(banned, float("-inf"))
+        return
     index = torch.tensor(rows, device=device)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    logits[index] = logits[index].masked_fill(banned, float("-inf"))
 
 
 def apply_grammars(logits: torch.Tensor, seqs: list, drafts: list[list[int]] | None = None) -> None:

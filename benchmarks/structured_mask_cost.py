@@ -1,0 +1,102 @@
+"""What structured output costs the engine per step: 64 sequences decoding under one JSON schema (sampled, so they
+diverge), the grammar's part of each step (filling the batch's bitmask, applying it to the logits, advancing the
+matchers) against the whole step, and the same batch's plain step for reference. Steps where all sequences decode
+are counted. Fixed seeds; prints its figures.
+
+    python benchmarks/structured_mask_cost.py [--batch 64] [--model demo] [--vocab 32000]
+
+`--vocab N` builds a demo-shaped model around an N-token byte-level BPE (trained here on the standard library's
+sources), to see the mask at a real vocabulary's size.
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine import core as core_module
+from kubeinfer.runtime.engine.llm_engine import LLMEngine
+from kubeinfer.runtime.layers import sampler as sampler_module
+from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.structured.formats import response_format_output
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "role", "address"],
+          "properties": {
+              "name": {"type": "string", "maxLength": 24},
+              "age": {"type": "integer", "minimum": 0, "maximum": 150},
+              "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+              "role": {"enum": ["admin", "user", "guest"]},
+              "address": {"type": "object", "additionalProperties": False, "required": ["city", "zip"],
+                          "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}}}}
+spent = {"mask": 0.0, "advance": 0.0}
+
+
+def timed(name: str, function):
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - started
+    return wrapper
+
+
+def run(engine: LLMEngine, batch: int, structured) -> tuple[list[float], list[float], list[float]]:
+    for i in range(batch):
+        params = SamplingParams(max_tokens=120, temperature=1.0, seed=i, structured=structured,
+                                ignore_eos=structured is None)
+        engine.add_request(str(i), f"request {i}: a person as JSON", params)
+    steps, masks, advances = [], [], []
+    while engine.has_unfinished_requests():
+        decoding = (len(engine.scheduler.running) == batch and not engine.scheduler.waiting
+                    and all(seq.num_output_tokens > 0 for seq in engine.scheduler.running))
+        spent.update(mask=0.0, advance=0.0)
+        started = time.perf_counter()
+        engine.step()
+        if decoding:
+            steps.append(time.perf_counter() - started)
+            masks.append(spent["mask"])
+            advances.append(spent["advance"])
+    return steps, masks, advances
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--vocab", type=int, default=None)
+    args = parser.parse_args()
+    model = args.model
+    if args.vocab is not None:
+        sys.path.insert(0, str(Path(__file__).parent))   # python -P leaves the script's folder out
+        from grammar_libraries import big_tokenizer
+        from kubeinfer.runtime.demo import write_llama_model
+        model = str(Path(tempfile.mkdtemp()) / f"demo-{args.vocab}")
+        write_llama_model(Path(model), big_tokenizer(args.vocab))
+    sampler_module.apply_grammars = timed("mask", sampler_module.apply_grammars)
+    advance = core_module.EngineCore._advance_grammars
+    core_module.EngineCore._advance_grammars = staticmethod(timed("advance", advance))
+    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=args.batch, max_model_len=512,
+                                    max_num_batched_tokens=args.batch * 64))
+    structured = response_format_output({"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}})
+    run(engine, args.batch, structured)   # warm-up: the grammar compiled, the allocator warm
+    plain, _, _ = run(engine, args.batch, None)
+    steps, masks, advances = run(engine, args.batch, structured)
+    grammar = [m + a for m, a in zip(masks, advances)]
+    ms = lambda values: statistics.median(values) * 1e3   # noqa: E731
+    print(f"model {model} (vocab {engine.config.model_config.vocab_size}), batch {args.batch}, "
+          f"torch threads {torch.get_num_threads()}, {len(steps)} constrained decode steps counted")
+    print(f"plain decode step        {ms(plain):8.2f} ms (median)")
+    print(f"constrained decode step  {ms(steps):8.2f} ms")
+    print(f"  bitmask fill + apply   {ms(masks):8.2f} ms")
+    print(f"  matchers advanced      {ms(advances):8.2f} ms")
+    print(f"  grammar share of step  {statistics.median(g / s for g, s in zip(grammar, steps)) * 100:8.1f} %")
+
+
+if __name__ == "__main__":
+    main()
