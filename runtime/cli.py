@@ -138,7 +138,8 @@ def _serve(args: argparse.Namespace) -> int:
     from kubeinfer.runtime.server.main import serve
 
     config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
-                          max_waiting_requests=args.max_waiting_requests, **engine_settings(args))
+                          max_waiting_requests=args.max_waiting_requests, tool_call_parser=args.tool_call_parser,
+                          **engine_settings(args))
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
                  args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
 
@@ -170,10 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("default-tokens-per-minute", int, None, "token quota of keys that name none (default: none)"),
         ("drain-timeout-seconds", float, 30.0, "on SIGTERM, how long requests in flight may finish"),
         ("engine-mode", str, "process", "process: the engine in its own process (default); thread: in this one"),
+        ("tool-call-parser", str, "hermes", "format of the model's tool calls under tool_choice auto"),
     ]:
         name = flag.replace("-", "_")
         kind = port_number if flag == "port" else kind
-        choices = ("process", "thread") if flag == "engine-mode" else None
+        choices = {"engine-mode": ("process", "thread"), "tool-call-parser": ("hermes", "llama3_json")}.get(flag)
         serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, default),
                            choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
     serve.add_argument("--no-vllm-metrics", dest="vllm_metrics", action="store_false",

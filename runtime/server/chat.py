@@ -17,12 +17,13 @@ _environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
 
 
 def render_chat(template: str | None, messages: list[dict], add_generation_prompt: bool = True,
-                bos_token: str | None = None, eos_token: str | None = None) -> str:
+                bos_token: str | None = None, eos_token: str | None = None, tools: list[dict] | None = None) -> str:
+    """The prompt; `tools` (Hugging Face's shape) are rendered by templates that know them, as their model expects."""
     if template is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions", "messages")
     try:
         return _environment.from_string(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token or "", eos_token=eos_token or "")
+            bos_token=bos_token or "", eos_token=eos_token or "", tools=tools)
     except TemplateError as error:
         raise InvalidRequestError(f"the chat template refused these messages: {error}", "messages") from error

@@ -29,6 +29,9 @@ from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from kubeinfer.runtime.server.responses import Formatter, sse
 from kubeinfer.runtime.server.responses_store import ResponseStore
+from kubeinfer.runtime.server.tool_output import ToolOutput
+from kubeinfer.runtime.server.tools import plan_tools
+from kubeinfer.runtime.structured.spec import StructuredOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 RETRY_AFTER_FULL_SECONDS = 1.0
@@ -86,13 +89,14 @@ def authenticate(state: ServerState, request: Request) -> str | None:
 
 
 def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
-          logprobs: int | None, prefix: str) -> Job:
+          logprobs: int | None, prefix: str, structured: StructuredOutput | None = None) -> Job:
+    """Checks and reserves room for a request; `structured`: the tools' grammar, else the body's own format."""
     if state.draining:
         raise APIError(503, "the server is shutting down", code="draining")
     if body.model != state.config.served_model_name:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves "
                             f"{state.config.served_model_name!r}", "model", "model_not_found")
-    structured = body.structured_output()
+    structured = structured or body.structured_output()
     max_len = state.engine.info.max_model_len
     params = []
     for prompt in prompts:
@@ -131,17 +135,23 @@ async def completions(state: ServerState, body: CompletionRequest, request: Requ
 
 async def chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request):
     key = authenticate(state, request)
-    if body.tools:
-        raise InvalidRequestError("tools are not supported", "tools")
+    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, flat=False)
+    structured = plan.structured_output() if plan else None
+    if structured is not None and (body.response_format or {}).get("type", "text") != "text":
+        raise InvalidRequestError("response_format cannot be combined with tool_choice required or a named function",
+                                  "response_format")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
     tokenizer = state.tokenizer
-    text = render_chat(tokenizer.chat_template, [{"role": m.role, "content": m.text(i)} for i, m in enumerate(body.messages)],
-                       body.add_generation_prompt, tokenizer.bos_token, tokenizer.eos_token)
+    text = render_chat(tokenizer.chat_template, [m.template_message(i) for i, m in enumerate(body.messages)],
+                       body.add_generation_prompt, tokenizer.bos_token, tokenizer.eos_token,
+                       plan.offered if plan else None)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    job = admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl")
-    formatter = Formatter(True, job.request_id, int(time.time()), body.model, tokenizer, body.logprobs)
+    job = admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl",
+                structured)
+    tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
+    formatter = Formatter(True, job.request_id, int(time.time()), body.model, tokenizer, body.logprobs, tools)
     return await _respond(state, job, formatter, body, request)
 
 

@@ -95,6 +95,16 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def template_message(self, index: int) -> dict[str, Any]:
+        """The message as chat templates take it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text(index)}
+        for name in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, name) is not None:
+                message[name] = getattr(self, name)
+        return message
 
     def text(self, index: int = 0) -> str:
         """The message's text; a content part that is not text is refused in the user's terms."""
@@ -118,3 +128,5 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     tools: list[dict] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None

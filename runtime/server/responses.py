@@ -3,6 +3,7 @@ import json
 
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.output_processor import RequestOutput
+from kubeinfer.runtime.server.tool_output import ToolOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 
@@ -54,9 +55,9 @@ class Formatter:
     """Shapes outputs for one endpoint: `chat` (chat.completion) or text completions."""
 
     def __init__(self, chat: bool, request_id: str, created: int, model: str, tokenizer: Tokenizer,
-                 want_logprobs: bool):
+                 want_logprobs: bool, tools: ToolOutput | None = None):
         self.chat, self.request_id, self.created, self.model = chat, request_id, created, model
-        self.tokenizer, self.want_logprobs = tokenizer, want_logprobs
+        self.tokenizer, self.want_logprobs, self.tools = tokenizer, want_logprobs, tools
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model,
@@ -77,6 +78,11 @@ class Formatter:
                       "finish_reason": output.finish_reason}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": output.text}
+                if self.tools is not None:
+                    content, calls = self.tools.final(output.text, output.finish_reason)
+                    if calls:
+                        choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                        choice["finish_reason"] = "tool_calls"
             else:
                 choice["text"] = output.text
             choices.append(choice)
@@ -98,6 +104,14 @@ class Formatter:
                   "finish_reason": output.finish_reason if output.finished else None}
         if self.chat:
             choice["delta"] = {"content": output.new_text} if output.new_text else {}
+            if self.tools is not None:
+                content, calls = self.tools.step(index, output.text, output.finished, output.finish_reason)
+                choice["delta"] = {"content": content} if content else {}
+                if calls:
+                    choice["delta"]["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+                    choice["finish_reason"] = "tool_calls"
+                if not choice["delta"] and not output.finished and choice["logprobs"] is None:
+                    return None
             return sse(self._envelope("chat.completion.chunk", [choice]))
         choice["text"] = output.new_text
         return sse(self._envelope("text_completion", [choice]))

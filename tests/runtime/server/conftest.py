@@ -40,7 +40,7 @@ def server(llama_dir):
         yield running
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def start_server():
     """`running_server` itself, for tests that need a server with their own settings."""
     return running_server
