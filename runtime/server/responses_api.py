@@ -17,9 +17,12 @@ from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.openai_api import (CLIENT_CLOSED_REQUEST, Job, JobStream, ServerState, admit,
                                                  authenticate, gather_outputs)
-from kubeinfer.runtime.server.responses_object import ResponseBuilder, message_item, new_id, response_usage
+from kubeinfer.runtime.server.responses_object import (ResponseBuilder, function_call_item, message_item, new_id,
+                                                      response_usage)
 from kubeinfer.runtime.server.responses_protocol import ResponsesRequest, item_messages
 from kubeinfer.runtime.server.responses_store import StoredResponse
+from kubeinfer.runtime.server.tool_output import ToolOutput
+from kubeinfer.runtime.server.tools import plan_tools
 
 logger = logging.getLogger(__name__)
 INCOMPLETE_REASONS = {"length": "max_output_tokens"}
@@ -39,13 +42,20 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         history = stored.messages
     conversation = history + item_messages(body.input_items())
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
+    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+    structured = plan.structured_output() if plan else None
+    if structured is not None and body.text_format.get("type") != "text":
+        raise InvalidRequestError("text.format cannot be combined with tool_choice required or a named function",
+                                  "text.format")
     tokenizer = state.tokenizer
-    text = render_chat(tokenizer.chat_template, messages, True, tokenizer.bos_token, tokenizer.eos_token)
+    text = render_chat(tokenizer.chat_template, messages, True, tokenizer.bos_token, tokenizer.eos_token,
+                       plan.offered if plan else None)
     prompt = tokenizer.encode(text, add_special_tokens=False)
-    job = admit(state, body, key, [prompt], body.max_output_tokens, None, "resp")
+    job = admit(state, body, key, [prompt], body.max_output_tokens, None, "resp", structured)
     builder = ResponseBuilder(body, int(time.time()), body.text_format)
+    tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
     if body.stream:
-        return JobStream(job, _stream(state, job, builder, conversation), media_type="text/event-stream",
+        return JobStream(job, _stream(state, job, builder, conversation, tools), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         outputs = await gather_outputs(state, job, request)
@@ -53,37 +63,62 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         job.release()
     if outputs is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    response = _finish(state, builder, job, outputs[0], new_id("msg"), conversation)
-    return JSONResponse(response)
+    items = _output_items(outputs[0], new_id("msg"), tools)
+    return JSONResponse(_finish(state, builder, job, outputs[0], items, conversation))
 
 
-def _finish(state: ServerState, builder: ResponseBuilder, job: Job, output: RequestOutput, item_id: str,
+def _output_items(output: RequestOutput, item_id: str, tools: ToolOutput | None) -> list[dict]:
+    """A message item (if there is text), then a function_call item per call."""
+    content, calls = tools.final(output.text, output.finish_reason) if tools else (output.text, [])
+    items = [message_item(item_id, content)] if content is not None and (content or not calls) else []
+    return items + [function_call_item(new_id("fc"), call["id"], call["function"]["name"],
+                                       call["function"]["arguments"]) for call in calls]
+
+
+def _finish(state: ServerState, builder: ResponseBuilder, job: Job, output: RequestOutput, items: list[dict],
             conversation: list[dict]) -> dict:
     """The final response object (stored when asked)."""
     reason = INCOMPLETE_REASONS.get(output.finish_reason)
     usage = response_usage(job.num_prompt_tokens, len(output.token_ids), output.num_cached_tokens)
-    response = builder.response("incomplete" if reason else "completed", [message_item(item_id, output.text)],
-                                usage, reason)
+    response = builder.response("incomplete" if reason else "completed", items, usage, reason)
     if builder.body.store:
-        messages = conversation + [{"role": "assistant", "content": output.text}]
-        state.responses.put(builder.id, StoredResponse(response, messages))
+        text = "".join(item["content"][0]["text"] for item in items if item["type"] == "message")
+        reply = {"role": "assistant", "content": text}
+        calls = [{"id": item["call_id"], "type": "function",
+                  "function": {"name": item["name"], "arguments": item["arguments"]}}
+                 for item in items if item["type"] == "function_call"]
+        state.responses.put(builder.id, StoredResponse(response, conversation + [reply | (
+            {"tool_calls": calls} if calls else {})]))
     return response
 
 
-async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conversation: list[dict]):
+async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conversation: list[dict],
+                  tools: ToolOutput | None):
+    """Text streams as it comes; with tools the output is sent whole at the end, as its items (a call's arguments
+    are one delta)."""
     [(_, sub_id, prompt, params)] = list(job.sub_requests())
     item_id, emitted = new_id("msg"), 0
     try:
-        for event in builder.started() + builder.text_started(0, item_id):
+        for event in builder.started() + ([] if tools else builder.text_started(0, item_id)):
             yield event
         last = None
         async for output in state.engine.generate(sub_id, prompt, params):
             last, emitted = output, len(output.token_ids)
-            if output.new_text:
+            if output.new_text and tools is None:
                 yield builder.text_delta(0, item_id, output.new_text)
-        for event in builder.text_done(0, item_id, last.text):
-            yield event
-        yield builder.finished(_finish(state, builder, job, last, item_id, conversation))
+        items = _output_items(last, item_id, tools)
+        for index, item in enumerate(items):
+            if item["type"] == "function_call":
+                events = [builder.call_started(index, item)] + builder.call_done(index, item)
+            elif tools is None:
+                events = builder.text_done(index, item_id, last.text)
+            else:
+                text = item["content"][0]["text"]
+                events = (builder.text_started(index, item_id) + [builder.text_delta(index, item_id, text)]
+                          + builder.text_done(index, item_id, text))
+            for event in events:
+                yield event
+        yield builder.finished(_finish(state, builder, job, last, items, conversation))
     except Exception as error:   # noqa: BLE001 - reported to the client as an error event
         state.metrics.count_error(500)
         yield builder.event("error", code="server_error", message=str(error), param=None)

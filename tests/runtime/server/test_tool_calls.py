@@ -126,3 +126,32 @@ def test_a_stream_holds_back_what_may_be_a_call():
     plain = ToolOutput(plan_tools(TOOLS, "auto", None, flat=False), "hermes")
     assert plain.step(0, "a <tool", False, None) == ("a ", [])   # held: may open a call
     assert plain.step(0, "a <toolbox", True, "stop") == ("<toolbox", [])   # was none: sent as content
+
+
+def test_responses_call_tools_and_take_their_output_back(client, tool_server):
+    flat = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+            for t in TOOLS]
+    response = client.responses.create(model=MODEL, input="weather in Paris?", tools=flat, tool_choice="required",
+                                       parallel_tool_calls=False, temperature=0, max_output_tokens=200)
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert response.status == "completed" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    events = list(client.responses.create(model=MODEL, input="weather in Paris?", tools=flat, tool_choice="required",
+                                          parallel_tool_calls=False, temperature=0, max_output_tokens=200,
+                                          stream=True))
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert (done.name, done.arguments) == (call.name, call.arguments)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed" and events[-1].response.output[0].arguments == call.arguments
+    named = client.responses.create(model=MODEL, input="time?", tools=flat, max_output_tokens=100, temperature=0,
+                                    tool_choice={"type": "function", "name": "get_time"})
+    assert [item.name for item in named.output] == ["get_time"]
+    follow = client.responses.create(model=MODEL, previous_response_id=response.id, tools=flat, tool_choice="none",
+                                     max_output_tokens=4, temperature=0, input=[
+                                         {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    # the stored call (no text) and the tool's output continue the conversation; tool_choice none: no tools shown
+    prompt = ("<|im_start|>user\nweather in Paris?<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+              "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n")
+    tokenizer = Tokenizer(tool_server[1])
+    assert follow.usage.input_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert follow.output[0].type == "message"
