@@ -51,7 +51,8 @@ def test_completion_errors(server, body, status, param, text):
 @pytest.mark.parametrize("body, param, text", [
     ({"model": MODEL, "messages": []}, "messages", ""),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, None, "role"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", ""),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]",
+     "name"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", ""),
     ({"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
