@@ -25,6 +25,7 @@ class SamplingParams:
     logprobs: int | None = None     # top-N logprobs of each sampled position (0 = only the sampled token's)
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None   # the output must match this grammar (response_format, tools)
+    logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit, in [-100, 100]
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -46,6 +47,8 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", "stop")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
+        _check(all(isinstance(t, int) and t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias.items()),
+               "logit_bias maps token ids (>= 0) to biases in [-100, 100]", "logit_bias")
         if self.structured is not None:   # the grammar ends the output with EOS: nothing may hold EOS back
             _check(not self.ignore_eos, "ignore_eos cannot be combined with structured output", "ignore_eos")
             _check(self.min_tokens == 0, "min_tokens cannot be combined with structured output", "min_tokens")

@@ -10,7 +10,7 @@ import time
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
-from kubeinfer.runtime.engine.messages import EngineInfo, EngineStats, TokenDelta, check_prompt
+from kubeinfer.runtime.engine.messages import EngineInfo, EngineStats, TokenDelta, check_prompt, check_token_ids
 from kubeinfer.runtime.engine.model_runner import ModelRunner
 from kubeinfer.runtime.engine.scheduler import Scheduler
 from kubeinfer.runtime.engine.sequence import Sequence
@@ -43,6 +43,7 @@ class EngineCore:
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_prompt(token_ids, self.info)
+        check_token_ids(params, self.info)
         seq = Sequence(request_id, token_ids, params, arrival_time)
         if params.structured is not None:
             seq.guide = self.grammars.matcher(params.structured.grammar)

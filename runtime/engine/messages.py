@@ -55,6 +55,13 @@ class EngineInfo:
     speculative_tokens: int = 0     # draft tokens per step at most (0: speculation off)
 
 
+def check_token_ids(params, info: EngineInfo) -> None:
+    """Refuses token ids in a request's settings (`logit_bias`, `stop_token_ids`) outside the vocabulary."""
+    for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+        if any(not 0 <= t < info.vocab_size for t in ids):
+            raise InvalidRequestError(f"{name} token ids must be in [0, {info.vocab_size})", name)
+
+
 def check_prompt(token_ids: list[int], info: EngineInfo) -> None:
     """Refuses a prompt the engine cannot serve, with the reason in the user's terms."""
     if not token_ids:

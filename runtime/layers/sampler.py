@@ -1,6 +1,6 @@
 """Turns the last position's logits into the next token of each sequence.
 
-Order: min_tokens (EOS and stop ids masked), penalties, the grammar's token mask (structured output), then
+Order: min_tokens (EOS and stop ids masked), penalties, logit_bias, the grammar's token mask (structured output), then
 greedy argmax or temperature -> top-k -> top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) noise), which picks token
 i with probability p_i; a request with a seed draws its noise from its own generator, so its tokens do not
 depend on what else shares the batch. Logprobs are those of the model's raw distribution.
@@ -102,6 +102,10 @@ class Sampler:
                     logits[row, banned] = float("-inf")
             if params.has_penalties:
                 _apply_penalties(logits[row], seq, extra)
+            if params.logit_bias:
+                ids = list(params.logit_bias)
+                logits[row, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype,
+                                                 device=logits.device)
         return logits
 
     @staticmethod

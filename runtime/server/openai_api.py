@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.engine.messages import check_prompt
+from kubeinfer.runtime.engine.messages import check_prompt, check_token_ids
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
@@ -106,6 +106,7 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
             raise InvalidRequestError(f"max_tokens {wanted} plus the prompt's {len(prompt)} tokens exceeds this "
                                       f"model's {max_len}-token limit", "max_tokens")
         params.extend(body.sampling_params(wanted, logprobs, choice, structured) for choice in range(body.n))
+        check_token_ids(params[-1], state.engine.info)
     if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)

@@ -43,6 +43,7 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None   # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100]
 
     def structured_output(self) -> StructuredOutput | None:
         """The grammar the output must match (checked: a bad format or schema is a 400 naming it)."""
@@ -64,8 +65,16 @@ class _SamplingFields(BaseModel):
             seed=None if self.seed is None else self.seed + choice,
             stop=stop, stop_token_ids=self.stop_token_ids or [], min_tokens=min(self.min_tokens, max_tokens),
             ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            structured=structured,
+            structured=structured, logit_bias=_logit_bias(self.logit_bias),
         )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's map keys token ids as strings; one that is not an integer is a 400 naming logit_bias."""
+    try:
+        return {int(token): float(value) for token, value in (bias or {}).items()}
+    except ValueError:
+        raise InvalidRequestError("logit_bias keys must be token ids (integers)", "logit_bias") from None
 
 
 class CompletionRequest(_SamplingFields):

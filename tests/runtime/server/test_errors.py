@@ -40,6 +40,10 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
     ({"model": MODEL, "prompt": ""}, 400, "prompt", "empty"),
     ({"model": MODEL, "prompt": "x", "echo": True}, 400, "echo", "not supported"),
     ({"model": MODEL, "prompt": "x", "logprobs": 99}, 400, "logprobs", "logprobs"),
+    ({"model": MODEL, "prompt": "x", "logit_bias": {"99999": 1}}, 400, "logit_bias", "token ids must be in"),
+    ({"model": MODEL, "prompt": "x", "logit_bias": {"five": 1}}, 400, "logit_bias", "integers"),
+    ({"model": MODEL, "prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias", "[-100, 100]"),
+    ({"model": MODEL, "prompt": "x", "stop_token_ids": [99999]}, 400, "stop_token_ids", "token ids must be in"),
 ])
 def test_completion_errors(server, body, status, param, text):
     url, state = server

@@ -121,6 +121,22 @@ def test_n_seed_stop_and_logprobs(client):
     assert stopped.choices[0].finish_reason == "stop"
 
 
+def test_logit_bias_steers_sampling_as_openai_defines_it(client, offline):
+    """+100 on one token makes it every greedy and sampled choice; -100 on the greedy text's tokens removes them."""
+    token = offline.tokenizer.encode(" pod")[0]
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0.8, seed=3,
+                                       logit_bias={str(token): 100}, extra_body=EXTRA)
+    assert forced.choices[0].text == offline.tokenizer.decode([token] * 6)
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, extra_body=EXTRA)
+    [first] = offline.tokenizer.encode(PROMPT + greedy.choices[0].text)[-1:]
+    banned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0,
+                                       logit_bias={str(first): -100}, extra_body=EXTRA)
+    assert banned.choices[0].text != greedy.choices[0].text
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          temperature=0, logit_bias={str(token): 100}, extra_body=EXTRA)
+    assert chat.choices[0].message.content == offline.tokenizer.decode([token] * 3)
+
+
 def test_models_and_probes(client, server):
     import httpx
     url, _ = server
