@@ -27,10 +27,17 @@ def chunk_hashes(text: str, chunk_chars: int, max_chunks: int) -> list[int]:
 
 
 def prompt_text(body: dict) -> str:
-    """The text whose prefix the replica caches: the prompt, or the chat messages in order (role and content).
+    """The text whose prefix the replica caches: the prompt, or the chat messages in order (role and content), or a
+    Responses request's instructions and input items as such messages.
 
     Not the model's chat template: the router only needs equal conversations to give equal text, and a longer
     conversation to extend the text of its earlier turns, which any fixed rendering does."""
+    if "input" in body:   # the Responses API: its instructions, then its input as messages
+        items = body["input"]
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        instructions = body.get("instructions")
+        body = {"messages": ([{"role": "system", "content": instructions}] if instructions else []) +
+                            [item for item in items or () if isinstance(item, dict) and "role" in item]}
     if "messages" in body:
         parts = []
         for message in body.get("messages") or ():

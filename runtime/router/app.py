@@ -21,7 +21,9 @@ from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 from kubeinfer.runtime.server.errors import error_body
 
 logger = logging.getLogger(__name__)
-PROXIED = {"/v1/completions", "/v1/chat/completions"}
+# /v1/responses with `previous_response_id` needs the replica that stored the earlier response: the router does not
+# know it, so with several replicas a continuation may land on one that answers 400 (docs/router.md).
+PROXIED = {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
 
 
 async def respond(send, status: int, body: bytes, content_type: bytes = b"application/json",

@@ -28,6 +28,15 @@ def test_prompt_text_of_chat_extends_with_each_turn():
     assert prompt_text(parts) == prompt_text({"messages": [{"role": "user", "content": "ab"}]})
     assert prompt_text({"prompt": "abc"}) == "abc"
     assert prompt_text({"prompt": ["abc", "def"]}) == "abc"
+
+
+def test_prompt_text_of_a_responses_request_is_its_instructions_and_input_as_chat():
+    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]}
+    assert prompt_text({"instructions": "be brief", "input": "ab"}) == prompt_text(chat)
+    items = {"instructions": "be brief", "input": [{"role": "user", "content": [{"type": "input_text", "text": "ab"}]},
+                                                   {"type": "function_call_output", "call_id": "c", "output": "x"}]}
+    assert prompt_text(items) == prompt_text(chat)
+    assert prompt_text({"input": "ab"}) == prompt_text({"messages": [{"role": "user", "content": "ab"}]})
     assert prompt_text({"prompt": [1, 2, 3]}) == "1 2 3"
     assert prompt_text({"messages": None}) == ""
 

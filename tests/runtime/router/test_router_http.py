@@ -45,6 +45,42 @@ def test_completions_and_streamed_chat_through_the_router_equal_direct(replicas,
                                                                 timeout=60).json()["choices"][0]["text"]
 
 
+def test_responses_structured_output_and_tool_calls_through_the_router_equal_direct(replicas, start_router):
+    """What issue #27 asks of the API, through the router: responses.create and .stream, chat.completions.parse
+    with a pydantic model, a required tool call whose arguments validate; each as the replica answers it."""
+    import jsonschema
+    from pydantic import BaseModel, Field
+
+    class Pod(BaseModel):
+        name: str = Field(max_length=8)
+        restarts: int = Field(ge=0, le=9)
+
+    router = start_router([r.url for r in replicas]).wait_up(2)
+    direct, routed = client(replicas[0].url), client(router.url)
+    ask = dict(model="tiny", input="What is a pod?", instructions="Answer briefly.", max_output_tokens=12,
+               temperature=0)
+    text = direct.responses.create(**ask).output_text
+    assert routed.responses.create(**ask).output_text == text
+    events = list(routed.responses.create(**ask, stream=True))   # cut by max_output_tokens: response.incomplete
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == text
+    messages = [{"role": "user", "content": "a pod"}]
+    parsed = routed.chat.completions.parse(model="tiny", messages=messages, response_format=Pod, max_tokens=64,
+                                           temperature=0).choices[0].message.parsed
+    assert isinstance(parsed, Pod)
+    assert parsed == direct.chat.completions.parse(model="tiny", messages=messages, response_format=Pod,
+                                                   max_tokens=64, temperature=0).choices[0].message.parsed
+    schema = {"type": "object", "additionalProperties": False, "required": ["namespace"],
+              "properties": {"namespace": {"type": "string", "maxLength": 8}}}
+    tools = [{"type": "function", "function": {"name": "list_pods", "parameters": schema}}]
+    [call] = routed.chat.completions.create(model="tiny", messages=messages, tools=tools, tool_choice="required",
+                                            parallel_tool_calls=False, max_tokens=64,
+                                            temperature=0).choices[0].message.tool_calls
+    assert call.function.name == "list_pods"
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
 def test_same_prefix_goes_to_the_same_replica_and_prefixes_spread(replicas, start_router):
     router = start_router([r.url for r in replicas]).wait_up(2)
     served: dict[int, set[str]] = {}
