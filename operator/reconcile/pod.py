@@ -42,7 +42,7 @@ STARTUP_PERIOD_SECONDS = 1
 COMPILE_CACHE_MOUNT = "/var/cache/kubeinfer"
 # Where each compiler keeps its cache, under the compile cache volume.
 COMPILE_CACHE_ENV = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
-                     "CUDA_CACHE_PATH": "cuda"}
+                     "CUDA_CACHE_PATH": "cuda", "KUBEINFER_KERNEL_CACHE_DIR": "kernels"}
 API_KEYS_DIR = "/etc/kubeinfer/api-keys"
 API_KEYS_FILE = f"{API_KEYS_DIR}/keys"
 GPU_RESOURCE = "nvidia.com/gpu"

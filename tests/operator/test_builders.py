@@ -283,6 +283,7 @@ def test_compile_caches_go_to_one_volume_an_emptydir_unless_a_node_directory_or_
     assert env["TRITON_CACHE_DIR"] == "/var/cache/kubeinfer/triton"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/kubeinfer/torchinductor"
     assert env["CUDA_CACHE_PATH"] == "/var/cache/kubeinfer/cuda"
+    assert env["KUBEINFER_KERNEL_CACHE_DIR"] == "/var/cache/kubeinfer/kernels"   # the native CPU kernels' builds
     node = build(runtime={"compileCache": {"hostPath": "/var/cache/kubeinfer"}})
     assert volume(node, "compile-cache")["hostPath"] == {"path": "/var/cache/kubeinfer", "type": "DirectoryOrCreate"}
     claim = build(runtime={"compileCache": {"volumeClaim": "kernels"}})
