@@ -21,8 +21,8 @@ from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 from kubeinfer.runtime.server.errors import error_body
 
 logger = logging.getLogger(__name__)
-# /v1/responses with `previous_response_id` needs the replica that stored the earlier response: the router does not
-# know it, so with several replicas a continuation may land on one that answers 400 (docs/router.md).
+# /v1/responses with `previous_response_id` goes to the replica that answered the earlier response (proxy.py,
+# response_owners.py); GET/DELETE /v1/responses/{id} are not proxied.
 PROXIED = {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
 
 

@@ -18,6 +18,7 @@ from kubeinfer.runtime.router.affinity import prompt_text
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import ReplicaSet
+from kubeinfer.runtime.router.response_owners import ResponseOwners
 from kubeinfer.runtime.router.upstream import ConnectFailed, Response, UpstreamError
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 
@@ -36,6 +37,8 @@ class UpstreamFailed(Exception):
 def request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
 
+RESPONSES_PATH = "/v1/responses"
+
 
 def response_headers(response: Response, replica_url: str) -> list[tuple[bytes, bytes]]:
     headers = [(k, v) for k, v in response.headers if k not in HOP_BY_HOP - {b"content-length"}]
@@ -52,6 +55,7 @@ class Proxy:
                  queue_timeout: float):
         self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
         self.queue_timeout = queue_timeout
+        self.response_owners = ResponseOwners()
 
     async def forward(self, scope: dict, body: bytes, send, received_at: float) -> None:
         """Sends the request to a replica and relays the response to `send`. Raises `Refused`/`UpstreamFailed`
@@ -66,7 +70,7 @@ class Proxy:
         waited = 0.0
         while True:
             waited += await self.room.wait_until_up(len(body), deadline)
-            replica, reason = self.chooser.choose(self.replicas.available(), text)
+            replica, reason = self._choose(scope["path"], parsed, text)
             self.metrics.added.observe(time.perf_counter() - received_at - waited)
             replica.in_flight += 1
             try:
@@ -110,9 +114,20 @@ class Proxy:
         if waited:
             self.metrics.queue_wait.observe(waited)
         self.metrics.picks.labels(replica.url, reason).inc()
-        await self._relay(response, replica, send, prefetched)
+        learn = self.response_owners.learn if scope["path"] == RESPONSES_PATH and response.status == 200 else None
+        await self._relay(response, replica, send, prefetched, learn)
 
-    async def _relay(self, response: Response, replica, send, prefetched: bytes | None) -> None:
+    def _choose(self, path: str, parsed, text: str):
+        """A continuation of a stored response goes to the replica that answered it (it alone holds it)."""
+        available = self.replicas.available()
+        if path == RESPONSES_PATH and isinstance(parsed, dict):
+            owner = self.response_owners.owner(parsed.get("previous_response_id"))
+            for replica in available:
+                if replica.url == owner:
+                    return replica, "response"
+        return self.chooser.choose(available, text)
+
+    async def _relay(self, response: Response, replica, send, prefetched: bytes | None, learn=None) -> None:
         finished = False   # the replica's answer was read whole
         body_closed = False   # the client's response body was ended (`more_body` False)
         try:
@@ -123,6 +138,9 @@ class Proxy:
                 body_closed = True
             else:
                 async for chunk in response.chunks():
+                    if learn is not None:   # a Responses answer: its id is in its first chunk
+                        learn(chunk, replica.url)
+                        learn = None
                     body_closed = response.ended   # the last chunk goes with the end of the body: one write less
                     await send({"type": "http.response.body", "body": chunk, "more_body": not body_closed})
             finished = True

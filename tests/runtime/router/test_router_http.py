@@ -81,6 +81,31 @@ def test_responses_structured_output_and_tool_calls_through_the_router_equal_dir
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+def test_a_responses_continuation_goes_to_the_replica_that_stored_it(replicas, start_router):
+    """Each replica's response store is its own: four conversations started through the router, each continued
+    twice by previous_response_id (streamed once), all answered; every continuation on its first turn's replica."""
+    router = start_router([r.url for r in replicas]).wait_up(2)
+    routed = client(router.url)
+    served_by = {}
+    for topic in ("pods", "nodes", "GPUs", "queues"):
+        ask = dict(model="tiny", max_output_tokens=4, temperature=0)
+        first = routed.responses.with_raw_response.create(input=f"Tell me about {topic}", **ask)
+        served_by[topic] = {first.headers["x-kubeinfer-replica"]}
+        previous = first.parse().id
+        second = routed.responses.with_raw_response.create(input="And more?", previous_response_id=previous, **ask)
+        served_by[topic].add(second.headers["x-kubeinfer-replica"])
+        with routed.responses.with_streaming_response.create(input="Again?", previous_response_id=second.parse().id,
+                                                            stream=True, **ask) as third:
+            assert third.status_code == 200
+            served_by[topic].add(third.headers["x-kubeinfer-replica"])
+            third.read()
+    assert all(len(urls) == 1 for urls in served_by.values()), served_by
+    assert len(set().union(*served_by.values())) == 2   # the first turns spread: both replicas held some
+    picks = sum(value for (name, labels), value in scrape_metrics(router.url).items()
+                if name == "kubeinfer_router_picks_total" and dict(labels).get("reason") == "response")
+    assert picks == 8
+
+
 def test_same_prefix_goes_to_the_same_replica_and_prefixes_spread(replicas, start_router):
     router = start_router([r.url for r in replicas]).wait_up(2)
     served: dict[int, set[str]] = {}
