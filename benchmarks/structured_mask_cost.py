@@ -24,16 +24,10 @@ from kubeinfer.runtime.layers import sampler as sampler_module
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.structured.formats import response_format_output
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "role", "address"],
-          "properties": {
-              "name": {"type": "string", "maxLength": 24},
-              "age": {"type": "integer", "minimum": 0, "maximum": 150},
-              "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
-              "role": {"enum": ["admin", "user", "guest"]},
-              "address": {"type": "object", "additionalProperties": False, "required": ["city", "zip"],
-                          "properties": {"city": {"type": "string", "maxLength": 20},
-                                         "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}}}}
-spent = {"mask": 0.0, "advance": 0.0}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grammar_libraries  # noqa: E402
+
+SCHEMA = grammar_libraries.SCHEMA   # one schema for both structured-output benchmarks
 
 
 def timed(name: str, function):

@@ -48,12 +48,16 @@ class KubeInferPolicy:
     cold_start: ColdStartRecord = field(default_factory=ColdStartRecord)
     reasons: list[str] = field(default_factory=list)
 
-    def decide(self, obs: Observation) -> int:
+    def observe(self, obs: Observation):
+        """(signals, config with the cold start learned so far) of this tick."""
         signals = obs.signals(self.scrape_interval_s, self.config.metric_window_seconds)
-        config = self.config
-        if self.learn_cold_start:
-            self.cold_start = self.cold_start.with_samples(obs.cold_starts())
-            config = replace(config, learned_cold_start_seconds=self.cold_start.seconds)
+        if not self.learn_cold_start:
+            return signals, self.config
+        self.cold_start = self.cold_start.with_samples(obs.cold_starts())
+        return signals, replace(self.config, learned_cold_start_seconds=self.cold_start.seconds)
+
+    def decide(self, obs: Observation) -> int:
+        signals, config = self.observe(obs)
         d = decide(signals, ReplicaCounts(obs.current, obs.ready, obs.pending), self.history, config, obs.now)
         self.history = ScaleHistory.from_dict(json.loads(json.dumps(d.history.to_dict())))
         self.reasons.append(d.reason)
@@ -70,11 +74,7 @@ class OperatorPredictivePolicy(KubeInferPolicy):
     stored: dict | None = None
 
     def decide(self, obs: Observation) -> int:
-        signals = obs.signals(self.scrape_interval_s, self.config.metric_window_seconds)
-        config = self.config
-        if self.learn_cold_start:
-            self.cold_start = self.cold_start.with_samples(obs.cold_starts())
-            config = replace(config, learned_cold_start_seconds=self.cold_start.seconds)
+        signals, config = self.observe(obs)
         counts = ReplicaCounts(obs.current, obs.ready, obs.pending)
         reactive = decide(signals, counts, self.history, config, obs.now)
         outcome = decide_predictive(reactive, self.history, signals, counts, self.stored, config, obs.now)
