@@ -17,6 +17,7 @@ from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtyp
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram", "draft")
+SCHEDULING_POLICIES = ("shortest-first", "fcfs")   # the waiting queue's order (runtime/engine/scheduler.py)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # runtime/server/tool_parsers.py
 
 
@@ -34,6 +35,7 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
     max_waiting_requests: int = 1024
+    scheduling_policy: str = "shortest-first"   # or fcfs: arrival order (docs/runtime.md, Scheduling)
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks
@@ -97,6 +99,8 @@ class EngineConfig:
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
+        _require(self.scheduling_policy in SCHEDULING_POLICIES,
+                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}")
         _require(self.tool_call_parser in TOOL_CALL_PARSERS,
                  f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
         _require(self.num_kvcache_blocks is None or self.num_kvcache_blocks >= 1,

@@ -69,7 +69,9 @@ class EngineCore:
             return []
         if self.model_runner.draft is not None:
             self.model_runner.draft.propose(batch, self.block_manager)
+        started = time.perf_counter()
         sampled, logprobs = self.model_runner.run(batch, self.block_manager)
+        self.scheduler.observe_step(batch.num_tokens, time.perf_counter() - started)
         kept = self.scheduler.postprocess(batch, sampled)
         self._advance_grammars(batch.seqs, kept)
         now = time.monotonic()

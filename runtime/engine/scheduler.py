@@ -5,8 +5,15 @@ Policy, per step, within `max_num_batched_tokens`:
    the next chunk of its prompt (as much as the budget leaves). When the KV pool cannot hold a sequence's
    next tokens, the newest running sequence is preempted: its blocks are freed (they stay in the prefix
    cache) and it goes back to the front of the waiting queue, to be recomputed later.
-2. Then waiting sequences, in arrival order, while the budget, `max_num_seqs` and the pool allow; none are
+2. Then waiting sequences, in queue order, while the budget, `max_num_seqs` and the pool allow; none are
    admitted in a step that preempted. A waiting sequence starts after its prefix-cache hits.
+The queue order (`scheduling_policy`): preempted sequences first, then
+- `shortest-first` (the default): by arrival time plus the prompt's own prefill time at the engine's measured
+  prefill rate (`observe_step`). Requests that arrive together start shortest first, which lowers the median
+  time to first token of a burst at no cost in throughput. A prompt is passed only by shorter ones that
+  arrive within its own prefill time after it (no starvation: whatever arrives later queues behind it).
+  Until a step is measured, a full step is assumed to take 10 ms.
+- `fcfs`: arrival order.
 A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
@@ -16,13 +23,20 @@ it kept last time (`_next_draft_limit`). After the step, the computed tokens are
 accepted drafts; the slots written for rejected drafts lie beyond them and are overwritten later, and a block
 grown for them stays the sequence's (freed with it).
 """
-from collections import deque
+import bisect
+import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
+
+PREFILL_RATE_SMOOTHING = 0.2   # weight of the newest step in the prefill rate's moving average
+ASSUMED_FULL_STEP_SECONDS = 0.01   # until a step is measured: a fast engine's (near arrival order, but shortest
+                                   # first among requests that arrive within milliseconds of each other)
+_queue_key = attrgetter("queue_key")
 
 
 @dataclass
@@ -59,7 +73,9 @@ class Scheduler:
         self.speculative_method = config.speculative_method
         self.speculative_tokens = config.speculative_tokens
         self.ngram_range = (config.speculative_ngram_min, config.speculative_ngram_max)
-        self.waiting: deque[Sequence] = deque()
+        self.shortest_first = config.scheduling_policy == "shortest-first"
+        self.prefill_rate: float | None = None   # tokens/s of steps of at least half the budget (observe_step)
+        self.waiting: list[Sequence] = []   # in queue order: preempted first, then by queue_key
         self.running: list[Sequence] = []
         self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
 
@@ -68,7 +84,23 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.shortest_first:
+            rate = self.prefill_rate or self.max_num_batched_tokens / ASSUMED_FULL_STEP_SECONDS
+            seq.queue_key = seq.arrival_time + seq.num_tokens / rate
+            bisect.insort(self.waiting, seq, key=_queue_key)
+        else:
+            self.waiting.append(seq)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """Learns the prefill rate from a step's forward; only steps of at least half the budget count (decode
+        steps say little about how fast prompts are computed)."""
+        if 2 * num_tokens < self.max_num_batched_tokens or seconds <= 0:
+            return
+        rate = num_tokens / seconds
+        if self.prefill_rate is None:
+            self.prefill_rate = rate
+        else:
+            self.prefill_rate += PREFILL_RATE_SMOOTHING * (rate - self.prefill_rate)
 
     def schedule(self) -> ScheduledBatch:
         batch, budget, preempted = ScheduledBatch(), self.max_num_batched_tokens, False
@@ -100,7 +132,7 @@ class Scheduler:
             num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, budget)
             if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)):
                 break
-            self.waiting.popleft()
+            self.waiting.pop(0)
             block_manager.allocate(seq, hits, num_new)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -131,8 +163,9 @@ class Scheduler:
         seq.num_draft_computed = 0
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        seq.queue_key = -math.inf   # ahead of every arrival, in either policy
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.insert(0, seq)
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[list[int]]) -> list[list[int]]:
         """Records the computed tokens and the sampled ones (several where drafts were accepted); finishes

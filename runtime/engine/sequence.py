@@ -34,6 +34,7 @@ class Sequence:
         self.logprobs: list[dict] = []
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
+        self.queue_key = self.arrival_time    # the waiting queue's order (Scheduler.add; -inf once preempted)
         self.generator = None          # torch.Generator when the request has a seed (made by the sampler)
         self.draft_token_ids: list[int] = []   # proposed for this step, verified by its forward (speculation)
         self.num_draft_computed = 0            # tokens whose K/V are in the draft model's cache (draft method)

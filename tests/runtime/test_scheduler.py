@@ -1,5 +1,8 @@
 """Scheduling rules, driven without a model: fake sampled tokens feed postprocess."""
+import pytest
+
 from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.scheduler import Scheduler
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
@@ -45,7 +48,7 @@ def test_max_num_seqs_limits_the_running_set(llama_dir):
 
 
 def test_preempted_sequence_returns_to_the_front_of_the_queue(llama_dir):
-    scheduler, manager = make(llama_dir, num_blocks=4, block_size=4)
+    scheduler, manager = make(llama_dir, num_blocks=4, block_size=4, scheduling_policy="fcfs")
     old = Sequence("old", [1] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
     new = Sequence("new", [2] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
     later = Sequence("later", [3] * 3, SamplingParams(max_tokens=2))
@@ -57,3 +60,50 @@ def test_preempted_sequence_returns_to_the_front_of_the_queue(llama_dir):
     assert [s.request_id for s in scheduler.waiting] == ["new", "later"]
     assert new.status is SequenceStatus.WAITING and new.num_computed_tokens == 0 and not new.block_table
     assert new.output_token_ids == [7] and scheduler.stats.num_preemptions == 1
+
+
+def test_shortest_first_starts_a_burst_shortest_prompt_first_and_fcfs_in_arrival_order(llama_dir):
+    lengths = {"a": 30, "b": 5, "c": 20, "d": 10}
+    for policy, expected in (("shortest-first", ["b", "d", "c", "a"]), ("fcfs", ["a", "b", "c", "d"])):
+        scheduler, _ = make(llama_dir, num_blocks=64, max_num_batched_tokens=100, scheduling_policy=policy)
+        for name, length in lengths.items():
+            scheduler.add(Sequence(name, [1] * length, SamplingParams(max_tokens=2), arrival_time=100.0))
+        assert [s.request_id for s in scheduler.schedule().seqs] == expected, policy
+
+
+def test_a_long_prompt_is_passed_only_by_prompts_arriving_within_its_own_prefill_time(llama_dir):
+    scheduler, _ = make(llama_dir)
+    scheduler.prefill_rate = 400.0   # tokens/s: the 400-token prompt's own prefill takes 1 s
+    arrivals = [("long", 400, 10.0), ("within", 40, 10.5), ("after", 40, 10.95), ("later", 4, 11.5)]
+    for name, length, arrival in arrivals:
+        scheduler.add(Sequence(name, [1] * length, SamplingParams(max_tokens=2), arrival_time=arrival))
+    # keys: long 11.0, within 10.6, after 11.05, later 11.51
+    assert [s.request_id for s in scheduler.waiting] == ["within", "long", "after", "later"]
+
+
+def test_shortest_first_still_puts_a_preempted_sequence_ahead_of_shorter_waiting_ones(llama_dir):
+    scheduler, _ = make(llama_dir, num_blocks=4, block_size=4)
+    old = Sequence("old", [1] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
+    new = Sequence("new", [2] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
+    scheduler.add(old)
+    scheduler.add(new)
+    step(scheduler)   # both run, the pool is full
+    scheduler.add(Sequence("later", [3] * 3, SamplingParams(max_tokens=2)))
+    step(scheduler)   # old grows to a third block: new is preempted, ahead of the shorter one waiting
+    assert [s.request_id for s in scheduler.waiting] == ["new", "later"]
+    assert scheduler.stats.num_preemptions == 1
+
+
+def test_the_prefill_rate_is_learnt_from_steps_of_at_least_half_the_budget(llama_dir):
+    scheduler, _ = make(llama_dir, max_num_batched_tokens=1000)
+    scheduler.observe_step(400, 0.01)   # a decode-sized step: not a prefill rate
+    assert scheduler.prefill_rate is None
+    scheduler.observe_step(1000, 0.5)
+    assert scheduler.prefill_rate == 2000.0
+    scheduler.observe_step(600, 0.1)    # 6,000 tokens/s, weighted into the moving average
+    assert abs(scheduler.prefill_rate - (2000 + 0.2 * 4000)) < 1e-9
+
+
+def test_an_unknown_scheduling_policy_is_refused_in_one_line(llama_dir):
+    with pytest.raises(ConfigError, match="scheduling_policy must be one of shortest-first, fcfs, got 'lifo'"):
+        EngineConfig(model=str(llama_dir), scheduling_policy="lifo")
