@@ -14,11 +14,10 @@
    Each row visits only the keys it sees, so no value is ever infinite (the library is built with -ffast-math). */
 #include <math.h>
 #include <omp.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "vec16.h"   /* VEC16: 16-lane vector code on AVX-512 or AVX2 */
 
 #define TILE_Q 16      /* query tokens per prefill work item: one vector lane each */
 #define MAX_ROWS 128   /* query rows (tokens x group heads) per item */
@@ -35,17 +34,17 @@ static inline float kv_f32(kv_t v) {
     union { uint32_t u; float f; } bits = {(uint32_t)v << 16};
     return bits.f;
 }
-#if defined(__AVX512F__)
-static inline __m512 kv_load16(const kv_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+#if defined(VEC16)
+static inline vec16 kv_load16(const kv_t *p) {
+    return v16_load_bf16(p);
 }
 #endif
 #else
 typedef float kv_t;
 #define KV_EXPORT kubeinfer_paged_attention_f32
 static inline float kv_f32(kv_t v) { return v; }
-#if defined(__AVX512F__)
-static inline __m512 kv_load16(const kv_t *p) { return _mm512_loadu_ps(p); }
+#if defined(VEC16)
+static inline vec16 kv_load16(const kv_t *p) { return v16_loadu(p); }
 #endif
 #endif
 
@@ -96,21 +95,21 @@ static inline void visible_range(int32_t pos, int32_t start, int32_t n, int32_t 
     *lo = sliding_window > 0 && pos - sliding_window + 1 - start > 0 ? pos - sliding_window + 1 - start : 0;
 }
 
-/* acc += sum over j in [lo, hi] of probs[j] * (v_rows[j] + offset). With AVX-512 and d a multiple of 16 (up to
-   128), the accumulator lives in registers for the whole range. */
+/* acc += sum over j in [lo, hi] of probs[j] * (v_rows[j] + offset). With 16-lane vectors (vec16.h) and d a multiple of
+   16 (up to 128), the accumulator lives in registers for the whole range. */
 static inline void row_values(float *acc, const float *probs, const kv_t *const *v_rows, int32_t offset,
                               int32_t lo, int32_t hi, int32_t d) {
-#if defined(__AVX512F__)
+#if defined(VEC16)
     if (d % 16 == 0 && d <= 128) {
-        __m512 a[8];
+        vec16 a[8];
         const int32_t n = d / 16;
-        for (int32_t x = 0; x < n; x++) a[x] = _mm512_loadu_ps(acc + 16 * x);
+        for (int32_t x = 0; x < n; x++) a[x] = v16_loadu(acc + 16 * x);
         for (int32_t j = lo; j <= hi; j++) {
-            const __m512 p = _mm512_set1_ps(probs[j]);
+            const vec16 p = v16_set1(probs[j]);
             const kv_t *v = v_rows[j] + offset;
-            for (int32_t x = 0; x < n; x++) a[x] = _mm512_fmadd_ps(p, kv_load16(v + 16 * x), a[x]);
+            for (int32_t x = 0; x < n; x++) a[x] = v16_fmadd(p, kv_load16(v + 16 * x), a[x]);
         }
-        for (int32_t x = 0; x < n; x++) _mm512_storeu_ps(acc + 16 * x, a[x]);
+        for (int32_t x = 0; x < n; x++) v16_storeu(acc + 16 * x, a[x]);
         return;
     }
 #endif
@@ -121,29 +120,29 @@ static inline void row_values(float *acc, const float *probs, const kv_t *const 
     }
 }
 
-/* scores[j] = q . (k_rows[j] + offset) for j in [lo, hi]. With AVX-512 and d a multiple of 16, four keys at a time
+/* scores[j] = q . (k_rows[j] + offset) for j in [lo, hi]. With 16-lane vectors and d a multiple of 16, four keys at a time
    in independent FMA chains (a single chain per dot product waits on its own latency). */
 static inline void row_scores(const float *q, const kv_t *const *k_rows, int32_t offset, int32_t lo, int32_t hi,
                               int32_t d, float *scores) {
     int32_t j = lo;
-#if defined(__AVX512F__)
+#if defined(VEC16)
     if (d % 16 == 0 && d <= 256) {
-        __m512 qv[16];
-        for (int32_t x = 0; x < d / 16; x++) qv[x] = _mm512_loadu_ps(q + 16 * x);
+        vec16 qv[16];
+        for (int32_t x = 0; x < d / 16; x++) qv[x] = v16_loadu(q + 16 * x);
         for (; j + 4 <= hi + 1; j += 4) {
             const kv_t *k0 = k_rows[j] + offset, *k1 = k_rows[j + 1] + offset;
             const kv_t *k2 = k_rows[j + 2] + offset, *k3 = k_rows[j + 3] + offset;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+            vec16 a0 = v16_zero(), a1 = v16_zero(), a2 = v16_zero(), a3 = v16_zero();
             for (int32_t x = 0; x < d / 16; x++) {
-                a0 = _mm512_fmadd_ps(qv[x], kv_load16(k0 + 16 * x), a0);
-                a1 = _mm512_fmadd_ps(qv[x], kv_load16(k1 + 16 * x), a1);
-                a2 = _mm512_fmadd_ps(qv[x], kv_load16(k2 + 16 * x), a2);
-                a3 = _mm512_fmadd_ps(qv[x], kv_load16(k3 + 16 * x), a3);
+                a0 = v16_fmadd(qv[x], kv_load16(k0 + 16 * x), a0);
+                a1 = v16_fmadd(qv[x], kv_load16(k1 + 16 * x), a1);
+                a2 = v16_fmadd(qv[x], kv_load16(k2 + 16 * x), a2);
+                a3 = v16_fmadd(qv[x], kv_load16(k3 + 16 * x), a3);
             }
-            scores[j] = _mm512_reduce_add_ps(a0);
-            scores[j + 1] = _mm512_reduce_add_ps(a1);
-            scores[j + 2] = _mm512_reduce_add_ps(a2);
-            scores[j + 3] = _mm512_reduce_add_ps(a3);
+            scores[j] = v16_reduce_add(a0);
+            scores[j + 1] = v16_reduce_add(a1);
+            scores[j + 2] = v16_reduce_add(a2);
+            scores[j + 3] = v16_reduce_add(a3);
         }
     }
 #endif
@@ -159,21 +158,21 @@ static inline void row_scores(const float *q, const kv_t *const *k_rows, int32_t
 static inline void tile_scores(float q_t[][TILE_Q], const kv_t *const *k_rows, int32_t n, int32_t d,
                                float by_key[][TILE_Q]) {
     int32_t j = 0;
-#if defined(__AVX512F__) && TILE_Q == 16
+#if defined(VEC16) && TILE_Q == 16
     for (; j + 4 <= n; j += 4) {   /* four keys in flight: four independent FMA chains */
         const kv_t *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
-        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+        vec16 s0 = v16_zero(), s1 = v16_zero(), s2 = v16_zero(), s3 = v16_zero();
         for (int32_t x = 0; x < d; x++) {
-            const __m512 qx = _mm512_load_ps(q_t[x]);
-            s0 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k0[x])), s0);
-            s1 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k1[x])), s1);
-            s2 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k2[x])), s2);
-            s3 = _mm512_fmadd_ps(qx, _mm512_set1_ps(kv_f32(k3[x])), s3);
+            const vec16 qx = v16_load(q_t[x]);
+            s0 = v16_fmadd(qx, v16_set1(kv_f32(k0[x])), s0);
+            s1 = v16_fmadd(qx, v16_set1(kv_f32(k1[x])), s1);
+            s2 = v16_fmadd(qx, v16_set1(kv_f32(k2[x])), s2);
+            s3 = v16_fmadd(qx, v16_set1(kv_f32(k3[x])), s3);
         }
-        _mm512_store_ps(by_key[j], s0);
-        _mm512_store_ps(by_key[j + 1], s1);
-        _mm512_store_ps(by_key[j + 2], s2);
-        _mm512_store_ps(by_key[j + 3], s3);
+        v16_store(by_key[j], s0);
+        v16_store(by_key[j + 1], s1);
+        v16_store(by_key[j + 2], s2);
+        v16_store(by_key[j + 3], s3);
     }
 #endif
     for (; j < n; j++) {
@@ -183,12 +182,6 @@ static inline void tile_scores(float q_t[][TILE_Q], const kv_t *const *k_rows, i
         for (int32_t t = 0; t < TILE_Q; t++) by_key[j][t] = lanes[t];
     }
 }
-
-#if defined(__AVX512F__)
-/* expf of 16 lanes: glibc's vector math library (libmvec, linked through -lm), as gcc's vectorizer calls it. */
-__m512 _ZGVeN16v_expf(__m512);
-static inline __m512 exp16(__m512 x) { return _ZGVeN16v_expf(x); }
-#endif
 
 /* One key chunk of the online softmax for one query row: scores[lo..hi] become probabilities under the row's
    running max, which moves up when the chunk's max is higher (what was summed under the old one, the

@@ -69,7 +69,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
     }
 }
 
-#if defined(__AVX512F__) && TILE_Q == 16
+#if defined(VEC16) && TILE_Q == 16
 #define TILE_HEADS CONCAT(TILE_NAME, _heads)
 /* A prefill tile: one KV head, up to 16 query tokens, one vector lane per token throughout; its query heads two
    at a time (P = 2; P = 1 for the last of an odd group), so that each key or value element, broadcast once,
@@ -88,20 +88,20 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
     const int32_t key_begin = span.key_begin;
     const int32_t *table = span.table;
     const int64_t token_stride = (int64_t)num_kv_heads * d;
-    const __mmask16 live = (__mmask16)((1u << count) - 1);   /* lanes holding a query token */
+    const mask16 live = (mask16)((1u << count) - 1);   /* lanes holding a query token */
 
     float q_t[2][MAX_D][TILE_Q] __attribute__((aligned(64)));
     float acc_t[2][MAX_D][TILE_Q] __attribute__((aligned(64)));
     float by_key[2][KEY_CHUNK][TILE_Q] __attribute__((aligned(64)));
-    __m512 row_max[2], denominator[2];
+    vec16 row_max[2], denominator[2];
     for (int32_t p = 0; p < P; p++) {
         for (int32_t x = 0; x < d; x++)
             for (int32_t t = 0; t < TILE_Q; t++)
                 q_t[p][x][t] = t < count ? q[(first_token + t) * q_token_stride + (int64_t)(head0 + p) * d + x] * scale
                                          : 0.0f;
-        for (int32_t x = 0; x < d; x++) _mm512_store_ps(acc_t[p][x], _mm512_setzero_ps());
-        row_max[p] = _mm512_set1_ps(-1e30f);   /* finite: the library is built with -ffast-math */
-        denominator[p] = _mm512_setzero_ps();
+        for (int32_t x = 0; x < d; x++) v16_store(acc_t[p][x], v16_zero());
+        row_max[p] = v16_set1(-1e30f);   /* finite: the library is built with -ffast-math */
+        denominator[p] = v16_zero();
     }
     for (int32_t start = key_begin; start <= last_pos; start += KEY_CHUNK) {
         int32_t n = last_pos + 1 - start;
@@ -112,32 +112,32 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
         int32_t j = 0;
         for (; j + 4 <= n; j += 4) {   /* four keys in flight per head: independent FMA chains */
             const kv_t *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
-            __m512 s[2][4];
+            vec16 s[2][4];
             for (int32_t p = 0; p < P; p++)
-                for (int32_t c = 0; c < 4; c++) s[p][c] = _mm512_setzero_ps();
+                for (int32_t c = 0; c < 4; c++) s[p][c] = v16_zero();
             for (int32_t x = 0; x < d; x++) {
-                const __m512 b0 = _mm512_set1_ps(kv_f32(k0[x])), b1 = _mm512_set1_ps(kv_f32(k1[x]));
-                const __m512 b2 = _mm512_set1_ps(kv_f32(k2[x])), b3 = _mm512_set1_ps(kv_f32(k3[x]));
+                const vec16 b0 = v16_set1(kv_f32(k0[x])), b1 = v16_set1(kv_f32(k1[x]));
+                const vec16 b2 = v16_set1(kv_f32(k2[x])), b3 = v16_set1(kv_f32(k3[x]));
                 for (int32_t p = 0; p < P; p++) {
-                    const __m512 qx = _mm512_load_ps(q_t[p][x]);
-                    s[p][0] = _mm512_fmadd_ps(qx, b0, s[p][0]);
-                    s[p][1] = _mm512_fmadd_ps(qx, b1, s[p][1]);
-                    s[p][2] = _mm512_fmadd_ps(qx, b2, s[p][2]);
-                    s[p][3] = _mm512_fmadd_ps(qx, b3, s[p][3]);
+                    const vec16 qx = v16_load(q_t[p][x]);
+                    s[p][0] = v16_fmadd(qx, b0, s[p][0]);
+                    s[p][1] = v16_fmadd(qx, b1, s[p][1]);
+                    s[p][2] = v16_fmadd(qx, b2, s[p][2]);
+                    s[p][3] = v16_fmadd(qx, b3, s[p][3]);
                 }
             }
             for (int32_t p = 0; p < P; p++)
-                for (int32_t c = 0; c < 4; c++) _mm512_store_ps(by_key[p][j + c], s[p][c]);
+                for (int32_t c = 0; c < 4; c++) v16_store(by_key[p][j + c], s[p][c]);
         }
         for (; j < n; j++)
             for (int32_t p = 0; p < P; p++) {
-                __m512 s = _mm512_setzero_ps();
-                for (int32_t x = 0; x < d; x++) s = _mm512_fmadd_ps(_mm512_load_ps(q_t[p][x]), _mm512_set1_ps(kv_f32(k_rows[j][x])), s);
-                _mm512_store_ps(by_key[p][j], s);
+                vec16 s = v16_zero();
+                for (int32_t x = 0; x < d; x++) s = v16_fmadd(v16_load(q_t[p][x]), v16_set1(kv_f32(k_rows[j][x])), s);
+                v16_store(by_key[p][j], s);
             }
         /* Key j is seen by the lanes t with start + j <= first_pos + t (causal) and, with a window,
            start + j > first_pos + t - sliding_window. */
-        __mmask16 seen_by[KEY_CHUNK];
+        mask16 seen_by[KEY_CHUNK];
         for (int32_t j = 0; j < n; j++) {
             const int32_t from = start + j - first_pos;   /* the first lane that sees key j */
             uint32_t lanes = from <= 0 ? 0xFFFFu : from >= TILE_Q ? 0u : (0xFFFFu << from) & 0xFFFFu;
@@ -145,49 +145,49 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
                 const int32_t until = from + sliding_window;   /* lanes from `until` on are past the window */
                 lanes &= until <= 0 ? 0u : until >= TILE_Q ? 0xFFFFu : (1u << until) - 1;
             }
-            seen_by[j] = (__mmask16)lanes & live;
+            seen_by[j] = (mask16)lanes & live;
         }
         for (int32_t p = 0; p < P; p++) {
-            __m512 chunk_max = _mm512_set1_ps(-1e30f);
+            vec16 chunk_max = v16_set1(-1e30f);
             for (int32_t j = 0; j < n; j++)
-                chunk_max = _mm512_mask_max_ps(chunk_max, seen_by[j], chunk_max, _mm512_load_ps(by_key[p][j]));
-            const __m512 new_max = _mm512_max_ps(row_max[p], chunk_max);
-            if (_mm512_cmp_ps_mask(new_max, row_max[p], _CMP_GT_OQ)) {   /* a lane's max moved up: rescale */
-                const __m512 rescale = exp16(_mm512_sub_ps(row_max[p], new_max));
-                denominator[p] = _mm512_mul_ps(denominator[p], rescale);
+                chunk_max = v16_mask_max(chunk_max, seen_by[j], chunk_max, v16_load(by_key[p][j]));
+            const vec16 new_max = v16_max(row_max[p], chunk_max);
+            if (v16_any_gt(new_max, row_max[p])) {   /* a lane's max moved up: rescale */
+                const vec16 rescale = v16_exp(v16_sub(row_max[p], new_max));
+                denominator[p] = v16_mul(denominator[p], rescale);
                 for (int32_t x = 0; x < d; x++)
-                    _mm512_store_ps(acc_t[p][x], _mm512_mul_ps(_mm512_load_ps(acc_t[p][x]), rescale));
+                    v16_store(acc_t[p][x], v16_mul(v16_load(acc_t[p][x]), rescale));
                 row_max[p] = new_max;
             }
             for (int32_t j = 0; j < n; j++) {   /* probabilities, in place: 0 where the lane does not see key j */
-                const __m512 probs = _mm512_maskz_mov_ps(
-                    seen_by[j], exp16(_mm512_sub_ps(_mm512_load_ps(by_key[p][j]), row_max[p])));
-                denominator[p] = _mm512_add_ps(denominator[p], probs);
-                _mm512_store_ps(by_key[p][j], probs);
+                const vec16 probs = v16_maskz_mov(
+                    seen_by[j], v16_exp(v16_sub(v16_load(by_key[p][j]), row_max[p])));
+                denominator[p] = v16_add(denominator[p], probs);
+                v16_store(by_key[p][j], probs);
             }
         }
         const int32_t block = 16 / P;   /* value dimensions per register pass */
         for (int32_t x0 = 0; x0 < d; x0 += block) {
             const int32_t width = d - x0 < block ? d - x0 : block;
-            __m512 a[2][16];
+            vec16 a[2][16];
             for (int32_t p = 0; p < P; p++)
-                for (int32_t i = 0; i < width; i++) a[p][i] = _mm512_load_ps(acc_t[p][x0 + i]);
+                for (int32_t i = 0; i < width; i++) a[p][i] = v16_load(acc_t[p][x0 + i]);
             for (int32_t j = 0; j < n; j++) {
                 const kv_t *v = v_rows[j] + x0;
-                __m512 probs[2];
-                for (int32_t p = 0; p < P; p++) probs[p] = _mm512_load_ps(by_key[p][j]);
+                vec16 probs[2];
+                for (int32_t p = 0; p < P; p++) probs[p] = v16_load(by_key[p][j]);
                 for (int32_t i = 0; i < width; i++) {
-                    const __m512 b = _mm512_set1_ps(kv_f32(v[i]));
-                    for (int32_t p = 0; p < P; p++) a[p][i] = _mm512_fmadd_ps(probs[p], b, a[p][i]);
+                    const vec16 b = v16_set1(kv_f32(v[i]));
+                    for (int32_t p = 0; p < P; p++) a[p][i] = v16_fmadd(probs[p], b, a[p][i]);
                 }
             }
             for (int32_t p = 0; p < P; p++)
-                for (int32_t i = 0; i < width; i++) _mm512_store_ps(acc_t[p][x0 + i], a[p][i]);
+                for (int32_t i = 0; i < width; i++) v16_store(acc_t[p][x0 + i], a[p][i]);
         }
     }
     for (int32_t p = 0; p < P; p++) {
         float sums[TILE_Q] __attribute__((aligned(64)));
-        _mm512_store_ps(sums, denominator[p]);
+        v16_store(sums, denominator[p]);
         for (int32_t t = 0; t < count; t++) {
             float *dst = out + ((int64_t)(first_token + t) * num_heads + head0 + p) * d;
             const float inv = sums[t] > 0.0f ? 1.0f / sums[t] : 0.0f;

@@ -1,0 +1,89 @@
+/* 16 fp32 lanes for the attention kernel's vector paths: one AVX-512 register, or a pair of AVX2 ones.
+
+   The kernel's vector code is written once against these names (VEC16 defined); with AVX-512 each is the one
+   intrinsic it wraps, with AVX2 and FMA (x86-64-v3: AMD Zen, Intel before AVX-512) each does the same on two
+   8-lane halves, and a 16-lane mask is a 16-bit integer as __mmask16 is. Without either, VEC16 is undefined and
+   the kernel runs its plain loops. exp is glibc's vector math library (libmvec, linked through -lm): the
+   functions gcc's vectorizer calls for expf on 16 (AVX-512) and 8 (AVX2) lanes. */
+#ifndef KUBEINFER_VEC16_H
+#define KUBEINFER_VEC16_H
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VEC16 1
+typedef __m512 vec16;
+typedef __mmask16 mask16;
+__m512 _ZGVeN16v_expf(__m512);
+static inline vec16 v16_load(const float *p) { return _mm512_load_ps(p); }   /* 64-byte aligned */
+static inline vec16 v16_loadu(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v16_store(float *p, vec16 a) { _mm512_store_ps(p, a); }
+static inline void v16_storeu(float *p, vec16 a) { _mm512_storeu_ps(p, a); }
+static inline vec16 v16_set1(float x) { return _mm512_set1_ps(x); }
+static inline vec16 v16_zero(void) { return _mm512_setzero_ps(); }
+static inline vec16 v16_fmadd(vec16 a, vec16 b, vec16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec16 v16_add(vec16 a, vec16 b) { return _mm512_add_ps(a, b); }
+static inline vec16 v16_sub(vec16 a, vec16 b) { return _mm512_sub_ps(a, b); }
+static inline vec16 v16_mul(vec16 a, vec16 b) { return _mm512_mul_ps(a, b); }
+static inline vec16 v16_max(vec16 a, vec16 b) { return _mm512_max_ps(a, b); }
+static inline float v16_reduce_add(vec16 a) { return _mm512_reduce_add_ps(a); }
+/* Lanes of m: max(a, b); other lanes: src. */
+static inline vec16 v16_mask_max(vec16 src, mask16 m, vec16 a, vec16 b) { return _mm512_mask_max_ps(src, m, a, b); }
+/* Lanes of m: a; other lanes: 0. */
+static inline vec16 v16_maskz_mov(mask16 m, vec16 a) { return _mm512_maskz_mov_ps(m, a); }
+static inline int v16_any_gt(vec16 a, vec16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+static inline vec16 v16_exp(vec16 x) { return _ZGVeN16v_expf(x); }
+/* Sixteen bf16 values (the high halves of fp32s) widened. */
+static inline vec16 v16_load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC16 1
+typedef struct { __m256 lo, hi; } vec16;
+typedef uint16_t mask16;
+__m256 _ZGVdN8v_expf(__m256);
+static inline vec16 v16_pair(__m256 lo, __m256 hi) { vec16 r = {lo, hi}; return r; }
+static inline vec16 v16_load(const float *p) { return v16_pair(_mm256_load_ps(p), _mm256_load_ps(p + 8)); }
+static inline vec16 v16_loadu(const float *p) { return v16_pair(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+static inline void v16_store(float *p, vec16 a) { _mm256_store_ps(p, a.lo); _mm256_store_ps(p + 8, a.hi); }
+static inline void v16_storeu(float *p, vec16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+static inline vec16 v16_set1(float x) { const __m256 v = _mm256_set1_ps(x); return v16_pair(v, v); }
+static inline vec16 v16_zero(void) { return v16_pair(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+static inline vec16 v16_fmadd(vec16 a, vec16 b, vec16 c) {
+    return v16_pair(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+static inline vec16 v16_add(vec16 a, vec16 b) { return v16_pair(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
+static inline vec16 v16_sub(vec16 a, vec16 b) { return v16_pair(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+static inline vec16 v16_mul(vec16 a, vec16 b) { return v16_pair(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+static inline vec16 v16_max(vec16 a, vec16 b) { return v16_pair(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)); }
+static inline float v16_reduce_add(vec16 a) {
+    const __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+/* Eight bits of a mask as eight all-ones or all-zeros lanes. */
+static inline __m256 v16_lanes(unsigned bits) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), bit), bit));
+}
+static inline vec16 v16_mask_max(vec16 src, mask16 m, vec16 a, vec16 b) {
+    return v16_pair(_mm256_blendv_ps(src.lo, _mm256_max_ps(a.lo, b.lo), v16_lanes(m & 0xFFu)),
+                    _mm256_blendv_ps(src.hi, _mm256_max_ps(a.hi, b.hi), v16_lanes(m >> 8)));
+}
+static inline vec16 v16_maskz_mov(mask16 m, vec16 a) {
+    return v16_pair(_mm256_and_ps(a.lo, v16_lanes(m & 0xFFu)), _mm256_and_ps(a.hi, v16_lanes(m >> 8)));
+}
+static inline int v16_any_gt(vec16 a, vec16 b) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)) | _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ));
+}
+static inline vec16 v16_exp(vec16 x) { return v16_pair(_ZGVdN8v_expf(x.lo), _ZGVdN8v_expf(x.hi)); }
+static inline __m256 v16_bf16_half(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vec16 v16_load_bf16(const uint16_t *p) { return v16_pair(v16_bf16_half(p), v16_bf16_half(p + 8)); }
+#endif
+
+#endif
