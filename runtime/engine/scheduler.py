@@ -10,7 +10,8 @@ Policy, per step, within `max_num_batched_tokens`:
 The queue order (`scheduling_policy`): preempted sequences first, then
 - `shortest-first` (the default): by arrival time plus the prompt's own prefill time at the engine's measured
   prefill rate (`observe_step`). Requests that arrive together start shortest first, which lowers the median
-  time to first token of a burst at no cost in throughput. A prompt is passed only by shorter ones that
+  time to first token of a burst (the burst as a whole may take a few percent longer: short prompts decode
+  beside the longer ones' prefill; benchmarks/burst_ttft.py). A prompt is passed only by shorter ones that
   arrive within its own prefill time after it (no starvation: whatever arrives later queues behind it).
   Until a step is measured, a full step is assumed to take 10 ms.
 - `fcfs`: arrival order.
@@ -163,7 +164,7 @@ class Scheduler:
         seq.num_draft_computed = 0
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
-        seq.queue_key = -math.inf   # ahead of every arrival, in either policy
+        seq.queue_key = -math.inf   # shortest-first's insort then keeps every arrival behind it
         self.stats.num_preemptions += 1
         self.waiting.insert(0, seq)
 
