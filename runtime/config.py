@@ -17,7 +17,7 @@ from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtyp
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram", "draft")
-SCHEDULING_POLICIES = ("shortest-first", "fcfs")   # the waiting queue's order (runtime/engine/scheduler.py)
+SCHEDULING_POLICIES = ("fcfs", "shortest-first")   # the waiting queue's order (runtime/engine/scheduler.py)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # runtime/server/tool_parsers.py
 
 
@@ -35,7 +35,7 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
     max_waiting_requests: int = 1024
-    scheduling_policy: str = "shortest-first"   # or fcfs: arrival order (docs/runtime.md, Scheduling)
+    scheduling_policy: str = "fcfs"        # or shortest-first (docs/runtime.md, Scheduling)
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks

@@ -8,13 +8,16 @@ Policy, per step, within `max_num_batched_tokens`:
 2. Then waiting sequences, in queue order, while the budget, `max_num_seqs` and the pool allow; none are
    admitted in a step that preempted. A waiting sequence starts after its prefix-cache hits.
 The queue order (`scheduling_policy`): preempted sequences first, then
-- `shortest-first` (the default): by arrival time plus the prompt's own prefill time at the engine's measured
+- `fcfs` (the default): arrival order.
+- `shortest-first`: by arrival time plus the prompt's own prefill time at the engine's measured
   prefill rate (`observe_step`). Requests that arrive together start shortest first, which lowers the median
   time to first token of a burst (the burst as a whole may take a few percent longer: short prompts decode
   beside the longer ones' prefill; benchmarks/burst_ttft.py). A prompt is passed only by shorter ones that
   arrive within its own prefill time after it (no starvation: whatever arrives later queues behind it).
-  Until a step is measured, a full step is assumed to take 10 ms.
-- `fcfs`: arrival order.
+  Until a step is measured, a full step is assumed to take 10 ms. Not the default: under sustained load a
+  prompt's extra wait is the work of what passes it, which can exceed that window, and the key counts a
+  prompt's prefix-cached tokens as if they were to be computed (docs/runtime.md: the router's load test had
+  a higher TTFT P95 with it).
 A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here

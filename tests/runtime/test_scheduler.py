@@ -48,7 +48,7 @@ def test_max_num_seqs_limits_the_running_set(llama_dir):
 
 
 def test_preempted_sequence_returns_to_the_front_of_the_queue(llama_dir):
-    scheduler, manager = make(llama_dir, num_blocks=4, block_size=4, scheduling_policy="fcfs")
+    scheduler, manager = make(llama_dir, num_blocks=4, block_size=4)
     old = Sequence("old", [1] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
     new = Sequence("new", [2] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
     later = Sequence("later", [3] * 3, SamplingParams(max_tokens=2))
@@ -72,7 +72,7 @@ def test_shortest_first_starts_a_burst_shortest_prompt_first_and_fcfs_in_arrival
 
 
 def test_a_long_prompt_is_passed_only_by_prompts_arriving_within_its_own_prefill_time(llama_dir):
-    scheduler, _ = make(llama_dir)
+    scheduler, _ = make(llama_dir, scheduling_policy="shortest-first")
     scheduler.prefill_rate = 400.0   # tokens/s: the 400-token prompt's own prefill takes 1 s
     arrivals = [("long", 400, 10.0), ("within", 40, 10.5), ("after", 40, 10.95), ("later", 4, 11.5)]
     for name, length, arrival in arrivals:
@@ -82,7 +82,7 @@ def test_a_long_prompt_is_passed_only_by_prompts_arriving_within_its_own_prefill
 
 
 def test_shortest_first_still_puts_a_preempted_sequence_ahead_of_shorter_waiting_ones(llama_dir):
-    scheduler, _ = make(llama_dir, num_blocks=4, block_size=4)
+    scheduler, _ = make(llama_dir, num_blocks=4, block_size=4, scheduling_policy="shortest-first")
     old = Sequence("old", [1] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
     new = Sequence("new", [2] * 8, SamplingParams(max_tokens=20, ignore_eos=True))
     scheduler.add(old)
@@ -95,7 +95,7 @@ def test_shortest_first_still_puts_a_preempted_sequence_ahead_of_shorter_waiting
 
 
 def test_the_prefill_rate_is_learnt_from_steps_of_at_least_half_the_budget(llama_dir):
-    scheduler, _ = make(llama_dir, max_num_batched_tokens=1000)
+    scheduler, _ = make(llama_dir, max_num_batched_tokens=1000, scheduling_policy="shortest-first")
     scheduler.observe_step(400, 0.01)   # a decode-sized step: not a prefill rate
     assert scheduler.prefill_rate is None
     scheduler.observe_step(1000, 0.5)
@@ -105,5 +105,5 @@ def test_the_prefill_rate_is_learnt_from_steps_of_at_least_half_the_budget(llama
 
 
 def test_an_unknown_scheduling_policy_is_refused_in_one_line(llama_dir):
-    with pytest.raises(ConfigError, match="scheduling_policy must be one of shortest-first, fcfs, got 'lifo'"):
+    with pytest.raises(ConfigError, match="scheduling_policy must be one of fcfs, shortest-first, got 'lifo'"):
         EngineConfig(model=str(llama_dir), scheduling_policy="lifo")
