@@ -27,12 +27,13 @@ from serve import quantile   # noqa: E402
 from throughput import build_model, ours_settings   # noqa: E402
 
 POLICIES = ("shortest-first", "fcfs")
+SETTINGS = ours_settings(None)   # benchmarks/throughput.py's engine settings
 
 
 def run_burst(model: Path, policy: str, prompts: list[list[int]], output: int) -> dict:
-    with LLM(str(model), scheduling_policy=policy, **ours_settings(None)) as llm:
+    with LLM(str(model), scheduling_policy=policy, **SETTINGS) as llm:
         engine = llm.engine
-        warm_up = [[1] * (ours_settings(None)["max_num_batched_tokens"] - 1)]
+        warm_up = [[1] * (SETTINGS["max_num_batched_tokens"] - 1)]
         llm.generate(warm_up, SamplingParams(max_tokens=1))
         params = SamplingParams(max_tokens=output, temperature=0, ignore_eos=True)
         arrival = time.monotonic()
@@ -67,7 +68,7 @@ def main() -> None:
                    for _ in range(args.num_requests)]
         print(f"burst of {len(prompts)} requests at once, {sum(map(len, prompts))} prompt tokens "
               f"({args.min_prompt}-{args.max_prompt} each), {args.output} output tokens each; "
-              f"model: Llama hidden 512, 4 layers, fp32, CPU; kubeinfer: {ours_settings(None)}")
+              f"model: Llama hidden 512, 4 layers, fp32, CPU; kubeinfer: {SETTINGS}")
         runs: dict[str, list[dict]] = {policy: [] for policy in POLICIES}
         for repeat in range(args.repeats):
             for policy in POLICIES:

@@ -96,9 +96,9 @@ class Scheduler:
             self.waiting.append(seq)
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """Learns the prefill rate from a step's forward; only steps of at least half the budget count (decode
-        steps say little about how fast prompts are computed)."""
-        if 2 * num_tokens < self.max_num_batched_tokens or seconds <= 0:
+        """Learns the prefill rate (shortest-first's aging) from a step's forward; only steps of at least half the
+        budget count (decode steps say little about how fast prompts are computed). fcfs needs no rate."""
+        if not self.shortest_first or 2 * num_tokens < self.max_num_batched_tokens or seconds <= 0:
             return
         rate = num_tokens / seconds
         if self.prefill_rate is None:
