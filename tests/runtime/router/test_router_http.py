@@ -83,13 +83,17 @@ def test_responses_structured_output_and_tool_calls_through_the_router_equal_dir
 
 def test_a_responses_continuation_goes_to_the_replica_that_stored_it(replicas, start_router):
     """Each replica's response store is its own: four conversations started through the router, each continued
-    twice by previous_response_id (streamed once), all answered; every continuation on its first turn's replica."""
-    router = start_router([r.url for r in replicas]).wait_up(2)
+    twice by previous_response_id (streamed once), all answered; every continuation on its first turn's replica.
+
+    Each first turn has its own long instructions, so the prefix footprint (not the rendezvous hash of replica
+    URLs on random ports, which puts four short prompts on one replica 1 time in 8) sends the second new prefix
+    to the other replica; scrapes never read as stale (a busy box may delay one past a second)."""
+    router = start_router([r.url for r in replicas], "--stale-after", "3600").wait_up(2)
     routed = client(router.url)
     served_by = {}
-    for topic in ("pods", "nodes", "GPUs", "queues"):
+    for system, topic in zip(SYSTEMS[:4], ("pods", "nodes", "GPUs", "queues"), strict=True):
         ask = dict(model="tiny", max_output_tokens=4, temperature=0)
-        first = routed.responses.with_raw_response.create(input=f"Tell me about {topic}", **ask)
+        first = routed.responses.with_raw_response.create(instructions=system, input=f"Tell me about {topic}", **ask)
         served_by[topic] = {first.headers["x-kubeinfer-replica"]}
         previous = first.parse().id
         second = routed.responses.with_raw_response.create(input="And more?", previous_response_id=previous, **ask)
