@@ -47,6 +47,7 @@ _queue_key = attrgetter("queue_key")
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    num_decodes: int = 0   # the first seqs, each computing its one last token with no drafts (the fast paths')
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -109,7 +110,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch, budget, preempted = ScheduledBatch(), self.max_num_batched_tokens, False
         block_manager, running = self.block_manager, self.running
-        index = 0
+        index = self._schedule_decodes(batch)
+        budget -= index
         while index < len(running) and budget > 0:
             seq = running[index]
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -149,6 +151,25 @@ class Scheduler:
             budget -= num_new
         return batch
 
+    def _schedule_decodes(self, batch: ScheduledBatch) -> int:
+        """The fast path of a step where every running sequence decodes one token, without speculation, and the
+        budget and the free blocks hold them all: what the loop in `schedule` would do, in bulk. Returns how many
+        running sequences it scheduled (all, or none: then the loop decides)."""
+        running, block_manager = self.running, self.block_manager
+        if (self.speculative_method is not None or not running or len(running) > self.max_num_batched_tokens
+                or any(len(seq.token_ids) - seq.num_computed_tokens != 1 for seq in running)):
+            return 0
+        size = block_manager.block_size
+        growing = [seq for seq in running if len(seq.block_table) * size <= seq.num_computed_tokens]
+        if len(growing) > block_manager.num_free_blocks:
+            return 0
+        for seq in growing:
+            block_manager.append(seq, 1)
+        batch.seqs = list(running)
+        batch.num_new_tokens = [1] * len(running)
+        batch.num_decodes = len(running)
+        return len(running)
+
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may
         still output after this step's own, or the positions left before max_model_len."""
@@ -175,8 +196,10 @@ class Scheduler:
         """Records the computed tokens and the sampled ones (several where drafts were accepted); finishes
         sequences at EOS, a stop id or a limit. Returns the tokens each sequence kept: those after the one
         that finished it are dropped."""
-        kept_all, finished = [], False
-        for seq, num_new, tokens in zip(batch.seqs, batch.num_new_tokens, sampled):
+        kept_all, finished = self._postprocess_decodes(batch, sampled)
+        num_decodes = batch.num_decodes
+        for seq, num_new, tokens in zip(batch.seqs[num_decodes:], batch.num_new_tokens[num_decodes:],
+                                        sampled[num_decodes:]):
             drafts = seq.draft_token_ids
             if drafts:
                 seq.draft_token_ids = []
@@ -201,6 +224,29 @@ class Scheduler:
         if finished:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return kept_all
+
+    def _postprocess_decodes(self, batch: ScheduledBatch, sampled: list[list[int]]) -> tuple[list[list[int]], bool]:
+        """`postprocess` of the batch's first `num_decodes` sequences (one token computed, no drafts, one sampled):
+        the same effects, with the stop checks run only for a token or a length that may stop the sequence."""
+        kept_all, finished = [], False
+        block_manager, size, eos, max_model_len = (self.block_manager, self.block_manager.block_size,
+                                                   self.eos_token_ids, self.max_model_len)
+        for seq, tokens in zip(batch.seqs[:batch.num_decodes], sampled):
+            token = tokens[0]
+            token_ids = seq.token_ids
+            token_ids.append(token)
+            seq.num_computed_tokens += 1
+            if seq.num_computed_tokens % size == 0:   # a block filled: the only step that can cache one
+                block_manager.cache_full_blocks(seq)
+            params = seq.params
+            if (token in eos or token in params.stop_token_ids or len(token_ids) >= max_model_len
+                    or len(token_ids) - seq.num_prompt_tokens >= params.max_tokens):
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    self._finish(seq, reason, token if token in params.stop_token_ids else None)
+                    finished = True
+            kept_all.append(tokens)
+        return kept_all, finished
 
     def _next_draft_limit(self, num_drafts: int, num_accepted: int) -> int:
         """How many drafts a sequence gets next: one past what it kept after a rejection, twice as many after a

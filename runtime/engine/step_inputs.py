@@ -30,10 +30,16 @@ class StepInputs:
 def build_step_inputs(batch: ScheduledBatch, block_manager: BlockManager, block_size: int) -> StepInputs:
     """Each sequence's new tokens (a decoding one's last token then its drafts), their positions, KV slots and
     block-table rows, and which rows are sampled."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    cu_seqlens_q, seq_lens, rows, sample_rows, sample_seqs = [0], [], [], [], []
-    for index, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+    num_decodes = batch.num_decodes   # first, in bulk: each one's last token, at its last position, sampled
+    decodes = batch.seqs[:num_decodes]
+    input_ids: list[int] = [seq.token_ids[-1] for seq in decodes]
+    positions: list[int] = [seq.num_computed_tokens for seq in decodes]
+    seq_lens = [position + 1 for position in positions]
+    rows = [block_manager.rows[seq.seq_id] for seq in decodes]
+    cu_seqlens_q, sample_rows, sample_seqs = list(range(num_decodes + 1)), list(range(num_decodes)), \
+        list(range(num_decodes))
+    for index, (seq, num_new) in enumerate(zip(batch.seqs[num_decodes:], batch.num_new_tokens[num_decodes:]),
+                                           start=num_decodes):
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
         drafts = seq.draft_token_ids
         if num_new == 1:

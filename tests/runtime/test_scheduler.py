@@ -1,10 +1,14 @@
 """Scheduling rules, driven without a model: fake sampled tokens feed postprocess."""
+from dataclasses import replace
+
 import pytest
+import torch
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.scheduler import Scheduler
+from kubeinfer.runtime.engine.step_inputs import build_step_inputs
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
 from kubeinfer.runtime.sampling_params import SamplingParams
 
@@ -107,3 +111,48 @@ def test_the_prefill_rate_is_learnt_from_steps_of_at_least_half_the_budget(llama
 def test_an_unknown_scheduling_policy_is_refused_in_one_line(llama_dir):
     with pytest.raises(ConfigError, match="scheduling_policy must be one of fcfs, shortest-first, got 'lifo'"):
         EngineConfig(model=str(llama_dir), scheduling_policy="lifo")
+
+
+def run_random_workload(llama_dir, bulk_decodes: bool, seed: int) -> list:
+    """Every step's decisions and, at the end, every sequence's tokens, reasons and the pool, for a random workload:
+    arrivals over time, shared prefixes, stop tokens, min/max tokens, a model length that cuts some, and a pool
+    small enough to preempt. `bulk_decodes` False forces the per-sequence loop everywhere."""
+    import random
+    rng = random.Random(seed)
+    scheduler, manager = make(llama_dir, num_blocks=24, block_size=4, max_num_seqs=8, max_num_batched_tokens=24,
+                              max_model_len=48)
+    if not bulk_decodes:
+        scheduler._schedule_decodes = lambda batch: 0
+    shared = [rng.randrange(1, 50) for _ in range(8)]
+    seqs, trace = [], []
+    for step_index in range(400):
+        if step_index < 150 and rng.random() < 0.4:
+            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 14))]
+            max_tokens = rng.randrange(1, 45)
+            params = SamplingParams(max_tokens=max_tokens, min_tokens=rng.randrange(0, min(3, max_tokens + 1)),
+                                    stop_token_ids=[rng.randrange(1, 50)], ignore_eos=rng.random() < 0.5)
+            seqs.append(Sequence(str(len(seqs)), prompt, params))
+            scheduler.add(seqs[-1])
+        if not scheduler.num_unfinished:
+            continue
+        batch = scheduler.schedule()
+        if batch.num_decodes:   # the step's inputs built in bulk equal those built sequence by sequence
+            bulk, loop = (build_step_inputs(b, manager, 4).astuple() for b in (batch, replace(batch, num_decodes=0)))
+            assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(bulk, loop))
+        sampled = [[rng.randrange(0, 50)] if seq.num_computed_tokens + n == seq.num_tokens else []
+                   for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        kept = scheduler.postprocess(batch, sampled)
+        trace.append((batch.num_decodes > 0, [s.request_id for s in batch.seqs], batch.num_new_tokens, kept,
+                      [s.request_id for s in scheduler.waiting], manager.num_free_blocks))
+    assert not scheduler.num_unfinished
+    trace.append([(s.token_ids, s.finish_reason, s.stop_reason, s.num_preemptions, s.num_cached_tokens) for s in seqs])
+    trace.append((manager.num_free_blocks, sorted(manager.cached.items()), scheduler.stats))
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bulk_decode_steps_decide_exactly_as_the_per_sequence_loop(llama_dir, seed):
+    bulk, loop = run_random_workload(llama_dir, True, seed), run_random_workload(llama_dir, False, seed)
+    assert sum(step[0] for step in bulk[:-2]) > 50 and not any(step[0] for step in loop[:-2])
+    assert [step[1:] for step in bulk[:-2]] == [step[1:] for step in loop[:-2]] and bulk[-2:] == loop[-2:]
+    assert sum(s[3] for s in bulk[-2]) > 0   # the pool was small enough to preempt
