@@ -194,7 +194,7 @@ async def run(args, url: str, model: str) -> None:
 
 def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port}"
-    command = [sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
+    command = [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
                args.model, "--host", "127.0.0.1", "--port", str(args.port)]
     if mode is not None:
         command += ["--engine-mode", mode]
@@ -216,7 +216,7 @@ def wait_ready(url: str, server: subprocess.Popen | None, timeout_s: float = 120
 
 def start_vllm(args, model_dir: Path, python: Path) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port + 1}"
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype",
+    command = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype",
                "float32", "--max-model-len", "4096", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
                "--host", "127.0.0.1", "--port", str(args.port + 1), "--no-enable-log-requests"]
     log = (Path(args.workdir) / "vllm-serve.log").open("w")

