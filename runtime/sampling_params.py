@@ -45,6 +45,8 @@ class SamplingParams:
         _check(0 <= self.min_tokens <= self.max_tokens,
                f"min_tokens must be in [0, max_tokens], got {self.min_tokens}", "min_tokens")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", "stop")
+        _check(self.seed is None or -2**63 <= self.seed < 2**64,   # what torch's generators take
+               f"seed must be a 64-bit integer, got {self.seed}", "seed")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
         _check(all(isinstance(t, int) and t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias.items()),

@@ -10,7 +10,8 @@ import time
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
-from kubeinfer.runtime.engine.messages import EngineInfo, EngineStats, TokenDelta, check_prompt, check_token_ids
+from kubeinfer.runtime.engine.messages import (EngineInfo, EngineStats, TokenDelta, check_prompt, check_resumed_output,
+                                               check_token_ids)
 from kubeinfer.runtime.engine.model_runner import ModelRunner
 from kubeinfer.runtime.engine.scheduler import Scheduler
 from kubeinfer.runtime.engine.sequence import Sequence
@@ -39,14 +40,19 @@ class EngineCore:
                                config.speculative_tokens if config.speculative_method else 0)
 
     def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
-            arrival_time: float | None = None) -> None:
+            arrival_time: float | None = None, output_token_ids: list[int] = ()) -> None:
+        """`output_token_ids`: a resumed request's output so far (see `Sequence`)."""
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_prompt(token_ids, self.info)
         check_token_ids(params, self.info)
-        seq = Sequence(request_id, token_ids, params, arrival_time)
+        if output_token_ids:
+            check_resumed_output(token_ids, output_token_ids, params, self.info)
+        seq = Sequence(request_id, token_ids, params, arrival_time, output_token_ids)
         if params.structured is not None:
             seq.guide = self.grammars.matcher(params.structured.grammar)
+            if output_token_ids and not seq.guide.consume_tokens(list(output_token_ids)):
+                raise InvalidRequestError("the resumed output does not follow the request's grammar")
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 

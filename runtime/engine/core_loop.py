@@ -1,6 +1,7 @@
 """The engine core's busy loop, in a process of its own (the default) or on a thread of the API process.
 
-Messages from the API side:   ("add", request_id, token_ids, params, arrival_time), ("abort", [request_id]),
+Messages from the API side:   ("add", request_id, token_ids, params, arrival_time, resumed output token ids),
+                              ("abort", [request_id]),
                               ("stop", request_id, stop_string), ("read", number of step messages read),
                               ("shutdown",)
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds)
@@ -42,9 +43,9 @@ def serve_core(core, channel) -> None:
                 continue
             touched = True
             if kind == "add":
-                _, request_id, token_ids, params, arrival_time = message
+                _, request_id, token_ids, params, arrival_time, output_token_ids = message
                 try:
-                    core.add(request_id, token_ids, params, arrival_time)
+                    core.add(request_id, token_ids, params, arrival_time, output_token_ids)
                 except InvalidRequestError as error:
                     channel.send(("rejected", request_id, str(error)))
             elif kind == "abort":

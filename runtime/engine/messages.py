@@ -71,3 +71,15 @@ def check_prompt(token_ids: list[int], info: EngineInfo) -> None:
                                   f"{info.max_model_len} tokens in all (prompt and output)", "prompt")
     if min(token_ids) < 0 or max(token_ids) >= info.vocab_size:
         raise InvalidRequestError(f"prompt token ids must be in [0, {info.vocab_size})", "prompt")
+
+
+def check_resumed_output(prompt: list[int], output_token_ids: list[int], params, info: EngineInfo) -> None:
+    """Refuses a resumed request's output so far (`kubeinfer_resume`) that the request could not have produced."""
+    if len(output_token_ids) >= params.max_tokens:
+        raise InvalidRequestError(f"the resumed output has {len(output_token_ids)} tokens, max_tokens is "
+                                  f"{params.max_tokens}: nothing is left to generate", "kubeinfer_resume")
+    if len(prompt) + len(output_token_ids) >= info.max_model_len:
+        raise InvalidRequestError(f"the prompt and the resumed output have {len(prompt) + len(output_token_ids)} "
+                                  f"tokens; this model serves at most {info.max_model_len}", "kubeinfer_resume")
+    if output_token_ids and (min(output_token_ids) < 0 or max(output_token_ids) >= info.vocab_size):
+        raise InvalidRequestError(f"resumed token ids must be in [0, {info.vocab_size})", "kubeinfer_resume")

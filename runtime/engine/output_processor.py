@@ -7,6 +7,7 @@ core (`stopped`), which may meanwhile have computed a token more: tokens of a fi
 from dataclasses import dataclass, field
 
 from kubeinfer.runtime.engine.messages import TokenDelta, TokenLogprobs
+from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -55,11 +56,23 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, _Request] = {}
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float) -> None:
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
+            resumed_token_ids: list[int] = (), resumed_chars: int = 0) -> None:
+        """A resumed request (its replica died mid-stream) brings the output tokens it had and how many characters
+        of their text its client already got: its text is rebuilt as if it had produced them here, and its
+        outputs start after them (logprobs only for the tokens produced here)."""
         prompt = list(prompt_token_ids)
-        self.requests[request_id] = _Request(
-            prompt, params, arrival_time, IncrementalDetokenizer(self.tokenizer, prompt, params.skip_special_tokens),
-            list(prompt))
+        request = _Request(prompt, params, arrival_time,
+                           IncrementalDetokenizer(self.tokenizer, prompt, params.skip_special_tokens), list(prompt))
+        for token in resumed_token_ids:
+            request.token_ids.append(token)
+            request.text += request.detokenizer.step(request.token_ids)
+        if resumed_chars > len(request.text):
+            raise InvalidRequestError(f"the resumed output's text has {len(request.text)} characters, not "
+                                      f"{resumed_chars}", "kubeinfer_resume")
+        request.num_emitted_chars, request.num_emitted_tokens = resumed_chars, len(resumed_token_ids)
+        request.logprobs = [None] * len(resumed_token_ids)
+        self.requests[request_id] = request
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.requests

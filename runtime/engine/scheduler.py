@@ -142,7 +142,7 @@ class Scheduler:
             block_manager.allocate(seq, hits, num_new)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
-                self.stats.prefix_cache_queries += seq.num_prompt_tokens
+                self.stats.prefix_cache_queries += seq.num_tokens   # a resumed request: its output so far too
                 self.stats.prefix_cache_hits += seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             running.append(seq)

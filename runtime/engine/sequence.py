@@ -16,10 +16,12 @@ class Sequence:
     _ids = itertools.count()
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, output_token_ids: list[int] = ()):
+        """`output_token_ids`: output already produced elsewhere (a request resumed after its replica died): they
+        count as output (max_tokens, min_tokens, penalties, a seed's draws) and are prefilled with the prompt."""
         self.seq_id = next(Sequence._ids)
         self.request_id = request_id
-        self.token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids) + list(output_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.status = SequenceStatus.WAITING

@@ -118,6 +118,8 @@ class Sampler:
             if seq.params.seed is not None:
                 if seq.generator is None:
                     seq.generator = torch.Generator(device=probs.device).manual_seed(seq.params.seed)
+                    for _ in range(seq.num_output_tokens):   # a resumed request: the draws its output took
+                        noise[row].exponential_(generator=seq.generator)
                 noise[row].exponential_(generator=seq.generator)
                 if draft_rows is not None and draft_rows[row]:
                     uniform[row] = torch.rand((), generator=seq.generator, device=probs.device)

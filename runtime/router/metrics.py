@@ -28,6 +28,9 @@ class RouterMetrics:
         self.upstream_errors = Counter("kubeinfer_router_upstream_errors",
                                        "Failures talking to a replica: connect and draining (both retried "
                                        "elsewhere), disconnect (mid-request), timeout", ["kind"], registry=r)
+        self.resumes = Counter("kubeinfer_router_resumes", "Requests whose replica failed: retried (before its "
+                               "answer started), resumed (a stream, on another replica), failed (ended with an "
+                               "error event)", ["outcome"], registry=r)
         self.refused = Counter("kubeinfer_router_refused", "Requests the router answered itself with an error",
                                ["status_code"], registry=r)
         self.added = Histogram("kubeinfer_router_added_latency_seconds",
@@ -35,3 +38,5 @@ class RouterMetrics:
                                "picking; waiting for a replica excluded)", buckets=ADDED_BUCKETS, registry=r)
         for kind in ("connect", "draining", "disconnect", "timeout"):
             self.upstream_errors.labels(kind)
+        for outcome in ("retried", "resumed", "failed"):
+            self.resumes.labels(outcome)

@@ -4,9 +4,12 @@
   the request goes to another (or waits for one), within the request's deadline.
 - A replica that answers 503 `draining` (it is shutting down; the request never reached its engine) is
   treated the same way, and left out of the pick for `DRAINING_HOLD_SECONDS`.
-- Once the request reached a replica it is not retried (generation has effects: quota, tokens spent). A
-  replica that dies mid-stream ends the stream with an OpenAI-style error event, as the runtime's own streams
-  end when its engine dies; before the response started, the client gets a 502.
+- A replica that fails after the request reached it, before its answer started (it died), is marked down and the
+  request goes to another, at most `MAX_RESUMES` times: the client got nothing yet.
+- A replica that dies mid-stream: a resumable stream (`resume.py`: one choice, completions or chat, no tools) goes
+  on on another replica from where the client's stream stopped, under the same id, at most `MAX_RESUMES` times.
+  Any other stream, or one that finds no replica within the queue timeout, ends with an OpenAI-style error event,
+  as the runtime's own streams end when its engine dies; a response that is not a stream ends cut.
 - The caller cancels `forward` when the client goes away; closing the upstream connection then makes the
   replica abort the request and free its KV blocks.
 """
@@ -17,7 +20,8 @@ import time
 from kubeinfer.runtime.router.affinity import prompt_text
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
-from kubeinfer.runtime.router.replicas import ReplicaSet
+from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
+from kubeinfer.runtime.router.resume import MAX_RESUMES, RESUMABLE_HEADER, StreamProgress, is_resumable
 from kubeinfer.runtime.router.response_owners import ResponseOwners
 from kubeinfer.runtime.router.upstream import ConnectFailed, Response, UpstreamError
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
@@ -28,6 +32,7 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgra
               b"expect"}   # uvicorn answered the client's `Expect: 100-continue`; the replica gets the whole body
 REPLICA_HEADER = "x-kubeinfer-replica"
 DRAINING_HOLD_SECONDS = 5.0
+FAILED_HOLD_SECONDS = 5.0   # a replica that failed a request stays out of the pick this long, even if it scrapes
 
 
 class UpstreamFailed(Exception):
@@ -58,23 +63,68 @@ class Proxy:
         self.response_owners = ResponseOwners()
 
     async def forward(self, scope: dict, body: bytes, send, received_at: float) -> None:
-        """Sends the request to a replica and relays the response to `send`. Raises `Refused`/`UpstreamFailed`
-        before anything was sent to the client."""
+        """Sends the request to a replica and relays the response to `send`, resuming it elsewhere if the replica
+        dies. Raises `Refused`/`UpstreamFailed` before anything was sent to the client."""
         try:
             parsed = json.loads(body)
         except ValueError:
             parsed = None   # the replica answers bad JSON with its own 400
         text = prompt_text(parsed) if isinstance(parsed, dict) else ""
         headers = request_headers(scope)
+        progress = None
+        if is_resumable(scope["path"], parsed):
+            progress = StreamProgress()
+            headers.append((RESUMABLE_HEADER, b"1"))
+        started = False   # the client has the response's start
+        for attempt in range(MAX_RESUMES + 1):
+            try:
+                replica, response, prefetched = await self._open(scope["path"], headers, body, parsed, text,
+                                                                 received_at if attempt == 0 else None)
+            except UpstreamFailed as failed:
+                if attempt == MAX_RESUMES:
+                    if not started:
+                        raise
+                    return await self._end_with_error(send, str(failed))
+                self.metrics.resumes.labels("retried" if not started else "resumed").inc()
+                continue
+            except Refused as refused:   # no replica came up in time
+                if not started:
+                    raise
+                return await self._end_with_error(send, f"no replica could resume the stream: {refused.message}")
+            if started and response.status != 200:   # the continuation was refused: say why, in the stream
+                answer = (prefetched if prefetched is not None else await response.read()).decode(errors="replace")
+                replica.in_flight -= 1
+                response.release()
+                return await self._end_with_error(send, f"the stream could not be resumed: {answer[:500]}")
+            learn = self.response_owners.learn if scope["path"] == RESPONSES_PATH and response.status == 200 else None
+            failed = await self._relay(response, replica, send, prefetched, learn, progress, started)
+            started = True
+            if failed is None:
+                return
+            self.replicas.mark_down(replica, f"failed mid-response: {failed}", FAILED_HOLD_SECONDS)
+            self.chooser.forget(replica)
+            if progress is None or not progress.resumable or attempt == MAX_RESUMES:
+                if (response.header(b"content-type") or b"").startswith(b"text/event-stream"):
+                    return await self._end_with_error(send, f"the replica serving this request failed: {failed}")
+                return await send({"type": "http.response.body", "body": b"", "more_body": False})
+            logger.info("resuming a stream of replica %s after %d tokens", replica.url, len(progress.token_ids))
+            self.metrics.resumes.labels("resumed").inc()
+            body, text = progress.resume_body(parsed), prompt_text(parsed)
+
+    async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, received_at: float | None):
+        """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas
+        are tried again elsewhere within the queue timeout; a replica that fails before answering is marked down
+        and raises `UpstreamFailed`. `received_at`: when the client's request came (None for a later attempt)."""
         deadline = time.monotonic() + self.queue_timeout
         waited = 0.0
         while True:
             waited += await self.room.wait_until_up(len(body), deadline)
-            replica, reason = self._choose(scope["path"], parsed, text)
-            self.metrics.added.observe(time.perf_counter() - received_at - waited)
+            replica, reason = self._choose(path, parsed, text)
+            if received_at is not None:
+                self.metrics.added.observe(time.perf_counter() - received_at - waited)
             replica.in_flight += 1
             try:
-                response = await replica.upstream.request("POST", scope["path"], headers, body)
+                response = await replica.upstream.request("POST", path, headers, body)
             except ConnectFailed as error:   # never reached it
                 replica.in_flight -= 1
                 self.metrics.upstream_errors.labels("timeout" if error.timed_out else "connect").inc()
@@ -87,6 +137,8 @@ class Proxy:
             except UpstreamError as error:
                 replica.in_flight -= 1
                 self.metrics.upstream_errors.labels("disconnect").inc()
+                self.replicas.mark_down(replica, f"failed before answering: {error}", FAILED_HOLD_SECONDS)
+                self.chooser.forget(replica)
                 raise UpstreamFailed(f"replica {replica.url} failed: {error}") from None
             except BaseException:   # cancelled (the client left) while waiting for the response to start
                 replica.in_flight -= 1
@@ -110,12 +162,10 @@ class Proxy:
                         raise Refused(503, "no replica could take the request; retry later", "no_replica",
                                       self.queue_timeout)
                     continue
-            break
-        if waited:
-            self.metrics.queue_wait.observe(waited)
-        self.metrics.picks.labels(replica.url, reason).inc()
-        learn = self.response_owners.learn if scope["path"] == RESPONSES_PATH and response.status == 200 else None
-        await self._relay(response, replica, send, prefetched, learn)
+            if waited:
+                self.metrics.queue_wait.observe(waited)
+            self.metrics.picks.labels(replica.url, reason).inc()
+            return replica, response, prefetched
 
     def _choose(self, path: str, parsed, text: str):
         """A continuation of a stored response goes to the replica that answered it (it alone holds it)."""
@@ -127,12 +177,18 @@ class Proxy:
                     return replica, "response"
         return self.chooser.choose(available, text)
 
-    async def _relay(self, response: Response, replica, send, prefetched: bytes | None, learn=None) -> None:
+    async def _relay(self, response: Response, replica: Replica, send, prefetched: bytes | None, learn,
+                     progress: StreamProgress | None, started: bool) -> UpstreamError | None:
+        """Relays the answer (its start only if the client has none yet); returns the replica's failure, if it
+        failed before the end. A resumable stream is relayed event by event through `progress`; its end is sent
+        only if the stream completed."""
         finished = False   # the replica's answer was read whole
         body_closed = False   # the client's response body was ended (`more_body` False)
+        track = progress if progress is not None and response.status == 200 else None
         try:
-            await send({"type": "http.response.start", "status": response.status,
-                        "headers": response_headers(response, replica.url)})
+            if not started:
+                await send({"type": "http.response.start", "status": response.status,
+                            "headers": response_headers(response, replica.url)})
             if prefetched is not None:
                 await send({"type": "http.response.body", "body": prefetched, "more_body": False})
                 body_closed = True
@@ -141,15 +197,17 @@ class Proxy:
                     if learn is not None:   # a Responses answer: its id is in its first chunk
                         learn(chunk, replica.url)
                         learn = None
+                    if track is not None:
+                        chunk = track.feed(chunk)
+                        if not chunk and not response.ended:
+                            continue
                     body_closed = response.ended   # the last chunk goes with the end of the body: one write less
                     await send({"type": "http.response.body", "body": chunk, "more_body": not body_closed})
             finished = True
         except UpstreamError as error:
             self.metrics.upstream_errors.labels("disconnect").inc()
             logger.warning("replica %s failed mid-response: %s", replica.url, error)
-            if (response.header(b"content-type") or b"").startswith(b"text/event-stream"):
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": sse_error(f"the replica serving this request failed: {error}")})
+            return error
         finally:
             replica.in_flight -= 1
             if finished:
@@ -158,3 +216,10 @@ class Proxy:
                 response.close()   # the replica sees the connection close and aborts the request
         if not body_closed:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return None
+
+    async def _end_with_error(self, send, message: str) -> None:
+        """Ends a stream whose response started with an OpenAI-style error event."""
+        self.metrics.resumes.labels("failed").inc()
+        await send({"type": "http.response.body", "body": sse_error(message), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -163,15 +163,19 @@ class EngineClient:
                 loop.remove_reader(fd)
 
     # -- requests ------------------------------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       resumed: "Resume | None" = None) -> AsyncIterator[RequestOutput]:
+        """The request's outputs as the engine makes them. `resumed`: the output its client already has from a
+        replica that died (the first output here carries only what follows it)."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
+        arrival = time.monotonic()
+        resumed_ids = resumed.token_ids if resumed else []
+        self.processor.add(request_id, prompt_token_ids, params, arrival, resumed_ids,
+                           resumed.text_chars if resumed else 0)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        arrival = time.monotonic()
-        self.processor.add(request_id, prompt_token_ids, params, arrival)
-        self._send(("add", request_id, prompt_token_ids, params, arrival))
+        self._send(("add", request_id, prompt_token_ids, params, arrival, resumed_ids))
         finished = False
         try:
             while not finished:

@@ -4,6 +4,12 @@ Admission, in order, before anything reaches the engine: API key (401), draining
 request shape and sampling values (400), room in the waiting queue (429), the key's token quota (429).
 Each (prompt, choice) pair is one engine request; a client that goes away aborts all of them.
 
+Streams the router may resume (docs/router.md, "Streams that survive their replica"): with the router's
+`x-kubeinfer-resumable` header, a stream of one choice without tools carries SSE comment lines that clients ignore
+and the router strips: `: ki-id <id> <created>` first, then with every output `: ki <characters of text sent>
+<new token ids>`. A request with `kubeinfer_resume` continues such a stream: the same id, no role chunk again,
+text from where the client's stream stopped, usage counting the whole output once.
+
 Room is reserved at admission, in the same event-loop turn as the check, and given back when the response ends,
 however it ends (finished, failed, the client gone, a stream whose body never started): requests that arrive
 together can never be admitted past the capacity.
@@ -19,14 +25,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.engine.messages import check_prompt, check_token_ids
+from kubeinfer.runtime.engine.messages import check_prompt, check_resumed_output, check_token_ids
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.metrics import EngineMetrics
-from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Resume
 from kubeinfer.runtime.server.responses import Formatter, sse
 from kubeinfer.runtime.server.responses_store import ResponseStore
 from kubeinfer.runtime.server.tool_output import ToolOutput
@@ -34,6 +40,7 @@ from kubeinfer.runtime.server.tools import plan_tools
 from kubeinfer.runtime.structured.spec import StructuredOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
+RESUMABLE_HEADER = "x-kubeinfer-resumable"
 RETRY_AFTER_FULL_SECONDS = 1.0
 CLIENT_CLOSED_REQUEST = 499   # nginx's status for a client that left before the response (never sent: logged)
 
@@ -63,6 +70,7 @@ class Job:
     n: int
     key: str | None
     state: ServerState | None = None   # holds the job's room until `release`
+    resume: Resume | None = None       # a continuation of a stream whose replica died
 
     def release(self) -> None:
         """Gives the job's room back (once, whichever path ends the response first)."""
@@ -110,7 +118,13 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
     if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)
-    job = Job(f"{prefix}-{uuid.uuid4().hex}", prompts, params, body.n, key)
+    resume = body.kubeinfer_resume
+    if resume is not None:
+        if not body.stream or len(params) != 1:
+            raise InvalidRequestError("kubeinfer_resume continues a stream of one choice: stream true, n 1, "
+                                      "one prompt", "kubeinfer_resume")
+        check_resumed_output(prompts[0], resume.token_ids, params[0], state.engine.info)
+    job = Job(f"{prefix}-{uuid.uuid4().hex}", prompts, params, body.n, key, resume=resume)
     wait = state.keys.retry_after(key, job.num_prompt_tokens)
     if wait is not None:
         raise APIError(429, f"token quota of {state.keys.limit(key)} tokens per minute exceeded",
@@ -129,8 +143,7 @@ async def completions(state: ServerState, body: CompletionRequest, request: Requ
     if not prompts:
         raise InvalidRequestError("the prompt is empty", "prompt")
     job = admit(state, body, key, prompts, body.max_tokens, body.logprobs, "cmpl")
-    formatter = Formatter(False, job.request_id, int(time.time()), body.model, state.tokenizer,
-                          body.logprobs is not None)
+    formatter = Formatter(False, *stream_identity(job), body.model, state.tokenizer, body.logprobs is not None)
     return await _respond(state, job, formatter, body, request)
 
 
@@ -152,15 +165,26 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
     job = admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl",
                 structured)
     tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
-    formatter = Formatter(True, job.request_id, int(time.time()), body.model, tokenizer, body.logprobs, tools)
+    if tools is not None and job.resume is not None:
+        job.release()
+        raise InvalidRequestError("a stream with tools cannot be resumed", "kubeinfer_resume")
+    formatter = Formatter(True, *stream_identity(job), body.model, tokenizer, body.logprobs, tools)
     return await _respond(state, job, formatter, body, request)
+
+
+def stream_identity(job: Job) -> tuple[str, int]:
+    """The response's id and creation time: a continuation keeps those of the stream it resumes."""
+    return (job.resume.id, job.resume.created) if job.resume else (job.request_id, int(time.time()))
 
 
 async def _respond(state: ServerState, job: Job, formatter: Formatter, body, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return JobStream(job, _stream(state, job, formatter, include_usage), media_type="text/event-stream",
-                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        progress = (request.headers.get(RESUMABLE_HEADER) == "1" and len(job.params) == 1
+                    and formatter.tools is None)
+        return JobStream(job, _stream(state, job, formatter, include_usage, progress),
+                         media_type="text/event-stream", headers={"Cache-Control": "no-cache",
+                                                                  "X-Accel-Buffering": "no"})
     try:
         return await _collect(state, job, formatter, request)
     finally:
@@ -219,14 +243,16 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def _stream(state: ServerState, job: Job, formatter: Formatter, include_usage: bool):
+async def _stream(state: ServerState, job: Job, formatter: Formatter, include_usage: bool, progress: bool):
+    """The job's SSE events; `progress`: with the comment lines the router needs to resume the stream."""
     queue: asyncio.Queue = asyncio.Queue()
+    resumed = len(job.resume.token_ids) if job.resume else 0   # output tokens the client had from elsewhere
     emitted = [0] * len(job.params)
     cached = [0] * len(job.params)   # prompt tokens each choice found in the prefix cache
 
     async def pump(index, sub_id, prompt, params):
         try:
-            async for output in state.engine.generate(sub_id, prompt, params):
+            async for output in state.engine.generate(sub_id, prompt, params, job.resume):
                 queue.put_nowait((index, output))
         except Exception as error:   # noqa: BLE001 - reported to the client as an error event
             queue.put_nowait((index, error))
@@ -235,7 +261,9 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
 
     tasks = [asyncio.ensure_future(pump(*sub)) for sub in job.sub_requests()]
     try:
-        if formatter.chat:
+        if progress:
+            yield f": ki-id {formatter.request_id} {formatter.created}\n\n"
+        if formatter.chat and job.resume is None:
             for index in range(len(tasks)):
                 yield formatter.role_chunk(index)
         remaining = len(tasks)
@@ -249,8 +277,11 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
                 return
             else:
                 emitted[index] = len(item.token_ids)
-                cached[index] = item.num_cached_tokens
+                cached[index] = min(item.num_cached_tokens, len(item.prompt_token_ids))
                 chunk = formatter.chunk(index, item)
+                if progress:   # one event: what the client has once it has this chunk, then the chunk
+                    ids = " ".join(map(str, item.new_token_ids))
+                    chunk = f": ki {len(item.text)} {ids}\n" + (chunk or "\n")
                 if chunk:
                     yield chunk
         if include_usage:
@@ -259,4 +290,4 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
     finally:
         for task in tasks:
             task.cancel()
-        state.keys.charge(job.key, sum(emitted))
+        state.keys.charge(job.key, sum(emitted) - resumed)

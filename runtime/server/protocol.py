@@ -20,6 +20,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class Resume(BaseModel):
+    """`kubeinfer_resume`: the router's continuation of a stream whose replica died (docs/router.md). The output
+    token ids the stream had covered, how many characters of their text its client was sent, and the stream's id
+    and creation time, which the continuation keeps."""
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    created: int
+    token_ids: list[int]   # none yet: the stream had started (its id, a chat's role chunk), no token
+    text_chars: int = Field(ge=0)
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -44,6 +56,7 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None   # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100]
+    kubeinfer_resume: Resume | None = None   # set by the router only (see `Resume`)
 
     def structured_output(self) -> StructuredOutput | None:
         """The grammar the output must match (checked: a bad format or schema is a 400 naming it)."""

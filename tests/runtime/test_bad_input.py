@@ -15,6 +15,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
     ({"temperature": -0.1}, "temperature"), ({"top_k": 0}, "top_k"), ({"min_p": 2.0}, "min_p"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"presence_penalty": 3.0}, "presence_penalty"),
     ({"logprobs": 50}, "logprobs"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"), ({"stop": [""]}, "stop"),
+    ({"seed": 2**64}, "seed"), ({"seed": -2**63 - 1}, "seed"),   # a seed torch cannot take crashed the engine
 ])
 def test_bad_sampling_params(settings, param):
     with pytest.raises(InvalidRequestError) as error:

@@ -27,28 +27,114 @@ def victim_beside(replica, llama_dir, start_router, log):
         victim.stop()
 
 
-def test_replica_killed_mid_stream_ends_with_an_error_and_refused_connections_go_elsewhere(
+def stream_events(url: str, path: str, body: dict, victim=None, kill_after: int = 3) -> tuple[list[dict], str]:
+    """The `data:` events of a stream (the error event included) and the replica header; `victim` is SIGKILLed
+    once `kill_after` events arrived (it must be the replica serving the stream)."""
+    events = []
+    with httpx.stream("POST", url + path, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        replica = response.headers.get("x-kubeinfer-replica")   # None: straight to a replica
+        for line in response.iter_lines():
+            assert not line.startswith(":"), line   # the replica's progress lines never reach the client
+            if not line.startswith("data: "):
+                continue
+            events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
+            if victim is not None and len(events) == kill_after:
+                assert replica == victim.url
+                victim.proc.kill()
+    return events, replica
+
+
+def stream_text(events: list) -> str:
+    choices = [c for e in events if e != "[DONE]" for c in e.get("choices", ())]
+    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices)
+
+
+def test_a_stream_whose_replica_is_killed_goes_on_on_another_replica_with_the_same_text(
         llama_dir, replicas, start_router, tmp_path):
+    """Greedy completions: SIGKILL the replica after three events; the client's stream goes on, one id, the
+    text of an uninterrupted run, [DONE] and no error; the next requests go to the healthy replica."""
+    body = BODY | {"max_tokens": 300, "stream": True}
+    expected, _ = stream_events(replicas[0].url, "/v1/completions", body)
     with victim_beside(replicas[0], llama_dir, start_router, tmp_path / "victim.log") as (victim, router):
-        stream = BODY | {"max_tokens": 480, "stream": True}
-        started = time.monotonic()
-        with httpx.stream("POST", router.url + "/v1/completions", json=stream, timeout=30) as response:
-            assert response.headers["x-kubeinfer-replica"] == victim.url
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))
-            victim.proc.kill()
-            rest = [line for line in lines if line.startswith("data: ")]
-        assert time.monotonic() - started < 20
-        error = json.loads(rest[-1][6:])["error"]
-        assert error["type"] == "server_error" and error["code"] == "replica_failed"
-        assert "data: [DONE]" not in rest
-        # the next turn goes to the healthy replica, the one after to the dead one: refused, so retried
-        for _ in range(2):
+        events, replica = stream_events(router.url, "/v1/completions", body, victim)
+        assert replica == victim.url and victim.proc.poll() is not None
+        assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+        assert stream_text(events) == stream_text(expected) and len(stream_text(expected)) > 0
+        assert len({e["id"] for e in events[:-1]}) == 1 and events[-2]["choices"][0]["finish_reason"] == "length"
+        assert router.metric("kubeinfer_router_resumes_total", outcome="resumed") == 1
+        assert router.metric("kubeinfer_router_upstream_errors_total", kind="disconnect") == 1
+        for _ in range(2):   # the dead replica is out of the pick: nothing goes to it
             response = httpx.post(router.url + "/v1/completions", json=BODY, timeout=30)
             assert response.status_code == 200, response.text
             assert response.headers["x-kubeinfer-replica"] == replicas[0].url
-        assert router.metric("kubeinfer_router_upstream_errors_total", kind="connect") == 1
-        assert router.metric("kubeinfer_router_upstream_errors_total", kind="disconnect") == 1
+
+
+def test_a_resumed_seeded_chat_stream_equals_an_uninterrupted_one_and_counts_usage_once(
+        llama_dir, replicas, start_router, tmp_path):
+    """Sampled (temperature 1, a seed) chat with a stop string and usage: the resumed stream has the role chunk
+    once, the uninterrupted text, and one usage chunk counting the prompt and all the output once."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me about pods and nodes"}],
+            "max_tokens": 200, "temperature": 1.0, "seed": 7, "stream": True, "stop": ["zzzq"],
+            "stream_options": {"include_usage": True}}
+    expected, _ = stream_events(replicas[0].url, "/v1/chat/completions", body)
+    with victim_beside(replicas[0], llama_dir, start_router, tmp_path / "victim.log") as (victim, router):
+        events, _ = stream_events(router.url, "/v1/chat/completions", body, victim, kill_after=5)
+        assert victim.proc.poll() is not None and events[-1] == "[DONE]"
+        assert stream_text(events) == stream_text(expected)
+        roles = [c for e in events[:-1] for c in e["choices"] if "role" in c.get("delta", {})]
+        assert len(roles) == 1
+        usages = [e["usage"] for e in events[:-1] if e.get("usage")]
+        assert len(usages) == 1 and usages[0]["completion_tokens"] == expected[-2]["usage"]["completion_tokens"]
+        assert usages[0]["prompt_tokens"] == expected[-2]["usage"]["prompt_tokens"]
+        assert router.metric("kubeinfer_router_resumes_total", outcome="resumed") == 1
+
+
+def test_a_request_whose_replica_dies_before_answering_is_retried_elsewhere(
+        llama_dir, replicas, start_router, tmp_path):
+    """The victim is stopped (SIGSTOP: its socket still accepts), gets the request, and is killed: the router
+    sends the request to the other replica, and the client gets the answer of an uninterrupted run."""
+    body = BODY | {"max_tokens": 100}
+    expected = httpx.post(replicas[0].url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    with victim_beside(replicas[0], llama_dir, start_router, tmp_path / "victim.log") as (victim, router):
+        victim.proc.send_signal(signal.SIGSTOP)
+        answer = {}
+        thread = threading.Thread(target=lambda: answer.update(
+            response=httpx.post(router.url + "/v1/completions", json=body, timeout=60)))
+        thread.start()
+        wait_for(lambda: router.metric("kubeinfer_router_requests_in_flight", replica=victim.url) == 1, 30,
+                 "the router to send the request to the victim")
+        victim.proc.kill()
+        thread.join(timeout=60)
+        response = answer["response"]
+        assert response.status_code == 200, response.text
+        assert response.headers["x-kubeinfer-replica"] == replicas[0].url
+        assert response.json()["choices"][0]["text"] == expected
+        # On a new connection: retried here. On a kept-alive one: the router's client tries it again on a new
+        # connection first (a replica may close an idle one just as a request goes out), which is refused.
+        assert (router.metric("kubeinfer_router_resumes_total", outcome="retried")
+                + router.metric("kubeinfer_router_upstream_errors_total", kind="connect")) == 1
+
+
+def test_a_stream_that_cannot_be_resumed_ends_with_an_error_event(llama_dir, replicas, start_router, tmp_path):
+    """Two choices (not resumable), then one choice with no other replica left: an OpenAI-style error event,
+    no [DONE], in bounded time."""
+    with victim_beside(replicas[0], llama_dir, start_router, tmp_path / "victim.log") as (victim, router):
+        events, _ = stream_events(router.url, "/v1/completions", BODY | {"max_tokens": 480, "stream": True, "n": 2},
+                                  victim)
+        error = events[-1]["error"]
+        assert error["type"] == "server_error" and error["code"] == "replica_failed"
+        assert "[DONE]" not in events
+    alone = RuntimeServer(llama_dir, tmp_path / "alone.log", "--max-model-len", "512", "--cpu-threads", "1")
+    try:
+        router = start_router([alone.wait_ready().url], "--queue-timeout", "1").wait_up(1)
+        started = time.monotonic()
+        events, _ = stream_events(router.url, "/v1/completions", BODY | {"max_tokens": 480, "stream": True}, alone)
+        assert "no replica could resume" in events[-1]["error"]["message"] and "[DONE]" not in events
+        assert time.monotonic() - started < 30
+        assert router.metric("kubeinfer_router_resumes_total", outcome="failed") == 1
+    finally:
+        alone.stop()
 
 
 def test_a_draining_replica_is_retried_elsewhere_and_finishes_what_it_holds(
