@@ -10,15 +10,19 @@
     python benchmarks/cpu_attention.py [--repeats 7]
 """
 import argparse
-import os
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from kubeinfer.kernels import cpu_attention, references
 from kubeinfer.kernels.metadata import AttentionMetadata
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers.machine import describe   # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 4, 64, 16   # benchmarks/throughput.py's Llama
 
@@ -77,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     assert cpu_attention.supports(torch.zeros(1, HEADS, HEAD_DIM), torch.zeros(1, BLOCK, KV_HEADS, HEAD_DIM)), \
         "the native kernel is not built here (no C compiler?)"
-    print(f"machine: {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+    print(f"machine: {describe()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
           f"{HEADS} query / {KV_HEADS} KV heads of {HEAD_DIM}, fp32, block {BLOCK}")
     decode((300, 700), 4, args.repeats)
     decode((800, 1500), 4, args.repeats)

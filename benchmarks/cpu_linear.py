@@ -7,13 +7,17 @@ inflates the figures less than wall time would.
     python benchmarks/cpu_linear.py [--threads 1]
 """
 import argparse
-import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from kubeinfer.kernels import cpu_linear
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers.machine import describe   # noqa: E402
 
 SHAPES = [(512, 1024), (512, 512), (512, 2730), (1365, 512)]   # (in, out)
 TOKENS = [1, 16, 64, 256, 1024]
@@ -38,7 +42,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if not cpu_linear.can_pack(torch.empty(1, 1, dtype=torch.bfloat16)):
         raise SystemExit("this torch or CPU has no oneDNN bf16 GEMM: nothing to compare")
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s)")
+    print(f"machine: {describe()}, torch {torch.__version__}, {args.threads} thread(s)")
     print(f"{'tokens':>6} {'in':>5} {'out':>5} {'bf16 F.linear':>14} {'bf16 packed':>12} {'speed-up':>9} {'fp32':>9}"
           f"   (us of CPU time per call)")
     torch.manual_seed(0)

@@ -9,8 +9,6 @@ Each engine warms up first; greedy outputs are compared token by token.
     python benchmarks/moe_throughput.py [--num-requests 32] [--skip-transformers]
 """
 import argparse
-import os
-import platform
 import resource
 import sys
 import tempfile
@@ -20,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from peers.machine import describe   # noqa: E402
 from throughput import agreement, run_transformers, workload   # noqa: E402
 
 from kubeinfer.runtime.demo import save_tokenizer, train_tokenizer   # noqa: E402
@@ -63,7 +62,7 @@ def main() -> None:
         model = build_moe_model(Path(tmp) / "moe")
         vocab = __import__("json").loads((model / "config.json").read_text())["vocab_size"]
         prompts, outputs = workload(args.num_requests, vocab, name="short")
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}")
+        print(f"machine: {describe()}, torch {torch.__version__}")
         print(f"model: Qwen3-MoE {SHAPE}, fp32, random weights")
         print(f"workload: {len(prompts)} requests, {sum(map(len, prompts))} prompt + {sum(outputs)} output tokens")
         runs = {}

@@ -38,6 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
+from peers.machine import describe   # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -232,6 +233,7 @@ def compare_with_vllm(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.workdir = tmp
         model_dir = build_model(Path(tmp) / "model", 512, 4)
+        print(f"machine: {describe()}")
         print(f"model: {model_dir} (Llama hidden 512, 4 layers, fp32; benchmarks/throughput.py's)")
         print(f"kubeinfer: kubeinfer serve, defaults (2048-token steps, 256 sequences, native CPU attention)")
         print(f"vllm: {vllm_env.describe('best')}; python -m vllm.entrypoints.openai.api_server")

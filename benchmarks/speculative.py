@@ -19,17 +19,20 @@ both modes must produce the same tokens (checked).
 Per request, TPOT = (last token - first token) / (tokens - 1), the mean inter-token latency a client sees.
 """
 import argparse
-import os
-import platform
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from copy_model import SEPARATOR, copy_accuracy, copy_model, passage
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent))
+from copy_model import SEPARATOR, copy_accuracy, copy_model, passage   # noqa: E402
+from peers.machine import describe   # noqa: E402
 
 
 def workloads(num: int, seed: int = 0) -> dict[str, tuple[str, list[tuple[list[int], SamplingParams]]]]:
@@ -83,7 +86,7 @@ def main() -> None:
     parser.add_argument("--model", help="a copy model's folder (default: benchmarks/copy_model.py's, trained once)")
     args = parser.parse_args()
     model = args.model or copy_model()
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+    print(f"# {describe()}, torch {torch.__version__}, "
           f"device {args.device}; copy model {model} (greedy copy accuracy {copy_accuracy(model):.1%})")
     engines = {}
     for name, path in (("copy", str(model)), ("demo", "demo")):

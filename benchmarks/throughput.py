@@ -14,8 +14,6 @@ vLLM runs in its own venv (benchmarks/peers/vllm_env.py creates it on first use)
 """
 import argparse
 import json
-import os
-import platform
 import random
 import resource
 import statistics
@@ -33,6 +31,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
+from peers.machine import describe   # noqa: E402
 
 WORKLOADS = {"short": ((32, 512), (16, 256)), "long": ((128, 1024), (256, 512)), "prefill": ((256, 1024), (1, 1))}
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 256, 2048, 4096
@@ -137,7 +136,7 @@ def main() -> None:
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         prompts, outputs = workload(args.num_requests, vocab, name=args.workload)
         prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outputs)
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
+        print(f"machine: {describe()}, torch {torch.__version__}; "
               f"model: Llama hidden {args.hidden}, {args.layers} layers, {args.dtype}, CPU")
         print(f"workload {args.workload}: {len(prompts)} requests, {prompt_tokens} prompt + {output_tokens} output tokens")
         print(f"kubeinfer: {ours_settings(args.threads, args.dtype)}, kernel backend auto (native CPU attention)")
