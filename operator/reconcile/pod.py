@@ -73,6 +73,8 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args += ["--gpu-memory-utilization", str(rt.gpu_memory_utilization)]
     if rt.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", rt.kv_cache_dtype]
+    if rt.scheduling_policy != "fcfs":
+        args += ["--scheduling-policy", rt.scheduling_policy]
     if (spec_decode := rt.speculative) is not None:
         args += ["--speculative-method", spec_decode.method, "--speculative-tokens", str(spec_decode.num_tokens)]
         if spec_decode.method == "ngram":

@@ -103,13 +103,15 @@ def test_runtime_fields_map_to_the_contract_flags() -> None:
     dep = build(model={"uri": "pvc://models/qwen", "servedName": "qwen-chat"}, runtime={
         "maxModelLen": 4096, "blockSize": 32, "maxNumSeqs": 64, "maxNumBatchedTokens": 1024, "dtype": "bfloat16",
         "maxWaitingRequests": 100, "gpuMemoryUtilization": 0.8, "kvCacheMemoryGib": 20, "drainTimeoutSeconds": 60,
-        "kvCacheDtype": "fp8_e4m3", "enablePrefixCaching": False, "extraArgs": ["--seed", "7"]})
+        "kvCacheDtype": "fp8_e4m3", "schedulingPolicy": "shortest-first", "enablePrefixCaching": False,
+        "extraArgs": ["--seed", "7"]})
     c = container(dep)
     assert c["command"] == ["kubeinfer", "serve"]
     expected = {"--served-model-name": "qwen-chat", "--port": "8000", "--host": "0.0.0.0", "--max-model-len": "4096",
                 "--block-size": "32", "--max-num-seqs": "64", "--max-num-batched-tokens": "1024",
                 "--dtype": "bfloat16", "--max-waiting-requests": "100", "--gpu-memory-utilization": "0.8",
-                "--kv-cache-memory-gib": "20.0", "--drain-timeout-seconds": "60", "--kv-cache-dtype": "fp8_e4m3"}
+                "--kv-cache-memory-gib": "20.0", "--drain-timeout-seconds": "60", "--kv-cache-dtype": "fp8_e4m3",
+                "--scheduling-policy": "shortest-first"}
     assert {k: flag(dep, k) for k in expected} == expected
     assert "--no-enable-prefix-caching" in c["args"]
     assert c["args"][-2:] == ["--seed", "7"]
