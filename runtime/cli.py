@@ -17,8 +17,9 @@ ENGINE_FLAGS = [
     ("block_size", int, "tokens per KV cache block"),
     ("max_num_seqs", int, "most sequences in one step"),
     ("max_num_batched_tokens", int, "token budget of one step; longer prompts are prefilled in chunks"),
-    ("scheduling_policy", str, "the waiting queue's order: fcfs (arrival) or shortest-first (arrival plus the prompt's "
-                               "own prefill time: a burst's short prompts start first; none starves)"),
+    ("scheduling_policy", str, "the waiting queue's order: fcfs (arrival), shortest-first (arrival plus the prompt's "
+                               "own prefill time: a burst's short prompts start first; none starves) or fair (strict "
+                               "priority classes, then a weighted fair share of tokens between API keys)"),
     ("num_kvcache_blocks", int, "KV cache size in blocks (overrides the memory budget)"),
     ("kv_cache_memory_gib", float, "KV cache memory budget in GiB"),
     ("gpu_memory_utilization", float, "share of GPU memory the runtime may use"),

@@ -17,7 +17,7 @@ from kubeinfer.runtime.models.config import DTYPE_BYTES, ModelConfig, torch_dtyp
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram", "draft")
-SCHEDULING_POLICIES = ("fcfs", "shortest-first")   # the waiting queue's order (runtime/engine/scheduler.py)
+SCHEDULING_POLICIES = ("fcfs", "shortest-first", "fair")   # the waiting queue's order (runtime/engine/scheduler.py)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # runtime/server/tool_parsers.py
 
 

@@ -26,6 +26,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None   # the output must match this grammar (response_format, tools)
     logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit, in [-100, 100]
+    # Whose request it is, for the `fair` scheduling policy (set by the server from the API key, never by a client)
+    tenant: str = ""                # "" : anonymous traffic, one tenant
+    tenant_weight: float = 1.0      # its share of tokens against other tenants' weights
+    priority: int = 0               # strict classes: lower goes first, and may preempt higher ones
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -45,6 +49,7 @@ class SamplingParams:
         _check(0 <= self.min_tokens <= self.max_tokens,
                f"min_tokens must be in [0, max_tokens], got {self.min_tokens}", "min_tokens")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", "stop")
+        _check(self.tenant_weight > 0, f"tenant_weight must be > 0, got {self.tenant_weight}", "tenant_weight")
         _check(self.seed is None or -2**63 <= self.seed < 2**64,   # what torch's generators take
                f"seed must be a 64-bit integer, got {self.seed}", "seed")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,

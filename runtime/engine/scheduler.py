@@ -18,6 +18,9 @@ The queue order (`scheduling_policy`): preempted sequences first, then
   prompt's extra wait is the work of what passes it, which can exceed that window, and the key counts a
   prompt's prefix-cached tokens as if they were to be computed (docs/runtime.md: the router's load test had
   a higher TTFT P95 with it).
+- `fair`: strict priority classes, then a weighted fair share of computed tokens between tenants (API keys);
+  a waiting sequence of a higher class that cannot start preempts running ones of lower classes
+  (runtime/engine/waiting_queue.py).
 A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
@@ -27,20 +30,18 @@ it kept last time (`_next_draft_limit`). After the step, the computed tokens are
 accepted drafts; the slots written for rejected drafts lie beyond them and are overwritten later, and a block
 grown for them stays the sequence's (freed with it).
 """
-import bisect
 import math
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
+from kubeinfer.runtime.engine.waiting_queue import waiting_queue
 
 PREFILL_RATE_SMOOTHING = 0.2   # weight of the newest step in the prefill rate's moving average
 ASSUMED_FULL_STEP_SECONDS = 0.01   # until a step is measured: a fast engine's (near arrival order, but shortest
                                    # first among requests that arrive within milliseconds of each other)
-_queue_key = attrgetter("queue_key")
 
 
 @dataclass
@@ -79,8 +80,9 @@ class Scheduler:
         self.speculative_tokens = config.speculative_tokens
         self.ngram_range = (config.speculative_ngram_min, config.speculative_ngram_max)
         self.shortest_first = config.scheduling_policy == "shortest-first"
+        self.fair = config.scheduling_policy == "fair"
         self.prefill_rate: float | None = None   # tokens/s of steps of at least half the budget (observe_step)
-        self.waiting: list[Sequence] = []   # in queue order: preempted first, then by queue_key
+        self.waiting = waiting_queue(config.scheduling_policy)   # preempted first, then by the policy
         self.running: list[Sequence] = []
         self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
 
@@ -92,9 +94,7 @@ class Scheduler:
         if self.shortest_first:
             rate = self.prefill_rate or self.max_num_batched_tokens / ASSUMED_FULL_STEP_SECONDS
             seq.queue_key = seq.arrival_time + seq.num_tokens / rate
-            bisect.insort(self.waiting, seq, key=_queue_key)
-        else:
-            self.waiting.append(seq)
+        self.waiting.add(seq)
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """Learns the prefill rate (shortest-first's aging) from a step's forward; only steps of at least half the
@@ -110,6 +110,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch, budget, preempted = ScheduledBatch(), self.max_num_batched_tokens, False
         block_manager, running = self.block_manager, self.running
+        if self.fair and self.waiting:
+            self._preempt_lower_classes_for(self.waiting.peek())
         index = self._schedule_decodes(batch)
         budget -= index
         while index < len(running) and budget > 0:
@@ -121,7 +123,7 @@ class Scheduler:
                     seq.draft_token_ids = []
                 num_new += len(seq.draft_token_ids)
             while not block_manager.can_append(seq, num_new):
-                victim = running.pop()
+                victim = self._pop_victim()
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -133,12 +135,12 @@ class Scheduler:
                 budget -= num_new
                 index += 1
         while self.waiting and budget > 0 and len(running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             hits = block_manager.find_cached_blocks(seq)
             num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, budget)
             if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)):
                 break
-            self.waiting.pop(0)
+            self.waiting.pop()
             block_manager.allocate(seq, hits, num_new)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -149,7 +151,28 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
+        self.waiting.charge(batch.seqs, batch.num_new_tokens)
         return batch
+
+    def _pop_victim(self) -> Sequence:
+        """The running sequence to preempt: the newest; under `fair`, the newest of the lowest class."""
+        running = self.running
+        if not self.fair:
+            return running.pop()
+        index = max(range(len(running)), key=lambda i: (running[i].params.priority, i))
+        return running.pop(index)
+
+    def _preempt_lower_classes_for(self, seq: Sequence) -> None:
+        """Under `fair`: when the next waiting sequence cannot start (no KV blocks for its first chunk, or no room
+        in the running set), running sequences of lower classes make room, the newest of the lowest first. They
+        are recomputed later, as any preempted sequence."""
+        block_manager, running = self.block_manager, self.running
+        while any(other.params.priority > seq.params.priority for other in running):
+            hits = block_manager.find_cached_blocks(seq)
+            num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, self.max_num_batched_tokens)
+            if len(running) < self.max_num_seqs and block_manager.can_allocate(seq, hits, num_new, reserve=True):
+                return
+            self._preempt(self._pop_victim())
 
     def _schedule_decodes(self, batch: ScheduledBatch) -> int:
         """The fast path of a step where every running sequence decodes one token, without speculation, and the
@@ -190,7 +213,7 @@ class Scheduler:
         seq.num_preemptions += 1
         seq.queue_key = -math.inf   # shortest-first's insort then keeps every arrival behind it
         self.stats.num_preemptions += 1
-        self.waiting.insert(0, seq)
+        self.waiting.push_preempted(seq)
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[list[int]]) -> list[list[int]]:
         """Records the computed tokens and the sampled ones (several where drafts were accepted); finishes

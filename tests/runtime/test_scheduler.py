@@ -109,7 +109,7 @@ def test_the_prefill_rate_is_learnt_from_steps_of_at_least_half_the_budget(llama
 
 
 def test_an_unknown_scheduling_policy_is_refused_in_one_line(llama_dir):
-    with pytest.raises(ConfigError, match="scheduling_policy must be one of fcfs, shortest-first, got 'lifo'"):
+    with pytest.raises(ConfigError, match="scheduling_policy must be one of fcfs, shortest-first, fair, got 'lifo'"):
         EngineConfig(model=str(llama_dir), scheduling_policy="lifo")
 
 

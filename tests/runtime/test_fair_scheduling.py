@@ -1,0 +1,128 @@
+"""The `fair` scheduling policy: weighted fair share of tokens between tenants, strict priority classes, and
+preemption of lower classes; driven without a model (fake sampled tokens), then with one (outputs unchanged)."""
+import random
+
+import pytest
+
+from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.scheduler import Scheduler
+from kubeinfer.runtime.engine.sequence import Sequence
+from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.sampling_params import SamplingParams
+
+
+def make(llama_dir, num_blocks=512, block_size=4, **settings):
+    config = EngineConfig(model=str(llama_dir), block_size=block_size, scheduling_policy="fair", **settings)
+    manager = BlockManager(num_blocks, block_size, config.max_num_seqs, config.max_blocks_per_seq, True, 0.0)
+    return Scheduler(config, manager, eos_token_ids=(0,)), manager
+
+
+def request(name: str, tenant: str, prompt_len: int, max_tokens: int, weight: float = 1.0, priority: int = 0):
+    prompt = [random.Random(name).randrange(1, 300) for _ in range(prompt_len)]
+    return Sequence(name, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, tenant=tenant,
+                                                 tenant_weight=weight, priority=priority))
+
+
+def run(scheduler, steps: int) -> dict[str, int]:
+    """Tokens computed per tenant over `steps` steps."""
+    served: dict[str, int] = {}
+    for _ in range(steps):
+        batch = scheduler.schedule()
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            served[seq.params.tenant] = served.get(seq.params.tenant, 0) + n
+        scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
+                                      for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    return served
+
+
+@pytest.mark.parametrize("weights, rates", [((1, 1), (10, 1)), ((3, 1), (10, 10))])
+def test_tenants_get_tokens_in_proportion_to_their_weights_whatever_they_send(llama_dir, weights, rates):
+    """A floods (10x B's requests, or both flood); two sequences run at a time, so the queue decides. Over the
+    steps where both wait, computed tokens split as the weights, within 10%."""
+    scheduler, _ = make(llama_dir, max_num_seqs=2, max_num_batched_tokens=64)
+    for i in range(1000):
+        for tenant, weight, rate in zip("AB", weights, rates):
+            if i % (max(rates) // rate) == 0:   # B sends 1 for A's 10, or as many
+                scheduler.add(request(f"{tenant}{i}", tenant, 24, 8, weight))
+    served = run(scheduler, 300)
+    assert scheduler.waiting and {s.params.tenant for s in scheduler.waiting} >= {"A", "B"}   # both still waited
+    share = served["A"] / served["B"]
+    assert share == pytest.approx(weights[0] / weights[1], rel=0.1), served
+
+
+def test_long_prompts_do_not_buy_a_larger_share(llama_dir):
+    """A sends few long prompts, B many short ones: tokens, not requests, are shared."""
+    scheduler, _ = make(llama_dir, max_num_seqs=2, max_num_batched_tokens=64)
+    for i in range(60):
+        scheduler.add(request(f"A{i}", "A", 120, 4))
+        for j in range(5):
+            scheduler.add(request(f"B{i}-{j}", "B", 20, 4))
+    served = run(scheduler, 300)
+    assert served["A"] / served["B"] == pytest.approx(1.0, rel=0.15), served
+
+
+def test_a_tenant_arriving_behind_a_flood_waits_at_most_one_admission(llama_dir):
+    """No starvation: B's one request, behind 100 of A's, is admitted before A's next one (its counter is lifted
+    to the lowest waiting, not left at 0, and it still goes first on the tie by arrival... or by fewer tokens)."""
+    scheduler, _ = make(llama_dir, max_num_seqs=1, max_num_batched_tokens=64)
+    for i in range(100):
+        scheduler.add(request(f"A{i}", "A", 16, 2))
+    run(scheduler, 20)
+    scheduler.add(request("B0", "B", 16, 2))
+    admitted = []
+    while "B0" not in admitted:
+        batch = scheduler.schedule()
+        admitted += [s.request_id for s in batch.seqs if s.request_id not in admitted]
+        scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
+                                      for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    assert admitted.index("B0") <= 1, admitted
+
+
+def test_a_returning_tenant_banks_no_credit(llama_dir):
+    """B was idle while A ran alone for a long time: when B comes back it shares from then on, it does not get
+    all of the engine until it has caught up with A's tokens."""
+    scheduler, _ = make(llama_dir, max_num_seqs=2, max_num_batched_tokens=64)
+    for i in range(200):
+        scheduler.add(request(f"A{i}", "A", 24, 8))
+    run(scheduler, 150)
+    for i in range(100):
+        scheduler.add(request(f"B{i}", "B", 24, 8))
+    served = run(scheduler, 150)
+    assert served["A"] / served["B"] == pytest.approx(1.0, rel=0.15), served
+
+
+def test_a_higher_class_goes_first_and_preempts_lower_ones_when_the_pool_is_full(llama_dir):
+    """Low-priority requests fill the KV pool; a high-priority one arrives: it starts at the next step, the newest
+    low ones are preempted (recomputed later), and every block is free at the end."""
+    scheduler, manager = make(llama_dir, num_blocks=24, max_num_seqs=8, max_num_batched_tokens=256)
+    for i in range(6):
+        scheduler.add(request(f"low{i}", "batch", 12, 40, priority=1))
+    run(scheduler, 3)
+    assert len(scheduler.running) == 6 and manager.num_free_blocks < 4
+    urgent = request("urgent", "web", 16, 4, priority=0)
+    scheduler.add(urgent)
+    batch = scheduler.schedule()
+    assert urgent in batch.seqs and scheduler.stats.num_preemptions >= 1
+    assert all(s.params.priority == 1 for s in scheduler.waiting)
+    scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
+                                  for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    while scheduler.num_unfinished:
+        run(scheduler, 1)
+    assert urgent.is_finished and manager.num_free_blocks == manager.num_blocks
+
+
+def test_greedy_outputs_do_not_depend_on_tenants_priorities_or_preemption(llama_dir):
+    """The same prompts under fcfs and under fair with tenants, weights, priorities and a pool small enough to
+    preempt: every request's greedy tokens are the same."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, 300) for _ in range(rng.randrange(8, 60))] for _ in range(12)]
+    reference = LLM(str(llama_dir), max_num_seqs=4, num_kvcache_blocks=24, block_size=4).generate(
+        prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    fair = LLM(str(llama_dir), max_num_seqs=4, num_kvcache_blocks=24, block_size=4, scheduling_policy="fair")
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, tenant="AB"[i % 2],
+                             tenant_weight=1 + i % 3, priority=i % 2) for i in range(12)]
+    outputs = fair.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    assert fair.engine.scheduler.stats.num_preemptions > 0
+    assert fair.engine.block_manager.num_free_blocks == fair.engine.block_manager.num_blocks
