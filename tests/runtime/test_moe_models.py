@@ -150,7 +150,7 @@ def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
             self.reads.append(fresh)
 
     class Channel:
-        inbox = [[("add", "r", [1], None, None)], [("shutdown",)]]
+        inbox = [[("add", "r", [1], None, None, [])], [("shutdown",)]]
 
         def receive(self, timeout):   # the API side reads each step as it comes
             return self.inbox.pop(0) if timeout is None else [("read", 1)]
