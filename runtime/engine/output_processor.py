@@ -28,6 +28,7 @@ class RequestOutput:
     num_cached_tokens: int
     arrival_time: float
     first_token_time: float | None
+    tenant: str = ""                    # whose request (SamplingParams.tenant), for per-tenant metrics
 
 
 @dataclass
@@ -150,6 +151,6 @@ class OutputProcessor:
             new_logprobs=request.logprobs[request.num_emitted_tokens:], logprobs=list(request.logprobs),
             finished=finished, finish_reason=request.finish_reason, stop_reason=request.stop_reason,
             num_cached_tokens=request.num_cached_tokens, arrival_time=request.arrival_time,
-            first_token_time=request.first_token_time)
+            first_token_time=request.first_token_time, tenant=request.params.tenant)
         request.num_emitted_chars, request.num_emitted_tokens = visible, len(output_ids)
         return output

@@ -1,12 +1,15 @@
 """API keys and per-key token quotas.
 
-Keys come from a file (one per line: `KEY` or `KEY TOKENS_PER_MINUTE`; `#` starts a comment; e.g. a
-mounted Kubernetes Secret) and/or the environment (`KUBEINFER_API_KEYS="k1,k2:5000"`). With no keys
+Keys come from a file (one per line: `KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] [priority=P]`; `#`
+starts a comment; e.g. a mounted Kubernetes Secret) and/or the environment (`KUBEINFER_API_KEYS="k1,k2:5000"`). With no keys
 configured the API is open. A quota counts prompt and completion tokens over a sliding minute; a request
 is refused (429) before admission when its prompt would exceed what the minute has left.
 """
+import hashlib
 import hmac
+import math
 import os
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,11 +20,55 @@ from kubeinfer.runtime.errors import ConfigError
 WINDOW_SECONDS = 60.0
 
 
-def parse_api_keys(text: str, separator: str | None = None, source: str = "the API keys file") -> dict[str, int | None]:
-    """`{key: tokens_per_minute or None}` from a keys file (lines) or an env value (comma-separated, `key:tpm`).
+@dataclass(frozen=True)
+class Tenant:
+    """Whose requests these are, for the `fair` scheduling policy and the per-tenant metrics. Its name is what the
+    metrics show: never the key itself."""
+    name: str
+    weight: float = 1.0   # its share of tokens against the other tenants' weights
+    priority: int = 0     # strict classes: lower goes first
+
+
+ANONYMOUS = Tenant("anonymous")   # requests without keys (the API is open): one tenant
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    tokens_per_minute: int | None
+    tenant: Tenant
+
+
+def key_tenant_name(key: str) -> str:
+    """A key's default tenant name: a short hash, stable across edits of the file, that does not reveal the key."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _options(words: list[str], where: str) -> dict:
+    """`tenant=NAME weight=W priority=P` words of a keys-file line."""
+    options = {}
+    for word in words:
+        name, _, value = word.partition("=")
+        try:
+            if name == "tenant" and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
+                options["name"] = value
+            elif name == "weight" and float(value) > 0 and math.isfinite(float(value)):
+                options["weight"] = float(value)
+            elif name == "priority" and value.lstrip("-").isdigit():
+                options["priority"] = int(value)
+            else:
+                raise ValueError(name)
+        except ValueError:
+            raise ConfigError(f"{where}: {word.split('=')[0]!r} is not tenant=NAME (letters, digits, _ . -), "
+                              f"weight=W (a positive number) or priority=P (an integer)") from None
+    return options
+
+
+def parse_api_keys(text: str, separator: str | None = None, source: str = "the API keys file") -> dict[str, KeyEntry]:
+    """`{key: KeyEntry}` from a keys file (lines: `KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] [priority=P]`)
+    or an env value (comma-separated, `key:tpm`).
 
     A bad entry is named by its place and the syntax its source expects; the key itself is never echoed."""
-    keys: dict[str, int | None] = {}
+    keys: dict[str, KeyEntry] = {}
     from_env = separator == ","
     entries = text.split(",") if from_env else text.splitlines()
     for number, entry in enumerate(entries, 1):
@@ -29,16 +76,20 @@ def parse_api_keys(text: str, separator: str | None = None, source: str = "the A
         if not entry:
             continue
         parts = entry.replace(":", " ").split() if from_env else entry.split()
-        if len(parts) > 2 or (len(parts) == 2 and not (parts[1].isdigit() and int(parts[1]) > 0)):
+        quota = parts[1] if len(parts) > 1 and "=" not in parts[1] else None
+        options = parts[2 if quota is not None else 1:]
+        if (quota is not None and not (quota.isdigit() and int(quota) > 0)) or (from_env and options):
             if from_env:
                 raise ConfigError(f"{source}: entry {number} is not KEY or KEY:TOKENS_PER_MINUTE (a positive "
                                   f"integer); expected e.g. KUBEINFER_API_KEYS=\"key1,key2:5000\"")
-            raise ConfigError(f"{source}: line {number} is not KEY or KEY TOKENS_PER_MINUTE (a positive integer)")
-        keys[parts[0]] = int(parts[1]) if len(parts) == 2 else None
+            raise ConfigError(f"{source}: line {number} is not KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] "
+                              f"[priority=P] (TOKENS_PER_MINUTE a positive integer)")
+        tenant = Tenant(**{"name": key_tenant_name(parts[0]), **_options(options, f"{source}: line {number}")})
+        keys[parts[0]] = KeyEntry(int(quota) if quota is not None else None, tenant)
     return keys
 
 
-def load_api_keys(path: str | None, env: dict[str, str] | None = None) -> dict[str, int | None]:
+def load_api_keys(path: str | None, env: dict[str, str] | None = None) -> dict[str, KeyEntry]:
     env = os.environ if env is None else env
     keys = parse_api_keys(env.get("KUBEINFER_API_KEYS", ""), separator=",", source="KUBEINFER_API_KEYS")
     if path:
@@ -60,7 +111,7 @@ class _Usage:
 
 
 class KeyRing:
-    def __init__(self, keys: dict[str, int | None], default_tokens_per_minute: int | None = None):
+    def __init__(self, keys: dict[str, KeyEntry], default_tokens_per_minute: int | None = None):
         self.keys = keys
         self.default_tokens_per_minute = default_tokens_per_minute
         self._usage: dict[str, _Usage] = {}
@@ -82,8 +133,13 @@ class KeyRing:
     def limit(self, key: str | None) -> int | None:
         if key is None:
             return None
-        limit = self.keys.get(key)
+        entry = self.keys.get(key)
+        limit = entry.tokens_per_minute if entry is not None else None
         return limit if limit is not None else self.default_tokens_per_minute
+
+    def tenant(self, key: str | None) -> Tenant:
+        entry = self.keys.get(key) if key is not None else None
+        return entry.tenant if entry is not None else ANONYMOUS
 
     def _used(self, key: str, now: float) -> _Usage:
         usage = self._usage.setdefault(key, _Usage())

@@ -16,7 +16,7 @@ import uvicorn
 from kubeinfer.runtime.compile_cache import ensure_writable_caches
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.server.app import create_app
-from kubeinfer.runtime.server.auth import KeyRing, load_api_keys
+from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.openai_api import ServerState
@@ -113,6 +113,7 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
         logger.info("API keys: %d configured; requests need 'Authorization: Bearer <key>'", len(keys.keys))
     tokenizer = Tokenizer(config.model)
     metrics = EngineMetrics(config.served_model_name, vllm_metrics)
+    metrics.add_tenants(sorted({entry.tenant.name for entry in keys.keys.values()} | {ANONYMOUS.name}))
     engine = EngineClient(config, tokenizer, metrics, engine_mode, log_level)
     engine.start()
     return ServerState(engine, tokenizer, config, keys, metrics)

@@ -46,6 +46,18 @@ class EngineMetrics:
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])
         self.errors = metric(Counter, "kubeinfer_request_errors", "Refused or failed requests", ["status_code"])
         self.startup = metric(Gauge, "kubeinfer_startup_phase_seconds", "Seconds each start-up phase took", ["phase"])
+        # Per tenant (an API key's tenant, or "anonymous"): label values come from the keys file, never from a client.
+        self.tenant_prompt_tokens = metric(Counter, "kubeinfer_tenant_prompt_tokens", "Prompt tokens, by tenant",
+                                           ["tenant"])
+        self.tenant_cached_tokens = metric(Counter, "kubeinfer_tenant_cached_prompt_tokens",
+                                           "Prompt tokens served from the prefix cache, by tenant", ["tenant"])
+        self.tenant_generation_tokens = metric(Counter, "kubeinfer_tenant_generation_tokens",
+                                               "Tokens generated, by tenant", ["tenant"])
+        self.tenant_requests = metric(Counter, "kubeinfer_tenant_requests", "Finished requests, by tenant and reason",
+                                      ["tenant", "finished_reason"])
+        self.tenant_ttft = metric(Histogram, "kubeinfer_tenant_time_to_first_token_seconds",
+                                  "Time to first token (queue and prefill), by tenant", ["tenant"],
+                                  buckets=TTFT_BUCKETS)
         # Speculative decoding, under vLLM's names (with our prefix); acceptance rate = accepted / draft tokens.
         self.spec = {
             "drafts": metric(Counter, "kubeinfer_spec_decode_num_drafts", "Sequence-steps that verified drafts"),
@@ -92,6 +104,15 @@ class EngineMetrics:
         self._last_token_time: dict[str, float] = {}
         self._seen = (0, 0, 0)   # scheduler stats already counted: preemptions, hits, queries
         self._seen_spec: tuple = (0, 0, 0, ())   # drafts, draft tokens, accepted, accepted per position
+
+    def add_tenants(self, names) -> None:
+        """The per-tenant series of every tenant the keys file names (and `anonymous`) exist from start-up, at 0."""
+        for name in names:
+            for counter in (self.tenant_prompt_tokens, self.tenant_cached_tokens, self.tenant_generation_tokens,
+                            self.tenant_ttft):
+                self.labels(counter, name)
+            for reason in ("stop", "length", "abort"):
+                self.labels(self.tenant_requests, name, reason)
 
     def labels(self, metric, *values):
         """The child of `metric` for this model (and `values`), looked up once: prometheus_client's own lookup
@@ -164,10 +185,16 @@ class EngineMetrics:
         request_id = output.request_id
         if output.new_token_ids:
             self.labels(self.generation_tokens).inc(len(output.new_token_ids))
+            self.labels(self.tenant_generation_tokens, output.tenant or "anonymous").inc(len(output.new_token_ids))
             last = self._last_token_time.get(request_id)
             if last is None:   # as the API side sees it: arrival here to the first token here
                 self.labels(self.ttft).observe(now - output.arrival_time)
                 self.labels(self.prompt_tokens).inc(len(output.prompt_token_ids))
+                tenant = output.tenant or "anonymous"
+                self.labels(self.tenant_ttft, tenant).observe(now - output.arrival_time)
+                self.labels(self.tenant_prompt_tokens, tenant).inc(len(output.prompt_token_ids))
+                self.labels(self.tenant_cached_tokens, tenant).inc(
+                    min(output.num_cached_tokens, len(output.prompt_token_ids)))
             else:   # per token: a step that accepted drafts brings several, sharing the interval
                 count = len(output.new_token_ids)
                 for _ in range(count):
@@ -177,6 +204,7 @@ class EngineMetrics:
             self._last_token_time.pop(request_id, None)
             self.labels(self.e2e).observe(now - output.arrival_time)
             self.labels(self.success, output.finish_reason).inc()
+            self.labels(self.tenant_requests, output.tenant or "anonymous", output.finish_reason).inc()
 
     def count_error(self, status: int) -> None:
         self.labels(self.errors, str(status)).inc()

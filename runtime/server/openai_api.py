@@ -115,6 +115,9 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
                                       f"model's {max_len}-token limit", "max_tokens")
         params.extend(body.sampling_params(wanted, logprobs, choice, structured) for choice in range(body.n))
         check_token_ids(params[-1], state.engine.info)
+    tenant = state.keys.tenant(key)   # from the key alone: a client never names its own tenant
+    for choice in params:
+        choice.tenant, choice.tenant_weight, choice.priority = tenant.name, tenant.weight, tenant.priority
     if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)

@@ -56,7 +56,7 @@ def test_api_keys_errors_come_before_the_model_loads(tmp_path, llama_dir):
     keys = tmp_path / "keys"
     keys.write_text("# keys\nalpha 100\nbeta 0\n")
     result = run_kubeinfer("serve", "--model", str(llama_dir), "--api-keys-file", str(keys), cache=tmp_path)
-    assert_one_line_error(result, f"API keys file {str(keys)!r}: line 3 is not KEY or KEY TOKENS_PER_MINUTE")
+    assert_one_line_error(result, f"API keys file {str(keys)!r}: line 3 is not KEY [TOKENS_PER_MINUTE] [tenant=NAME]")
     assert "loading weights" not in result.stderr
     result = run_kubeinfer("serve", "--model", str(llama_dir), "--api-keys-file", str(tmp_path / "none"),
                            cache=tmp_path)

@@ -1,0 +1,149 @@
+"""Fairness between tenants through HTTP: what a small tenant gets while a big one floods the server.
+
+Starts `kubeinfer serve` (the CPU demo model) with two API keys, tenants A and B, and a small running set
+(`--max-num-seqs`, so that requests wait and the queue's order decides). B sends Poisson arrivals at `--rate-b`;
+A sends `--flood` times as many. Three phases, each on a fresh server: B alone (fcfs), B under A's flood with
+fcfs, and the same with `--scheduling-policy fair`. Then the weighted phase: A and B both flooding, weights 3:1,
+and the share of output tokens each got against the 3:1 target. Prints B's TTFT P50/P95 per phase and A's
+output tokens/s (A keeps what B leaves).
+
+    python benchmarks/tenants.py [--seconds 40] [--rate-b 0.5] [--flood 10] [--max-num-seqs 8]
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers.machine import describe   # noqa: E402
+
+WORDS = "pods nodes GPUs queues tokens replicas kernels caches routers batches prompts streams".split()
+
+
+def quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+async def one_request(session, url: str, key: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    start, times, finished = time.perf_counter(), [], False
+    async with session.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        if r.status != 200:
+            return {"status": r.status, "times": [], "finished": False}
+        async for raw in r.content:
+            if raw.startswith(b"data: {"):
+                times.append(time.perf_counter())   # one event per token (a token of no text yet: none)
+            finished = finished or raw.startswith(b"data: [DONE]")
+    return {"status": 200, "ttft": times[0] - start, "times": times, "finished": finished}
+
+
+async def arrivals(session, url: str, key: str, rate: float, until: float, rng: random.Random) -> list:
+    """Poisson arrivals at `rate` until `until` (perf_counter); prompts of 150-250 words, 64 tokens out."""
+    tasks = []
+    while time.perf_counter() < until:
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(150, 250)))
+        tasks.append(asyncio.ensure_future(one_request(session, url, key, prompt, 64)))
+        await asyncio.sleep(rng.expovariate(rate))
+    return tasks
+
+
+def start(policy: str, keys_file: str, args, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
+               "demo", "--served-model-name", "demo", "--host", "127.0.0.1", "--port", str(port), "--api-keys-file", keys_file,
+               "--max-num-seqs", str(args.max_num_seqs), "--max-waiting-requests", "4096",
+               "--scheduling-policy", policy]
+    server = subprocess.Popen(command, env=os.environ.copy())
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    server.kill()
+    sys.exit("the server did not become ready")
+
+
+def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args, finish: str | None) -> dict:
+    """One server, the tenants' arrivals for `args.seconds`; then `finish`'s requests run to their end and the rest
+    are cancelled (aborted on the server). Per tenant: its finished requests and its output tokens in the window."""
+    server = start(policy, keys_file, args, args.port)
+    url = f"http://127.0.0.1:{args.port}"
+
+    async def load() -> dict:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            until = time.perf_counter() + args.seconds
+            tasks = dict(zip(rates, await asyncio.gather(*(
+                arrivals(session, url, f"{tenant}-key", rate, until, random.Random(tenant))
+                for tenant, rate in rates.items()))))
+            if finish is not None:
+                await asyncio.gather(*tasks[finish])
+            for task in (t for group in tasks.values() for t in group):
+                task.cancel()
+            outcomes = {tenant: await asyncio.gather(*group, return_exceptions=True) for tenant, group in tasks.items()}
+            refused = [r["status"] for group in outcomes.values() for r in group
+                       if isinstance(r, dict) and r["status"] != 200]
+            if refused:
+                print(f"  refused: {len(refused)} requests, statuses {sorted(set(refused))}", flush=True)
+            return {tenant: {"sent": len(group), "done": [r for r in group if isinstance(r, dict) and r["finished"]],
+                             "window_tokens": sum(sum(t < until for t in r["times"]) for r in group
+                                                  if isinstance(r, dict))}
+                    for tenant, group in outcomes.items()}
+    try:
+        results = asyncio.run(load())
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    row = [f"{name:<32}"]
+    for tenant, result in results.items():
+        ttft = [r["ttft"] * 1e3 for r in result["done"]]
+        row.append(f"{tenant}: {len(result['done']):>3} of {result['sent']:<3} done, TTFT P50 "
+                   f"{quantile(ttft, 0.5):6.0f} P95 {quantile(ttft, 0.95):6.0f} ms, "
+                   f"{result['window_tokens'] / args.seconds:6.1f} tok/s")
+    print("  ".join(row), flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument("--rate-b", type=float, default=0.5, help="B's requests per second")
+    parser.add_argument("--flood", type=float, default=10, help="A's rate over B's")
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--port", type=int, default=8321)
+    args = parser.parse_args()
+    rate_a = args.rate_b * args.flood
+    print(f"machine: {describe()}; model: the CPU demo model; running set {args.max_num_seqs}; B {args.rate_b} "
+          f"req/s, A {rate_a} req/s; prompts 150-250 words, 64 tokens out; {args.seconds:.0f} s a phase")
+    with tempfile.TemporaryDirectory() as tmp:
+        equal, weighted = Path(tmp) / "equal", Path(tmp) / "weighted"
+        equal.write_text("A-key tenant=A\nB-key tenant=B\n")
+        weighted.write_text("A-key tenant=A weight=3\nB-key tenant=B weight=1\n")
+        solo = phase("B alone (fcfs)", "fcfs", {"B": args.rate_b}, str(equal), args, "B")
+        fcfs = phase("B under A's flood, fcfs", "fcfs", {"A": rate_a, "B": args.rate_b}, str(equal), args, "B")
+        fair = phase("B under A's flood, fair", "fair", {"A": rate_a, "B": args.rate_b}, str(equal), args, "B")
+        shares = phase("both flood, fair, weights 3:1", "fair", {"A": rate_a, "B": rate_a}, str(weighted), args, None)
+    p95 = {name: quantile([r["ttft"] for r in result["B"]["done"]], 0.95)
+           for name, result in (("solo", solo), ("fcfs", fcfs), ("fair", fair))}
+    tokens = {tenant: result["window_tokens"] for tenant, result in shares.items()}
+    print(f"B's TTFT P95 over its solo P95: fcfs {p95['fcfs'] / p95['solo']:.2f}x, fair "
+          f"{p95['fair'] / p95['solo']:.2f}x (goal <= 1.5x); weighted share A:B = "
+          f"{tokens['A'] / max(1, tokens['B']):.2f} (target 3.00)")
+    print(json.dumps({"b_ttft_p95_s": p95, "weighted_window_tokens": tokens}))
+
+
+if __name__ == "__main__":
+    main()
