@@ -119,10 +119,11 @@ class RuntimeSpec(SpecModel):
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
         default="auto", description="auto: the model's dtype; fp8_e4m3: 8-bit K/V, twice the tokens of a 16-bit "
                                     "cache in the same memory (docs/runtime.md: its precision).")
-    scheduling_policy: Literal["fcfs", "shortest-first"] = Field(
-        default="fcfs", description="The waiting queue's order: fcfs (arrival), or shortest-first (a burst's short "
-                                    "prompts first: a lower median TTFT, a higher P95 under sustained load; "
-                                    "docs/runtime.md).")
+    scheduling_policy: Literal["fcfs", "shortest-first", "fair"] = Field(
+        default="fcfs", description="The waiting queue's order: fcfs (arrival), shortest-first (a burst's short "
+                                    "prompts first: a lower median TTFT, a higher P95 under sustained load) or "
+                                    "fair (priority classes, then a weighted fair share of tokens between the API "
+                                    "keys' tenants); docs/runtime.md.")
     speculative: Speculative | None = Field(default=None, description="Off when unset.")
     compile_cache: CompileCache = Field(default_factory=CompileCache)
     drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
