@@ -1,7 +1,10 @@
 """CPU cost of one engine step outside the model: scheduling, block accounting, input preparation and
 post-processing, at N running sequences (default 256), all decoding.
 
-    python benchmarks/step_overhead.py [--num-seqs 256] [--steps 300]
+    python benchmarks/step_overhead.py [--num-seqs 256] [--steps 300] [--scheduling-policy fair]
+
+Under `fair` the sequences belong to 8 tenants of 2 priority classes, and 64 more wait (the queue is read
+every step).
 """
 import argparse
 import statistics
@@ -20,17 +23,24 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--prompt-len", type=int, default=500)
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "shortest-first", "fair"))
     args = parser.parse_args()
     config = EngineConfig(model="demo", max_num_seqs=args.num_seqs, max_num_batched_tokens=args.num_seqs * 600,
-                          num_kvcache_blocks=args.num_seqs * 80)
+                          num_kvcache_blocks=args.num_seqs * 80, scheduling_policy=args.scheduling_policy)
     runner = ModelRunner(config)   # only its input preparation is timed
     manager = BlockManager(runner.num_blocks, config.block_size, config.max_num_seqs, config.max_blocks_per_seq)
     scheduler = Scheduler(config, manager, eos_token_ids=(0,))
+    fair = args.scheduling_policy == "fair"
     for i in range(args.num_seqs):
         scheduler.add(Sequence(str(i), [(i * 7 + j) % 500 + 1 for j in range(args.prompt_len)],
-                               SamplingParams(max_tokens=10**6, ignore_eos=True)))
+                               SamplingParams(max_tokens=10**6, ignore_eos=True, tenant=f"t{i % 8}",
+                                              priority=i % 2 if fair else 0)))
     batch = scheduler.schedule()          # the whole prefill in one step, not timed
     scheduler.postprocess(batch, [[1]] * len(batch))
+    if fair:   # they wait behind the full running set: the fair queue is consulted every step
+        for i in range(64):
+            scheduler.add(Sequence(f"w{i}", [5] * args.prompt_len, SamplingParams(max_tokens=4, tenant=f"t{i % 8}",
+                                                                                  priority=1)))
     timings = {"schedule": [], "prepare inputs": [], "postprocess": []}
     for step in range(args.steps):
         t0 = time.perf_counter()
