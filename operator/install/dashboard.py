@@ -14,8 +14,9 @@ from kubeinfer.operator.install.monitoring import (
 )
 from kubeinfer.operator.metric_names import (
     E2E, ERRORS, GENERATION_TOKENS, ITL, KV_USAGE, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS,
-    ROUTER_ADDED, ROUTER_PICKS, ROUTER_QUEUE, ROUTER_UPSTREAM_ERRORS, RUNNING, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS,
-    SPEC_DRAFTS, SUCCESS, TTFT, WAITING,
+    ROUTER_ADDED, ROUTER_PICKS, ROUTER_QUEUE, ROUTER_RESUMES, ROUTER_UPSTREAM_ERRORS, RUNNING, SPEC_ACCEPTED,
+    SPEC_DRAFT_TOKENS, SPEC_DRAFTS, SUCCESS, TENANT_GENERATION_TOKENS, TENANT_PROMPT_TOKENS, TENANT_TTFT, TTFT,
+    WAITING,
 )
 
 SEL = 'namespace=~"$namespace", service=~"$service", model_name=~"$model"'
@@ -39,6 +40,11 @@ def _dq(q: float, metric: str) -> str:
 
 def _rate(metric: str, by: str = "service", extra: str = "") -> str:
     return f"sum by ({by}) (rate({metric}{{{SEL}{extra}}}[{RATE}]))"
+
+
+def _tenant_tokens(by: str) -> str:
+    """Prompt and generated tokens per second (what a replica computes for them), summed by `by`."""
+    return f"({_rate(TENANT_PROMPT_TOKENS, by)} + {_rate(TENANT_GENERATION_TOKENS, by)})"
 
 
 def _router_rate(metric: str, by: str) -> str:
@@ -79,6 +85,19 @@ PANELS: list[Panel] = [
             "provisioned for, one cold start ahead {{inferenceservice}}")],
           "With spec.autoscaling.policy predictive: the arrival rate the autoscaler observed and the forecast it "
           "sizes the fleet for (status.predictive.forecast)."),
+    # Tenants (API keys; docs/server.md): the label's values come from the runtime's keys file.
+    Panel("Tokens per second by tenant", "short", [(_tenant_tokens("tenant"), "{{tenant}}")],
+          "Prompt and generated tokens of each tenant (an API key's tenant, or anonymous)."),
+    Panel("Time to first token by tenant", "s",
+          [(f"histogram_quantile(0.95, sum by (tenant, le) (rate({TENANT_TTFT}_bucket{{{SEL}}}[{RATE}])))",
+            "P95 {{tenant}}")],
+          "With runtime.schedulingPolicy fair, a small tenant's P95 stays near its own under another's flood."),
+    Panel("Estimated replicas used by tenant", "short",
+          [(f"{_tenant_tokens('tenant')} / scalar({_tenant_tokens('namespace')}) * "
+            f"scalar(count({RUNNING}{{{SEL}}}))", "{{tenant}}")],
+          "The replicas serving the selection, shared out by the tokens each tenant had computed: its cost in "
+          "replica-seconds per second (times resources.gpus for GPU-seconds). Tokens stand for compute; a "
+          "prompt token costs less than a generated one on a GPU, so this favours long-prompt tenants."),
     Panel("Errors by status code", "reqps", [(_rate(ERRORS, "status_code"), "{{status_code}}")]),
     Panel("Finished requests by reason", "reqps", [(_rate(SUCCESS, "finished_reason"), "{{finished_reason}}")]),
     # The router of an InferenceService (spec.router): its Service is NAME-router, its series carry no model_name.
@@ -90,6 +109,10 @@ PANELS: list[Panel] = [
           "load bound; load: no replica held any of it."),
     Panel("Router: upstream errors", "reqps", [(_router_rate(ROUTER_UPSTREAM_ERRORS, "kind"), "{{kind}}")],
           "connect and draining are retried on another replica; disconnect cut a request on its replica."),
+    Panel("Router: requests whose replica failed", "reqps",
+          [(_router_rate(ROUTER_RESUMES, "outcome"), "{{outcome}}")],
+          "retried: before an answer, on another replica; resumed: a stream continued on another replica; "
+          "failed: ended with an error event (not resumable, or no replica)."),
     Panel("Router: added latency", "s",
           [(f"histogram_quantile({q}, sum by (service, le) (rate({ROUTER_ADDED}_bucket{{{ROUTER_SEL}}}[{RATE}])))",
             f"P{round(q * 100)} {{{{service}}}}") for q in (0.5, 0.95)],
