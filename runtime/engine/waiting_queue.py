@@ -10,8 +10,8 @@ which the scheduler calls once a step with the tokens each tenant's sequences co
   tenant (`SamplingParams.tenant`) that was served the fewest tokens per unit of its weight goes next, first come
   first served within a tenant. This is the virtual token counter of Sheng et al., "Fairness in Serving Large
   Language Models" (OSDI 2024): a tenant's counter grows by the prompt and output tokens computed for it divided
-  by its weight, and a tenant that comes back after a pause starts at the lowest counter of those waiting, so an
-  idle tenant banks no credit. Tokens, not requests: a tenant with long prompts does not win by sending fewer.
+  by its weight, and a tenant that comes back after a pause starts at the lowest counter of those waiting (and
+  wins that tie once), so an idle tenant banks no credit. Tokens, not requests: a tenant with long prompts does not win by sending fewer.
 """
 import bisect
 from collections import deque
@@ -62,6 +62,7 @@ class FairQueue:
         self._classes: dict[int, dict[str, deque[Sequence]]] = {}   # priority -> tenant -> its waiting sequences
         self._preempted: dict[int, deque[Sequence]] = {}            # priority -> preempted, most recent first
         self.counters: dict[str, float] = {}                         # tenant -> tokens served / weight
+        self._returned: set[str] = set()   # came back at the lowest waiting counter: first on a tie, once
         self._length = 0
 
     def __len__(self) -> int:
@@ -80,7 +81,10 @@ class FairQueue:
         tenants = self._classes.setdefault(seq.params.priority, {})
         if tenant not in tenants:   # back after a pause: no credit banked while it sent nothing
             waiting = [self.counters.get(t, 0.0) for queues in self._classes.values() for t in queues]
-            self.counters[tenant] = max(self.counters.get(tenant, 0.0), min(waiting, default=0.0))
+            lowest = min(waiting, default=0.0)
+            if self.counters.get(tenant, 0.0) <= lowest:
+                self.counters[tenant] = lowest
+                self._returned.add(tenant)
             tenants[tenant] = deque()
         tenants[tenant].append(seq)
         self._length += 1
@@ -100,6 +104,7 @@ class FairQueue:
             key = priority
         else:
             queue, tenants, key = self._classes[priority][tenant], self._classes[priority], tenant
+            self._returned.discard(tenant)
         seq = queue.popleft()
         self._forget_empty(queue, tenants, key, priority)
         self._length -= 1
@@ -137,7 +142,8 @@ class FairQueue:
             return priority, None
         tenants = self._classes[priority]
         counters = self.counters
-        return priority, min(tenants, key=lambda t: (counters.get(t, 0.0), tenants[t][0].arrival_time))
+        returned = self._returned
+        return priority, min(tenants, key=lambda t: (counters.get(t, 0.0), t not in returned, tenants[t][0].arrival_time))
 
     def _forget_empty(self, queue: deque, owner: dict, key, priority: int) -> None:
         if queue:
