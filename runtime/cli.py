@@ -209,6 +209,8 @@ ROUTER_FLAGS = [
     ("max-queued-bytes", int, 64 << 20, "bytes of request bodies that may wait before 429"),
     ("queue-timeout", float, 60.0, "seconds a request may wait for a ready replica before 503"),
     ("served-model-name", str, None, "model /v1/models lists while no replica is up (default: the replicas')"),
+    ("api-keys-file", str, None, "the replicas' API keys file: each request's tenant (the router checks no key)"),
+    ("max-in-flight-per-tenant", int, None, "a tenant's requests open at the router at most; more get 429"),
     ("drain-timeout-seconds", float, 30.0, "on SIGTERM, how long open requests and streams may finish"),
 ]
 
@@ -249,7 +251,8 @@ def _router(args: argparse.Namespace) -> int:
                               max_queued_requests=args.max_queued_requests, max_queued_bytes=args.max_queued_bytes,
                               queue_timeout=args.queue_timeout, served_model_name=args.served_model_name,
                               service=args.service, namespace=args.namespace or default_namespace(),
-                              service_port_name=args.service_port_name, endpoints_file=args.endpoints_file)
+                              service_port_name=args.service_port_name, endpoints_file=args.endpoints_file,
+                              api_keys_file=args.api_keys_file, max_in_flight_per_tenant=args.max_in_flight_per_tenant)
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
     return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)

@@ -78,6 +78,10 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
         "--queue-timeout", str(r.queue_timeout_seconds),
         # Streams through the router last as long as the replicas' own: drain as long as they do.
         "--drain-timeout-seconds", str(spec.runtime.drain_timeout_seconds),
+        # The replicas' keys file tells the router each request's tenant (it checks no key itself).
+        *(["--api-keys-file", pod.API_KEYS_FILE] if spec.api_key_secret_ref is not None else []),
+        *(["--max-in-flight-per-tenant", str(r.max_in_flight_per_tenant)]
+          if r.max_in_flight_per_tenant is not None else []),
     ]
 
 
@@ -102,10 +106,15 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
     }
     if spec.runtime.image_pull_policy:
         container["imagePullPolicy"] = spec.runtime.image_pull_policy
+    volumes = [{"name": "endpoints", "downwardAPI": {"items": [{
+        "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}]
+    if (ref := spec.api_key_secret_ref) is not None:   # the same Secret as the replicas'
+        volumes.append({"name": "api-keys", "secret": {
+            "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
+        container["volumeMounts"].append({"name": "api-keys", "mountPath": pod.API_KEYS_DIR, "readOnly": True})
     return {
         "containers": [container],
-        "volumes": [{"name": "endpoints", "downwardAPI": {"items": [{
-            "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}],
+        "volumes": volumes,
         "securityContext": security.pod_security_context(),
         # Router pods on different nodes where the scheduler can: one node's loss then leaves the others.
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
+from kubeinfer.runtime.engine.bulk_decode import postprocess_decodes, schedule_decodes
 from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
 from kubeinfer.runtime.engine.waiting_queue import waiting_queue
@@ -85,6 +86,7 @@ class Scheduler:
         self.waiting = waiting_queue(config.scheduling_policy)   # preempted first, then by the policy
         self.running: list[Sequence] = []
         self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
+        self.bulk_decodes = True   # the bulk path of all-decode steps (runtime/engine/bulk_decode.py)
 
     @property
     def num_unfinished(self) -> int:
@@ -112,7 +114,7 @@ class Scheduler:
         block_manager, running = self.block_manager, self.running
         if self.fair and self.waiting:
             self._preempt_lower_classes_for(self.waiting.peek())
-        index = self._schedule_decodes(batch)
+        index = schedule_decodes(self, batch) if self.bulk_decodes else 0
         budget -= index
         while index < len(running) and budget > 0:
             seq = running[index]
@@ -174,25 +176,6 @@ class Scheduler:
                 return
             self._preempt(self._pop_victim())
 
-    def _schedule_decodes(self, batch: ScheduledBatch) -> int:
-        """The fast path of a step where every running sequence decodes one token, without speculation, and the
-        budget and the free blocks hold them all: what the loop in `schedule` would do, in bulk. Returns how many
-        running sequences it scheduled (all, or none: then the loop decides)."""
-        running, block_manager = self.running, self.block_manager
-        if (self.speculative_method is not None or not running or len(running) > self.max_num_batched_tokens
-                or any(len(seq.token_ids) - seq.num_computed_tokens != 1 for seq in running)):
-            return 0
-        size = block_manager.block_size
-        growing = [seq for seq in running if len(seq.block_table) * size <= seq.num_computed_tokens]
-        if len(growing) > block_manager.num_free_blocks:
-            return 0
-        for seq in growing:
-            block_manager.append(seq, 1)
-        batch.seqs = list(running)
-        batch.num_new_tokens = [1] * len(running)
-        batch.num_decodes = len(running)
-        return len(running)
-
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may
         still output after this step's own, or the positions left before max_model_len."""
@@ -219,7 +202,7 @@ class Scheduler:
         """Records the computed tokens and the sampled ones (several where drafts were accepted); finishes
         sequences at EOS, a stop id or a limit. Returns the tokens each sequence kept: those after the one
         that finished it are dropped."""
-        kept_all, finished = self._postprocess_decodes(batch, sampled)
+        kept_all, finished = postprocess_decodes(self, batch, sampled)
         num_decodes = batch.num_decodes
         for seq, num_new, tokens in zip(batch.seqs[num_decodes:], batch.num_new_tokens[num_decodes:],
                                         sampled[num_decodes:]):
@@ -247,29 +230,6 @@ class Scheduler:
         if finished:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return kept_all
-
-    def _postprocess_decodes(self, batch: ScheduledBatch, sampled: list[list[int]]) -> tuple[list[list[int]], bool]:
-        """`postprocess` of the batch's first `num_decodes` sequences (one token computed, no drafts, one sampled):
-        the same effects, with the stop checks run only for a token or a length that may stop the sequence."""
-        kept_all, finished = [], False
-        block_manager, size, eos, max_model_len = (self.block_manager, self.block_manager.block_size,
-                                                   self.eos_token_ids, self.max_model_len)
-        for seq, tokens in zip(batch.seqs[:batch.num_decodes], sampled):
-            token = tokens[0]
-            token_ids = seq.token_ids
-            token_ids.append(token)
-            seq.num_computed_tokens += 1
-            if seq.num_computed_tokens % size == 0:   # a block filled: the only step that can cache one
-                block_manager.cache_full_blocks(seq)
-            params = seq.params
-            if (token in eos or token in params.stop_token_ids or len(token_ids) >= max_model_len
-                    or len(token_ids) - seq.num_prompt_tokens >= params.max_tokens):
-                reason = self._stop_reason(seq, token)
-                if reason is not None:
-                    self._finish(seq, reason, token if token in params.stop_token_ids else None)
-                    finished = True
-            kept_all.append(tokens)
-        return kept_all, finished
 
     def _next_draft_limit(self, num_drafts: int, num_accepted: int) -> int:
         """How many drafts a sequence gets next: one past what it kept after a rejection, twice as many after a

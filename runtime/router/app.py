@@ -17,6 +17,7 @@ from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.proxy import Proxy, UpstreamFailed
 from kubeinfer.runtime.router.replicas import ReplicaSet
 from kubeinfer.runtime.router.settings import RouterSettings
+from kubeinfer.runtime.router.tenants import TenantGate
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 from kubeinfer.runtime.server.errors import error_body
 
@@ -48,6 +49,7 @@ class Router:
         self.room = WaitingRoom(self.replicas, settings.max_queued_requests, settings.max_queued_bytes,
                                 settings.queue_timeout)
         self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout)
+        self.tenants = TenantGate(settings.api_keys_file, settings.max_in_flight_per_tenant)
         self._scraper: asyncio.Task | None = None
         self._watch: EndpointSliceWatch | None = None
         self._file_watch: asyncio.Task | None = None
@@ -135,6 +137,12 @@ class Router:
             watcher.cancel()
 
     async def _forward(self, scope, body: bytes, send, received_at: float) -> None:
+        tenant = self.tenants.tenant(scope["headers"])
+        try:
+            self.tenants.enter(tenant)
+        except Refused as refused:
+            self.metrics.refused.labels(str(refused.status)).inc()
+            return await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
         try:
             await self.proxy.forward(scope, body, send, received_at)
         except Refused as refused:
@@ -143,6 +151,8 @@ class Router:
         except UpstreamFailed as failed:
             self.metrics.refused.labels("502").inc()
             await respond_error(send, 502, str(failed), "replica_failed")
+        finally:
+            self.tenants.leave(tenant)
 
     def _models(self) -> dict:
         name = self.settings.served_model_name or self.replicas.model_name

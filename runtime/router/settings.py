@@ -27,6 +27,8 @@ class RouterSettings:
     namespace: str = "default"
     service_port_name: str = "http"
     endpoints_file: str | None = None  # discover the replicas: a JSON list of URLs in this file, re-read
+    api_keys_file: str | None = None   # the replicas' keys file: who each request's tenant is (router/tenants.py)
+    max_in_flight_per_tenant: int | None = None   # a tenant's requests open here at most (None: no cap)
 
     def __post_init__(self):
         sources = sum((bool(self.upstreams), self.service is not None, self.endpoints_file is not None))
@@ -49,6 +51,8 @@ class RouterSettings:
         self.upstreams = cleaned
         if self.policy not in POLICIES:
             raise ConfigError(f"--policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
+        if self.max_in_flight_per_tenant is not None and self.max_in_flight_per_tenant < 1:
+            raise ConfigError(f"--max-in-flight-per-tenant must be >= 1, got {self.max_in_flight_per_tenant}")
         for name in ("chunk_chars", "max_chunks", "max_queued_requests", "max_queued_bytes", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

@@ -80,3 +80,16 @@ def test_the_router_pod_runs_the_runtime_image_without_gpus_or_the_replicas_sche
 def test_bad_router_fields_are_refused(bad, where):
     with pytest.raises(ValidationError, match=where):
         spec(router=bad)
+
+
+def test_with_api_keys_the_router_reads_the_same_secret_for_tenants_and_caps_them():
+    s = spec(router={"maxInFlightPerTenant": 16}, apiKeySecretRef={"name": "keys", "key": "list"})
+    args = build_parser().parse_args(["router", *router.router_args(s, OWNER)])
+    assert (args.api_keys_file, args.max_in_flight_per_tenant) == ("/etc/kubeinfer/api-keys/keys", 16)
+    pod_spec = router.pod_spec(s, OWNER, OperatorConfig())
+    assert {"name": "api-keys", "secret": {"secretName": "keys", "items": [{"key": "list", "path": "keys"}],
+                                           "defaultMode": 0o440}} in pod_spec["volumes"]
+    assert {"name": "api-keys", "mountPath": "/etc/kubeinfer/api-keys", "readOnly": True} in \
+        pod_spec["containers"][0]["volumeMounts"]
+    plain = build_parser().parse_args(["router", *router.router_args(spec(router={}), OWNER)])
+    assert (plain.api_keys_file, plain.max_in_flight_per_tenant) == (None, None)

@@ -122,7 +122,7 @@ def run_random_workload(llama_dir, bulk_decodes: bool, seed: int) -> list:
     scheduler, manager = make(llama_dir, num_blocks=24, block_size=4, max_num_seqs=8, max_num_batched_tokens=24,
                               max_model_len=48)
     if not bulk_decodes:
-        scheduler._schedule_decodes = lambda batch: 0
+        scheduler.bulk_decodes = False
     shared = [rng.randrange(1, 50) for _ in range(8)]
     seqs, trace = [], []
     for step_index in range(400):

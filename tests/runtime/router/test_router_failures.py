@@ -219,3 +219,30 @@ def test_bad_router_flags_are_one_line_errors(args, message, capsys):
         main(["router", *args])
     assert exited.value.code == 2
     assert capsys.readouterr().err == f"kubeinfer: error: {message}\n"
+
+
+def test_a_tenant_at_its_cap_gets_429_while_another_tenant_goes_through(replicas, start_router, tmp_path):
+    """The router reads the replicas' keys file: tenant A may hold 2 requests open; its third is refused with
+    429 `tenant_busy` and Retry-After, B's goes through, and A may send again once one of its own ended."""
+    keys = tmp_path / "keys"
+    keys.write_text("key-a tenant=a\nkey-b tenant=b\n")
+    router = start_router([r.url for r in replicas], "--api-keys-file", str(keys),
+                          "--max-in-flight-per-tenant", "2").wait_up(2)
+    body = BODY | {"max_tokens": 480, "stream": True}
+
+    def post(key: str, **fields) -> httpx.Response:
+        return httpx.post(router.url + "/v1/completions", json=BODY | fields, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"})
+    with contextlib.ExitStack() as streams:
+        for _ in range(2):
+            held = streams.enter_context(httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60,
+                                                      headers={"Authorization": "Bearer key-a"}))
+            assert held.status_code == 200
+        refused = post("key-a")
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "tenant_busy"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert post("key-b").status_code == 200
+    wait_for(lambda: sum(router.metric("kubeinfer_router_requests_in_flight", replica=r.url) for r in replicas) == 0,
+             30, "the router to see both streams closed")   # (it counts a tenant out in the same step)
+    assert post("key-a").status_code == 200   # room again
+    assert router.metric("kubeinfer_router_refused_total", status_code="429") == 1

@@ -1,0 +1,33 @@
+"""Tenants at the router: whose request it is (the key in its `Authorization` header, read from the same keys file
+as the replicas'), and a cap on each tenant's requests open here (waiting for a replica or in flight on one), so
+that one tenant's flood cannot take the router's waiting room or every replica slot. The replicas still check the
+keys, quotas and their own fair queue; the router only counts."""
+from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
+from kubeinfer.runtime.router.waiting_room import Refused
+
+RETRY_AFTER_SECONDS = 1.0
+
+
+class TenantGate:
+    def __init__(self, keys_file: str | None, max_in_flight: int | None):
+        self.keys = KeyRing(load_api_keys(keys_file, env={}) if keys_file else {})
+        self.max_in_flight = max_in_flight
+        self.open: dict[str, int] = {}   # tenant -> its requests open here
+
+    def tenant(self, headers: list[tuple[bytes, bytes]]) -> str:
+        """The tenant of a request: its key's, or anonymous (no key, or a key the replicas will refuse)."""
+        if not self.keys.enabled:
+            return ANONYMOUS.name
+        authorization = next((v for k, v in headers if k.lower() == b"authorization"), b"")
+        return self.keys.tenant(self.keys.authenticate(authorization.decode(errors="replace"))).name
+
+    def enter(self, tenant: str) -> None:
+        """Counts the request in, or refuses it (429) when its tenant is at its cap."""
+        count = self.open.get(tenant, 0)
+        if self.max_in_flight is not None and count >= self.max_in_flight:
+            raise Refused(429, f"too many requests in flight for this API key ({self.max_in_flight} at most); "
+                               "retry later", "tenant_busy", RETRY_AFTER_SECONDS)
+        self.open[tenant] = count + 1
+
+    def leave(self, tenant: str) -> None:
+        self.open[tenant] -= 1
