@@ -234,3 +234,16 @@ def test_dashboard_variables_list_the_fleet(loaded: dict[str, Any]) -> None:
         response = httpx.get(f"{loaded['url']}/api/v1/label/{label}/values",
                              params={"match[]": _dashboard_promql(series)}, timeout=60).json()
         assert response["status"] == "success" and expected[var["name"]] in response["data"], (var["name"], response)
+
+
+@pytest.mark.parametrize("name", ["prompt_tokens", "generation_tokens"])
+def test_per_tenant_token_counters_add_up_to_the_totals(loaded: dict[str, Any], name: str) -> None:
+    """At one evaluation, per pod: the tenant series (here all `anonymous`: the fleet has no keys file) sum to the
+    total series of the same scrape, and both have counted something."""
+    url, sel = loaded["prometheus"].url, f'namespace="{NAMESPACE}", service="{SERVICE}"'
+    totals = query(url, f"sum by (pod) (kubeinfer_{name}_total{{{sel}}})")
+    assert len(totals) == 2 and all(float(series["value"][1]) > 0 for series in totals)
+    # One expression: both sides read the same instant (the trickle keeps counting between two queries)
+    gaps = query(url, f"sum by (pod) (kubeinfer_tenant_{name}_total{{{sel}}}) - "
+                      f"sum by (pod) (kubeinfer_{name}_total{{{sel}}})")
+    assert len(gaps) == 2 and all(float(series["value"][1]) == 0 for series in gaps), gaps
