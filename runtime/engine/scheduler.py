@@ -19,8 +19,8 @@ The queue order (`scheduling_policy`): preempted sequences first, then
   prompt's prefix-cached tokens as if they were to be computed (docs/runtime.md: the router's load test had
   a higher TTFT P95 with it).
 - `fair`: strict priority classes, then a weighted fair share of computed tokens between tenants (API keys);
-  a waiting sequence of a higher class that cannot start preempts running ones of lower classes
-  (runtime/engine/waiting_queue.py).
+  a waiting sequence that cannot start preempts running ones of lower classes, and, when its tenant has
+  nothing running, one of the tenant of its class furthest ahead of it (runtime/engine/waiting_queue.py).
 A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
@@ -113,7 +113,7 @@ class Scheduler:
         batch, budget, preempted = ScheduledBatch(), self.max_num_batched_tokens, False
         block_manager, running = self.block_manager, self.running
         if self.fair and self.waiting:
-            self._preempt_lower_classes_for(self.waiting.peek())
+            self._make_room_for(self.waiting.peek())
         index = schedule_decodes(self, batch) if self.bulk_decodes else 0
         budget -= index
         while index < len(running) and budget > 0:
@@ -164,17 +164,37 @@ class Scheduler:
         index = max(range(len(running)), key=lambda i: (running[i].params.priority, i))
         return running.pop(index)
 
-    def _preempt_lower_classes_for(self, seq: Sequence) -> None:
+    def _make_room_for(self, seq: Sequence) -> None:
         """Under `fair`: when the next waiting sequence cannot start (no KV blocks for its first chunk, or no room
-        in the running set), running sequences of lower classes make room, the newest of the lowest first. They
-        are recomputed later, as any preempted sequence."""
+        in the running set), running sequences give way: those of lower classes, the newest of the lowest first;
+        and if its tenant has nothing running, the newest one of the tenant of its class that is furthest ahead of
+        it in tokens per weight (so a tenant's first request never waits for another's to end). They are
+        recomputed later, as any preempted sequence."""
         block_manager, running = self.block_manager, self.running
-        while any(other.params.priority > seq.params.priority for other in running):
+        starved = all(other.params.tenant != seq.params.tenant for other in running)
+        while running:
             hits = block_manager.find_cached_blocks(seq)
             num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, self.max_num_batched_tokens)
             if len(running) < self.max_num_seqs and block_manager.can_allocate(seq, hits, num_new, reserve=True):
                 return
-            self._preempt(self._pop_victim())
+            victim = self._victim_for(seq, starved)
+            if victim is None:
+                return
+            self._preempt(running.pop(victim))
+
+    def _victim_for(self, seq: Sequence, starved: bool) -> int | None:
+        """The index in `running` of the sequence that gives way to `seq` (see `_make_room_for`), or None."""
+        running, priority = self.running, seq.params.priority
+        lower = [i for i, other in enumerate(running) if other.params.priority > priority]
+        if lower:
+            return max(lower, key=lambda i: (running[i].params.priority, i))
+        if not starved:
+            return None
+        counters = self.waiting.counters
+        own = counters.get(seq.params.tenant, 0.0)
+        ahead = [i for i, other in enumerate(running)
+                 if other.params.priority == priority and counters.get(other.params.tenant, 0.0) >= own]
+        return max(ahead, key=lambda i: (counters.get(running[i].params.tenant, 0.0), i)) if ahead else None
 
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may

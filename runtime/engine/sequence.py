@@ -31,6 +31,7 @@ class Sequence:
         self.num_hashed_blocks = 0     # leading full blocks registered in the prefix cache
         self.last_block_hash: int | None = None
         self.num_preemptions = 0
+        self.num_charged_tokens = 0    # the fair policy's count of tokens computed for it (recomputes excluded)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.logprobs: list[dict] = []

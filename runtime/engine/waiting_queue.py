@@ -1,14 +1,15 @@
 """The scheduler's waiting queue, one class per `scheduling_policy`.
 
-Every queue keeps preempted sequences ahead of new ones (they were admitted once already), and offers the same
+Preempted sequences go ahead of new ones (they were admitted once already; under `fair`, ahead of their own
+tenant's), and every queue offers the same
 operations: `add` a new sequence, `push_preempted`, `peek` / `pop` the next to admit, `remove`, and `charge`,
 which the scheduler calls once a step with the tokens each tenant's sequences computed.
 
 - `FcfsQueue`: arrival order.
 - `ShortestFirstQueue`: by `queue_key` (arrival time plus the prompt's own prefill time; set by the scheduler).
 - `FairQueue` (`fair`): strict priority classes (`SamplingParams.priority`, lower first); within a class, the
-  tenant (`SamplingParams.tenant`) that was served the fewest tokens per unit of its weight goes next, first come
-  first served within a tenant. This is the virtual token counter of Sheng et al., "Fairness in Serving Large
+  tenant (`SamplingParams.tenant`) that was served the fewest tokens per unit of its weight goes next, its
+  preempted sequences first, then first come first served. This is the virtual token counter of Sheng et al., "Fairness in Serving Large
   Language Models" (OSDI 2024): a tenant's counter grows by the prompt and output tokens computed for it divided
   by its weight, and a tenant that comes back after a pause starts at the lowest counter of those waiting (and
   wins that tie once), so an idle tenant banks no credit. Tokens, not requests: a tenant with long prompts does not win by sending fewer.
@@ -58,9 +59,11 @@ class ShortestFirstQueue(FcfsQueue):
 
 
 class FairQueue:
+    """Preempted sequences go back to the front of their own tenant's queue (not ahead of other tenants: a
+    sequence preempted to make room for another tenant must not take that room back at once)."""
+
     def __init__(self):
         self._classes: dict[int, dict[str, deque[Sequence]]] = {}   # priority -> tenant -> its waiting sequences
-        self._preempted: dict[int, deque[Sequence]] = {}            # priority -> preempted, most recent first
         self.counters: dict[str, float] = {}                         # tenant -> tokens served / weight
         self._returned: set[str] = set()   # came back at the lowest waiting counter: first on a tie, once
         self._length = 0
@@ -70,11 +73,10 @@ class FairQueue:
 
     def __iter__(self) -> Iterator[Sequence]:
         """In the order they would be admitted if nothing changed."""
-        for priority in sorted(set(self._classes) | set(self._preempted)):
-            yield from self._preempted.get(priority, ())
-            tenants = self._classes.get(priority, {})
-            yield from sorted((seq for queue in tenants.values() for seq in queue),
-                              key=lambda seq: (self.counters.get(seq.params.tenant, 0.0), seq.arrival_time))
+        for priority in sorted(self._classes):
+            queues = self._classes[priority]
+            order = sorted(queues, key=lambda t: self._rank(t, queues))
+            yield from (seq for tenant in order for seq in queues[tenant])
 
     def add(self, seq: Sequence) -> None:
         tenant = seq.params.tenant
@@ -90,67 +92,59 @@ class FairQueue:
         self._length += 1
 
     def push_preempted(self, seq: Sequence) -> None:
-        self._preempted.setdefault(seq.params.priority, deque()).appendleft(seq)
+        self._classes.setdefault(seq.params.priority, {}).setdefault(seq.params.tenant, deque()).appendleft(seq)
         self._length += 1
 
     def peek(self) -> Sequence:
         priority, tenant = self._next()
-        return self._preempted[priority][0] if tenant is None else self._classes[priority][tenant][0]
+        return self._classes[priority][tenant][0]
 
     def pop(self) -> Sequence:
         priority, tenant = self._next()
-        if tenant is None:
-            queue, tenants = self._preempted[priority], self._preempted
-            key = priority
-        else:
-            queue, tenants, key = self._classes[priority][tenant], self._classes[priority], tenant
-            self._returned.discard(tenant)
-        seq = queue.popleft()
-        self._forget_empty(queue, tenants, key, priority)
-        self._length -= 1
-        return seq
+        self._returned.discard(tenant)
+        return self._take(priority, tenant, None)
 
     def remove(self, seq: Sequence) -> None:
-        priority = seq.params.priority
-        preempted = self._preempted.get(priority)
-        if preempted is not None and seq in preempted:
-            preempted.remove(seq)
-            self._forget_empty(preempted, self._preempted, priority, priority)
-        else:
-            tenants = self._classes[priority]
-            queue = tenants[seq.params.tenant]
-            queue.remove(seq)
-            self._forget_empty(queue, tenants, seq.params.tenant, priority)
-        self._length -= 1
+        self._take(seq.params.priority, seq.params.tenant, seq)
 
     def charge(self, seqs: list[Sequence], num_tokens: list[int]) -> None:
+        """Counts the tokens each sequence computes this step, except those it computes again after a preemption
+        (the tenant was charged for them once; recomputing them was the scheduler's choice)."""
         counters = self.counters
         for seq, tokens in zip(seqs, num_tokens):
-            params = seq.params
-            counters[params.tenant] = counters.get(params.tenant, 0.0) + tokens / params.tenant_weight
+            end = seq.num_computed_tokens + tokens
+            new = end - max(seq.num_computed_tokens, seq.num_charged_tokens)
+            if new > 0:
+                params = seq.params
+                counters[params.tenant] = counters.get(params.tenant, 0.0) + new / params.tenant_weight
+                seq.num_charged_tokens = end
 
-    def most_urgent_priority(self) -> int | None:
-        """The priority class of the next sequence to admit (None: nothing waits)."""
-        return min(set(self._classes) | set(self._preempted), default=None)
+    def _rank(self, tenant: str, queues: dict[str, deque[Sequence]]) -> tuple:
+        """Fewest tokens per weight first; on a tie, a tenant that just came back, then the oldest head."""
+        return self.counters.get(tenant, 0.0), tenant not in self._returned, queues[tenant][0].arrival_time
 
-    def _next(self) -> tuple[int, str | None]:
-        """(priority, tenant) of the next sequence; tenant None: the class's preempted queue."""
-        priority = self.most_urgent_priority()
-        if priority is None:
+    def _next(self) -> tuple[int, str]:
+        """(priority, tenant) of the next sequence to admit."""
+        if not self._classes:
             raise IndexError("the waiting queue is empty")
-        if self._preempted.get(priority):
-            return priority, None
-        tenants = self._classes[priority]
-        counters = self.counters
-        returned = self._returned
-        return priority, min(tenants, key=lambda t: (counters.get(t, 0.0), t not in returned, tenants[t][0].arrival_time))
+        priority = min(self._classes)
+        queues = self._classes[priority]
+        return priority, min(queues, key=lambda t: self._rank(t, queues))
 
-    def _forget_empty(self, queue: deque, owner: dict, key, priority: int) -> None:
-        if queue:
-            return
-        del owner[key]
-        if owner is not self._preempted and not owner:
-            del self._classes[priority]
+    def _take(self, priority: int, tenant: str, seq: Sequence | None) -> Sequence:
+        """Takes `seq` (None: the head) out of its tenant's queue, dropping queues and classes left empty."""
+        queues = self._classes[priority]
+        queue = queues[tenant]
+        if seq is None:
+            seq = queue.popleft()
+        else:
+            queue.remove(seq)
+        if not queue:
+            del queues[tenant]
+            if not queues:
+                del self._classes[priority]
+        self._length -= 1
+        return seq
 
 
 def waiting_queue(policy: str):

@@ -126,3 +126,38 @@ def test_greedy_outputs_do_not_depend_on_tenants_priorities_or_preemption(llama_
     assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
     assert fair.engine.scheduler.stats.num_preemptions > 0
     assert fair.engine.block_manager.num_free_blocks == fair.engine.block_manager.num_blocks
+
+
+def test_a_tenant_with_nothing_running_takes_the_place_of_the_tenant_furthest_ahead(llama_dir):
+    """The running set is full of A's long requests: B's first request starts at the next step (A's newest gives
+    way and is recomputed later); B's second takes no one's place while B has one running."""
+    scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=256)
+    for i in range(8):
+        scheduler.add(request(f"A{i}", "A", 16, 200))
+    run(scheduler, 5)
+    assert {s.request_id for s in scheduler.running} == {"A0", "A1", "A2", "A3"}
+    scheduler.add(request("B0", "B", 16, 4))
+    scheduler.add(request("B1", "B", 16, 4))
+    batch = scheduler.schedule()
+    assert [s.request_id for s in batch.seqs if s.params.tenant == "B"] == ["B0"]
+    assert scheduler.stats.num_preemptions == 1 and "A3" in {s.request_id for s in scheduler.waiting}
+    scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
+                                  for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    run(scheduler, 2)   # B0 still runs: B1 takes no one's place
+    assert scheduler.stats.num_preemptions == 1 and "B1" in {s.request_id for s in scheduler.waiting}
+    while scheduler.num_unfinished:
+        run(scheduler, 1)
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_recomputing_a_preempted_sequence_is_not_charged_to_its_tenant():
+    from kubeinfer.runtime.engine.waiting_queue import FairQueue
+    queue, seq = FairQueue(), request("A0", "A", 200, 10, weight=2)
+    queue.charge([seq], [120])                        # its first chunk: 120 tokens, weight 2
+    seq.num_computed_tokens = 120
+    assert queue.counters["A"] == 60
+    seq.num_computed_tokens = 16                      # preempted; 16 tokens back from the prefix cache
+    queue.charge([seq], [100])                        # recomputed 16..116: all charged before
+    seq.num_computed_tokens = 116
+    queue.charge([seq], [84])                         # 116..200: only 120..200 is new
+    assert queue.counters["A"] == 60 + 80 / 2
