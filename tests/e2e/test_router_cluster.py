@@ -275,3 +275,35 @@ def test_a_request_at_the_operators_router_scales_from_zero_without_router_metri
                "status.endpoint back to the replicas' Service", 0.5)
     assert kube.get(f"/api/v1/namespaces/{ns}/services/zero-router") is None
     assert "Traceback" not in operator.output()
+
+
+def test_a_stream_goes_on_when_its_replica_pod_is_killed(kube: Any, cluster: tuple) -> None:
+    """Through the router's Service, a greedy stream; its replica's pod is deleted with no grace (SIGKILL) after a
+    few chunks: the official client's stream goes on to the end from the other replica, with the text of an
+    uninterrupted run, one id, no error."""
+    ns, operator = cluster
+    create(kube, ns, "resumed", {**SPEC, "replicas": 2, "router": {}})
+    eventually(lambda: len(ready_pods(kube, ns, "resumed")) == 2, 240, "two ready replicas", 0.5)
+    want = replica_urls(kube, ns, "resumed")
+    eventually(lambda: [p for p in router_pods(kube, ns, "resumed")
+                        if told(p) == want and condition(p, "Ready").get("status") == "True"] or None,
+               60, "a Ready router pod told both replicas", 0.3)
+    base = service_url(kube, ns, "resumed-router")
+    ask = {"model": "resumed", "prompt": "Kubernetes schedules pods onto nodes and", "max_tokens": 160,
+           "temperature": 0, "extra_body": {"ignore_eos": True}}
+    api = streams.client(base)
+    expected = "".join(chunk.choices[0].text for chunk in api.completions.create(stream=True, **ask))
+    pods_by_url = {f"http://{p['status']['podIP']}:8000": p["metadata"]["name"] for p in ready_pods(kube, ns, "resumed")}
+    raw = api.completions.with_streaming_response.create(stream=True, **ask)
+    with raw as response:
+        victim = pods_by_url[response.headers["x-kubeinfer-replica"]]
+        chunks = []
+        for chunk in response.parse():
+            chunks.append(chunk)
+            if len(chunks) == 5:
+                kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim}", body={"gracePeriodSeconds": 0})
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+    assert len({c.id for c in chunks}) == 1 and chunks[-1].choices[0].finish_reason == "length"
+    router_url = f"http://{router_pods(kube, ns, 'resumed')[0]['status']['podIP']}:8080"
+    assert total(metrics(router_url), "kubeinfer_router_resumes_total", outcome="resumed") == 1
+    assert "Traceback" not in operator.output()
