@@ -54,6 +54,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = not config.scanning
     settings.watching.server_timeout = 300
+    settings.execution.max_workers = config.handler_threads
     for group, version, plural in CHILD_RESOURCES:
         settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
     kube = Kube(load_configuration())
