@@ -9,6 +9,7 @@ the operator's full resync.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import ssl
 import tempfile
@@ -55,7 +56,8 @@ class ApiCounter:
             self.ssl.load_cert_chain(upstream.cert_file, upstream.key_file)
         self.token = upstream.get_api_key_with_prefix("BearerToken") or ""
         self.port = port
-        self.requests: list[Request] = []
+        self.requests: list[Request] = []   # in order of arrival
+        self.last_active = 0.0   # time.monotonic() of the last request that is not a watch
         self._watches: set[aiohttp.ClientResponse] = set()   # upstream answers of open watches
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -68,7 +70,8 @@ class ApiCounter:
         return f"http://127.0.0.1:{self.port}"
 
     def since(self, start: float) -> list[Request]:
-        return [r for r in list(self.requests) if r.time >= start]
+        requests = self.requests[:]
+        return requests[bisect.bisect_left(requests, start, key=lambda r: r.time):]
 
     def cut_watches(self) -> int:
         """End every open watch stream; returns how many were open."""
@@ -99,6 +102,8 @@ class ApiCounter:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         record = Request(time.monotonic(), request.method, request.path, request.query_string)
         self.requests.append(record)
+        if not record.is_watch:
+            self.last_active = record.time
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
