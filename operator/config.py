@@ -38,6 +38,10 @@ class OperatorConfig:
     # scrape the ready pods' /metrics directly. One decision per autoscaled InferenceService per interval.
     prometheus_url: str = ""
     autoscale_interval_seconds: float = 5.0
+    # Threads running reconcile passes (kopf's executor). A pass mostly waits for the API server (~8 reads), so
+    # kopf's default, min(32, CPUs + 4), held a 2-CPU operator to 6 passes at once: 200 new services took 57 s
+    # to all have their Deployment (benchmarks/operator_scale.py, docs/benchmarks.md).
+    handler_threads: int = 16
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
@@ -52,6 +56,8 @@ class OperatorConfig:
         config = cls(**values)  # type: ignore[arg-type]
         if config.service_monitor not in ("auto", "always", "never"):
             raise ValueError(f"KUBEINFER_SERVICE_MONITOR must be auto, always or never, not {config.service_monitor!r}")
+        if config.handler_threads < 1:
+            raise ValueError("KUBEINFER_HANDLER_THREADS must be >= 1")
         if config.autoscale_interval_seconds <= 0:
             raise ValueError("KUBEINFER_AUTOSCALE_INTERVAL_SECONDS must be > 0")
         return config

@@ -25,6 +25,7 @@ import kopf
 import urllib3
 
 from kubeinfer.operator.autoscaling import autoscaler
+from kubeinfer.operator.autoscaling.readers import SharedReaders
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
@@ -53,6 +54,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = not config.scanning
     settings.watching.server_timeout = 300
+    settings.execution.max_workers = config.handler_threads
     for group, version, plural in CHILD_RESOURCES:
         settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
     kube = Kube(load_configuration())
@@ -62,6 +64,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     except (urllib3.exceptions.HTTPError, OSError) as error:   # one line, no traceback (kopf retries)
         raise kopf.TemporaryError(f"cannot reach the API server: {unreachable_reason(error)}", delay=10) from None
     memo["ctx"] = Context(kube=kube, config=config, with_service_monitor=with_sm)
+    memo["readers"] = SharedReaders.for_config(config)   # every autoscaler daemon's clients, made once
     log.info("kubeinfer operator configured: image=%s serviceMonitor=%s namespaces=%s",
              config.runtime_image, with_sm, list(config.namespaces) or "all")
 
@@ -103,4 +106,4 @@ def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
 @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=_autoscaled,
              cancellation_backoff=1, cancellation_timeout=10)
 async def autoscale(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    await autoscaler.run(memo["ctx"], namespace, name, stopped)
+    await autoscaler.run(memo["ctx"], namespace, name, stopped, memo.get("readers"))

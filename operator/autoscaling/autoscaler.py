@@ -37,20 +37,20 @@ import logging
 import time
 from typing import Any
 
-import httpx
 import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time
 from kubeinfer.operator.autoscaling.metrics_source import (
-    PodSelector, PrometheusSource, ScrapeSource, router_queue, with_router_queue,
+    PodSelector, ScrapeSource, router_queue, with_router_queue,
 )
 from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals,
 )
 from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
+from kubeinfer.operator.autoscaling.readers import SharedReaders
 from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.reconcile import builders, pod as pod_builder, router, status as status_mod
@@ -180,16 +180,19 @@ class Autoscaler:
     """The I/O of one InferenceService's passes. Its metrics source keeps state between passes (the
     direct-scrape snapshots), so one instance lives as long as the object's daemon."""
 
-    def __init__(self, ctx: Any, namespace: str, name: str) -> None:
+    def __init__(self, ctx: Any, namespace: str, name: str, readers: SharedReaders | None = None) -> None:
         self.ctx, self.namespace, self.name = ctx, namespace, name
-        url = ctx.config.prometheus_url
-        self.source: PrometheusSource | ScrapeSource = PrometheusSource(url) if url else ScrapeSource()
-        self.router_client = httpx.AsyncClient(timeout=3.0)
+        self._own_readers = None if readers is not None else SharedReaders.for_config(ctx.config)
+        self.readers = readers or self._own_readers
+        assert self.readers is not None
+        self.prometheus = self.readers.prometheus
+        self.source = None if self.prometheus else ScrapeSource(client=self.readers.scrape_client)
+        self.router_client = self.readers.router_client
         self.path = resource_path(API_VERSION, KIND, namespace, name)
 
     async def aclose(self) -> None:
-        await self.source.aclose()
-        await self.router_client.aclose()
+        if self._own_readers is not None:
+            await self._own_readers.aclose()
 
     def _read(self) -> tuple[dict[str, Any] | None, InferenceServiceSpec | None, list[dict[str, Any]]]:
         body = self.ctx.kube.get(self.path)
@@ -226,9 +229,10 @@ class Autoscaler:
         assert spec.autoscaling is not None
         window = spec.autoscaling.metric_window_seconds
         served = builders.served_name(spec, builders.Owner.from_body(body))
-        if isinstance(self.source, PrometheusSource):
+        if self.prometheus is not None:
             labels = dict(zip(PROMETHEUS_LABELS, (self.namespace, self.name)))
-            return await self.source.fetch(PodSelector(labels, model_name=served), window)
+            return await self.prometheus.signals(PodSelector(labels, model_name=served), window)
+        assert isinstance(self.source, ScrapeSource)
         return await self.source.fetch(scrape_targets(pods), window, model_name=served)
 
     async def step(self) -> Plan | None:
@@ -261,10 +265,12 @@ class Autoscaler:
             return plan
 
 
-async def run(ctx: Any, namespace: str, name: str, stopped: kopf.DaemonStopped) -> None:
+async def run(ctx: Any, namespace: str, name: str, stopped: kopf.DaemonStopped,
+              readers: SharedReaders | None = None) -> None:
     """The daemon's loop: one pass per `autoscale_interval_seconds` until kopf stops it (object deleted,
-    autoscaling removed, operator stopping). A failed pass is logged and the next one tries again."""
-    scaler = Autoscaler(ctx, namespace, name)
+    autoscaling removed, operator stopping). A failed pass is logged and the next one tries again.
+    `readers`: the operator's shared clients (`readers.SharedReaders`); without them the daemon makes its own."""
+    scaler = Autoscaler(ctx, namespace, name, readers)
     interval = ctx.config.autoscale_interval_seconds
     try:
         while not stopped:

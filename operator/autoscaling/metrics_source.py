@@ -102,16 +102,20 @@ class PrometheusSource:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _query(self, promql: str, at: float) -> float | None:
+    async def query_vector(self, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """An instant query's samples: (labels, value) each."""
         resp = await self._client.get(f"{self.url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"})
         resp.raise_for_status()
         body = resp.json()
         if body.get("status") != "success":
             raise RuntimeError(f"prometheus: {body.get('error', body)}")
-        result = body["data"]["result"]
+        return [(sample.get("metric") or {}, float(sample["value"][1])) for sample in body["data"]["result"]]
+
+    async def _query(self, promql: str, at: float) -> float | None:
+        result = await self.query_vector(promql, at)
         if not result:
             return None
-        value = float(result[0]["value"][1])
+        value = result[0][1]
         return value if math.isfinite(value) else None
 
     async def fetch(self, selector: PodSelector, window_s: int, now: float | None = None) -> Signals:

@@ -59,25 +59,33 @@ def in_sync(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
     return want_hash == have_hash and is_subset(desired, live)
 
 
-def ensure(kube: Kube, desired: dict[str, Any]) -> Outcome:
-    """Make the live object match ``desired``; returns what was done."""
-    live = kube.get(object_path(desired))
+def ensure(kube: Kube, desired: dict[str, Any], seen: dict[str, dict[str, Any]] | None = None) -> Outcome:
+    """Make the live object match ``desired``; returns what was done. ``seen`` gets the object as the server
+    answered it (read, or written), under its path, so that the pass need not read it again."""
+    path = object_path(desired)
+    live = kube.get(path)
     if in_sync(desired, live):
+        if seen is not None:
+            seen[path] = live
         return "unchanged"
     what = f"{desired['kind']} {desired['metadata']['namespace']}/{desired['metadata']['name']}"
     try:
-        kube.apply(desired)
+        written = kube.apply(desired)
     except ApiException as e:
         if e.status != 404:
             raise
         try:
-            kube.create(desired)
+            written = kube.create(desired)
         except ApiException as e2:
             if e2.status != 409:
                 raise
-            kube.apply(desired)
+            written = kube.apply(desired)
         log.info("created %s", what)
+        if seen is not None:
+            seen[path] = written
         return "created"
+    if seen is not None:
+        seen[path] = written
     outcome: Outcome = "created" if live is None else "updated"
     log.info("%s %s", outcome, what)
     return outcome

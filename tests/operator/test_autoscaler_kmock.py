@@ -1,6 +1,6 @@
 """The running operator's autoscaler against kmock and a stand-in Prometheus HTTP API on loopback.
 
-The stand-in answers the PromQL queries of `metrics_source.promql_queries` with values the test sets, so
+The stand-in answers the PromQL queries of `prometheus_fleet.fleet_queries` with values the test sets, so
 these tests drive the whole pass (daemon, PrometheusSource, policy, writes) with known signals; the same
 pass against a real Prometheus scraping real runtime processes is tests/operator/test_autoscaler_prometheus.py.
 """
@@ -41,23 +41,28 @@ class FakePrometheus:
 
     def answer(self, query: str) -> float | None:
         self.queries.append(query)
-        if query.startswith("sum(kubeinfer_num_requests_waiting"):
+        if query.startswith("sum by (namespace, service, model_name) (kubeinfer_num_requests_waiting"):
             return self.queue
-        if query.startswith("sum(kubeinfer_num_requests_running"):
+        if query.startswith("sum by (namespace, service, model_name) (kubeinfer_num_requests_running"):
             return self.running
         if query.startswith("histogram_quantile(0.95"):
             return self.ttft_p95
-        if query.startswith("sum(rate("):
+        if query.startswith("sum by (namespace, service, model_name) (rate("):
             return self.rate
-        if query.startswith("count("):
+        if query.startswith("count by ("):
             return self.pods if self.queue is not None else None
-        if query.startswith("min(timestamp("):
+        if query.startswith("min by (namespace, service, model_name) (timestamp("):
             return time.time() if self.queue is not None else None
         raise AssertionError(f"unexpected query {query}")
 
     async def handle(self, request: web.Request) -> web.Response:
+        """The fleet's rows: this service's values, and another service's (a decoy, queue 100) beside them."""
         value = self.answer(request.query["query"])
-        result = [] if value is None else [{"metric": {}, "value": [time.time(), repr(float(value))]}]
+        result = [{"metric": {"namespace": NAMESPACE, "service": "decoy", "model_name": "decoy"},
+                   "value": [time.time(), "100.0"]}]
+        if value is not None:
+            result.append({"metric": {"namespace": NAMESPACE, "service": NAME, "model_name": NAME},
+                           "value": [time.time(), repr(float(value))]})
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
 
@@ -156,8 +161,9 @@ async def test_queue_above_target_scales_up_through_spec_replicas(cluster: Any, 
     assert condition(obj, "Ready") and condition(obj, "Progressing") and condition(obj, "Degraded")
     # kopf guards the daemon with its finalizer
     assert "kubeinfer.dev/finalizer" in obj["metadata"]["finalizers"]
-    # the query selects the service's series by the ServiceMonitor's labels and the served model
-    assert 'sum(kubeinfer_num_requests_waiting{model_name="qwen",namespace="default",service="qwen"})' in prom.queries
+    # one query for the fleet; the pass reads the row of its service (namespace, service, served model), not the
+    # decoy's queue of 100
+    assert "sum by (namespace, service, model_name) (kubeinfer_num_requests_waiting)" in prom.queries
 
 
 async def test_manual_scale_is_overridden_with_an_event(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
 from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals
 from support import Prometheus, free_port, static_targets
 
 MODEL = "tiny-llama"
@@ -128,6 +129,14 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         assert abs(sig.ttft_p95_seconds - true_p95) <= hi - lo
         assert sig.request_rate and sig.request_rate > 0
         assert time.time() - sig.timestamp < 5, "sample timestamps are recent"
+
+        # The fleet's one round of queries gives each service what its own queries give.
+        fleet = FleetSignals(prom, max_age_s=60)
+        row = await fleet.signals(selector, WINDOW_S)
+        assert (row.queue_depth, row.num_running, row.num_pods_reporting) == (15, 60, 3)
+        assert lo < row.ttft_p95_seconds <= hi and row.request_rate and row.request_rate > 0
+        decoy_row = await fleet.signals(PodSelector({"namespace": "ns1", "service": "svc-b"}, MODEL), WINDOW_S)
+        assert (decoy_row.queue_depth, decoy_row.num_running, decoy_row.num_pods_reporting) == (100, 32, 1)
 
         direct = await scrape.fetch([p.url for p in pods], WINDOW_S, model_name=MODEL)
         assert (direct.queue_depth, direct.num_running, direct.num_pods_reporting) == (15, 60, 3)

@@ -1,0 +1,100 @@
+"""The Prometheus signals of every autoscaled InferenceService from one round of queries.
+
+Each object's daemon asks `FleetSignals.signals()` for its own service; the first to ask in an interval sends
+one query per signal for the whole fleet (`sum by (namespace, service, model_name) (...)`), and every daemon
+of that interval reads its service's row from that answer. 1,000 services make 6 queries per interval (per
+distinct metricWindowSeconds), not 6,000.
+
+Policy: an answer serves for `max_age_s` (the autoscale interval), so a decision may read signals up to one
+interval older than its pass; Prometheus' own samples are a scrape interval old already. A failed round is kept
+as long, as a missing signal for every service (the policy holds), so a Prometheus that is down gets one round
+of queries per interval, not one per service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import httpx
+
+from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.metric_names import RUNNING, TTFT, WAITING
+
+log = logging.getLogger(__name__)
+
+# The labels a series of one service carries (the ServiceMonitor's namespace and service, the runtime's model).
+ROW_LABELS = ("namespace", "service", "model_name")
+Row = tuple[str, str, str]
+
+
+def fleet_queries(window_s: int) -> dict[str, str]:
+    """The queries of `metrics_source.promql_queries`, for every service at once."""
+    by, w = ", ".join(ROW_LABELS), f"{int(window_s)}s"
+    return {
+        "queue": f"sum by ({by}) ({WAITING})",
+        "running": f"sum by ({by}) ({RUNNING})",
+        "ttft_p95": f"histogram_quantile(0.95, sum by ({by}, le) (rate({TTFT}_bucket[{w}])))",
+        "rate": f"sum by ({by}) (rate({TTFT}_count[{w}]))",
+        "pods": f"count by ({by}) ({WAITING})",
+        "oldest": f"min by ({by}) (timestamp({WAITING}))",
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    values: dict[Row, dict[str, float]]   # row -> signal name -> value (absent: no series)
+    error: str | None = None
+
+    def signals(self, selector: PodSelector) -> Signals:
+        if self.error is not None:
+            return Signals.missing(self.error, self.taken_at)
+        assert selector.model_name is not None, "a fleet row is one model's"
+        v = self.values.get((selector.labels["namespace"], selector.labels["service"], selector.model_name), {})
+        if "queue" not in v:
+            return Signals.missing(f"no {WAITING} series for {selector.promql()}", self.taken_at)
+        return Signals(timestamp=v.get("oldest", self.taken_at), queue_depth=v["queue"], num_running=v.get("running"),
+                       ttft_p95_seconds=v.get("ttft_p95"), request_rate=v.get("rate"),
+                       num_pods_reporting=int(v.get("pods", 0)))
+
+
+class FleetSignals:
+    """One operator's shared answers, one per metric window; safe for every daemon of one event loop."""
+
+    def __init__(self, source: PrometheusSource, max_age_s: float, clock: Callable[[], float] = time.time) -> None:
+        self.source, self.max_age_s, self.clock = source, max_age_s, clock
+        self._snapshots: dict[int, Snapshot] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    async def aclose(self) -> None:
+        await self.source.aclose()
+
+    async def signals(self, selector: PodSelector, window_s: int) -> Signals:
+        lock = self._locks.setdefault(window_s, asyncio.Lock())
+        async with lock:   # daemons arriving during a round wait for it instead of sending their own
+            snapshot = self._snapshots.get(window_s)
+            if snapshot is None or self.clock() - snapshot.taken_at >= self.max_age_s:
+                snapshot = self._snapshots[window_s] = await self._take(window_s)
+        return snapshot.signals(selector)
+
+    async def _take(self, window_s: int) -> Snapshot:
+        now = self.clock()
+        queries = fleet_queries(window_s)
+        try:
+            answers = await asyncio.gather(*(self.source.query_vector(q, now) for q in queries.values()))
+        except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+            log.warning("metrics prometheus failed url=%s error=%s", self.source.url, exc)
+            return Snapshot(now, {}, f"prometheus query failed: {exc}")
+        values: dict[Row, dict[str, float]] = {}
+        for signal, answer in zip(queries, answers):
+            for labels, value in answer:
+                if math.isfinite(value):
+                    row = tuple(labels.get(k, "") for k in ROW_LABELS)
+                    values.setdefault(row, {})[signal] = value   # type: ignore[index]
+        return Snapshot(now, values)
