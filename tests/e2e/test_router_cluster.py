@@ -278,8 +278,8 @@ def test_a_request_at_the_operators_router_scales_from_zero_without_router_metri
 
 
 def test_a_stream_goes_on_when_its_replica_pod_is_killed(kube: Any, cluster: tuple) -> None:
-    """Through the router's Service, a greedy stream; its replica's pod is deleted with no grace (SIGKILL) after a
-    few chunks: the official client's stream goes on to the end from the other replica, with the text of an
+    """Through the router's Service, a greedy stream of 1,200 tokens (long enough to outlive the kill); its
+    replica's pod is deleted with no grace (SIGKILL) after a few chunks: the official client's stream goes on to the end from the other replica, with the text of an
     uninterrupted run, one id, no error."""
     ns, operator = cluster
     create(kube, ns, "resumed", {**SPEC, "replicas": 2, "router": {}})
@@ -289,7 +289,7 @@ def test_a_stream_goes_on_when_its_replica_pod_is_killed(kube: Any, cluster: tup
                         if told(p) == want and condition(p, "Ready").get("status") == "True"] or None,
                60, "a Ready router pod told both replicas", 0.3)
     base = service_url(kube, ns, "resumed-router")
-    ask = {"model": "resumed", "prompt": "Kubernetes schedules pods onto nodes and", "max_tokens": 160,
+    ask = {"model": "resumed", "prompt": "Kubernetes schedules pods onto nodes and", "max_tokens": 1200,
            "temperature": 0, "extra_body": {"ignore_eos": True}}
     api = streams.client(base)
     expected = "".join(chunk.choices[0].text for chunk in api.completions.create(stream=True, **ask))
@@ -302,6 +302,7 @@ def test_a_stream_goes_on_when_its_replica_pod_is_killed(kube: Any, cluster: tup
             chunks.append(chunk)
             if len(chunks) == 5:
                 kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim}", body={"gracePeriodSeconds": 0})
+    assert victim not in {p["metadata"]["name"] for p in pods_of(kube, ns, "resumed")}   # killed mid-stream
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
     assert len({c.id for c in chunks}) == 1 and chunks[-1].choices[0].finish_reason == "length"
     router_url = f"http://{router_pods(kube, ns, 'resumed')[0]['status']['podIP']}:8080"
