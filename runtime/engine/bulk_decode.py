@@ -40,9 +40,9 @@ def postprocess_decodes(scheduler, batch, sampled: list[list[int]]) -> tuple[lis
         params = seq.params
         if (token in eos or token in params.stop_token_ids or len(token_ids) >= max_model_len
                 or len(token_ids) - seq.num_prompt_tokens >= params.max_tokens):
-            reason = scheduler._stop_reason(seq, token)
+            reason = scheduler.stop_reason(seq, token)
             if reason is not None:
-                scheduler._finish(seq, reason, token if token in params.stop_token_ids else None)
+                scheduler.finish_one(seq, reason, token if token in params.stop_token_ids else None)
                 finished = True
         kept_all.append(tokens)
     return kept_all, finished

@@ -236,7 +236,7 @@ class Scheduler:
             for token in tokens:
                 seq.append_token(token)
                 kept.append(token)
-                reason = self._stop_reason(seq, token)
+                reason = self.stop_reason(seq, token)
                 if reason is not None:
                     break
             # Capped: when a token ended the sequence, the accepted drafts after it are not its tokens.
@@ -244,7 +244,7 @@ class Scheduler:
             seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(seq)
             if reason is not None:
-                self._finish(seq, reason, kept[-1] if kept[-1] in seq.params.stop_token_ids else None)
+                self.finish_one(seq, reason, kept[-1] if kept[-1] in seq.params.stop_token_ids else None)
                 finished = True
             kept_all.append(kept)
         if finished:
@@ -267,7 +267,8 @@ class Scheduler:
         for position in range(num_accepted):
             stats.accepted_per_position[position] += 1
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+    def stop_reason(self, seq: Sequence, token: int) -> str | None:
+        """Why `token`, just appended, ends `seq` ("stop" or "length"), or None."""
         params = seq.params
         if seq.num_output_tokens >= params.min_tokens:
             if token in self.eos_token_ids and not params.ignore_eos:
@@ -278,7 +279,8 @@ class Scheduler:
             return "length"
         return None
 
-    def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+    def finish_one(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        """Ends `seq` inside a step (its blocks go back to the pool; `running` is filtered by the caller)."""
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -291,5 +293,5 @@ class Scheduler:
                 continue
             if seq.status is SequenceStatus.WAITING:
                 self.waiting.remove(seq)
-            self._finish(seq, reason, seq.stop_reason)
+            self.finish_one(seq, reason, seq.stop_reason)
         self.running = [seq for seq in self.running if not seq.is_finished]
