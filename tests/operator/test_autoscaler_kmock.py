@@ -19,6 +19,7 @@ from aiohttp import web
 from kubeinfer.operator.config import OperatorConfig
 
 from support.operator_harness import NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator
+from support.query_endpoint import serve_query_endpoint
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -69,18 +70,8 @@ class FakePrometheus:
 @pytest.fixture()
 async def prom() -> AsyncIterator[FakePrometheus]:
     fake = FakePrometheus()
-    app = web.Application()
-    app.router.add_get("/api/v1/query", fake.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    fake.url = f"http://127.0.0.1:{port}"
-    try:
+    async with serve_query_endpoint(fake.handle) as fake.url:
         yield fake
-    finally:
-        await runner.cleanup()
 
 
 async def quiesce(kapi: Any) -> None:

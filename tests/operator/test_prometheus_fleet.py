@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource, promql_queries
 from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals, fleet_queries
+from support.query_endpoint import serve_query_endpoint
 
 NUM_SERVICES = 1000
 WINDOW_S = 30
@@ -59,17 +60,8 @@ class FleetPrometheus:
 @pytest.fixture()
 async def prometheus() -> AsyncIterator[tuple[FleetPrometheus, str]]:
     fake = FleetPrometheus()
-    app = web.Application()
-    app.router.add_get("/api/v1/query", fake.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield fake, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_query_endpoint(fake.handle) as url:
+        yield fake, url
 
 
 def selector(i: int) -> PodSelector:
