@@ -145,9 +145,10 @@ class Scheduler:
             self.waiting.pop()
             block_manager.allocate(seq, hits, num_new)
             if seq.num_preemptions == 0:
-                seq.num_cached_tokens = seq.num_computed_tokens
-                self.stats.prefix_cache_queries += seq.num_tokens   # a resumed request: its output so far too
-                self.stats.prefix_cache_hits += seq.num_cached_tokens
+                # A resumed request looks up its output so far too; only the prompt's hits are its cached tokens.
+                seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+                self.stats.prefix_cache_queries += seq.num_tokens
+                self.stats.prefix_cache_hits += seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             running.append(seq)
             batch.seqs.append(seq)

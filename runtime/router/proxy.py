@@ -109,7 +109,7 @@ class Proxy:
                 return await send({"type": "http.response.body", "body": b"", "more_body": False})
             logger.info("resuming a stream of replica %s after %d tokens", replica.url, len(progress.token_ids))
             self.metrics.resumes.labels("resumed").inc()
-            body, text = progress.resume_body(parsed), prompt_text(parsed)
+            body = progress.resume_body(parsed)
 
     async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, received_at: float | None):
         """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas

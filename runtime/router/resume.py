@@ -10,6 +10,8 @@ the next replica prefills the prompt and those tokens and streams what follows, 
 import json
 
 RESUMABLE_HEADER = b"x-kubeinfer-resumable"
+PROGRESS_PREFIX, ID_PREFIX = ": ki ", ": ki-id "   # the replica's SSE comment lines (`progress_line`, `id_line`)
+_PROGRESS, _ID = PROGRESS_PREFIX.encode(), ID_PREFIX.encode()
 RESUMABLE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_RESUMES = 3   # continuations (or retries) of one request: a request that kills every replica stops here
 
@@ -25,6 +27,16 @@ def _one_prompt(prompt) -> bool:
     if prompt is None or isinstance(prompt, str):
         return True
     return isinstance(prompt, list) and bool(prompt) and all(isinstance(p, int) for p in prompt)
+
+
+def id_line(stream_id: str, created: int) -> str:
+    """The replica's first event of a resumable stream: its id and creation time, as a comment-only event."""
+    return f"{ID_PREFIX}{stream_id} {created}\n\n"
+
+
+def progress_line(text_chars: int, new_token_ids: list[int]) -> str:
+    """The comment line the replica puts in an output's event: text sent so far (characters), new token ids."""
+    return f"{PROGRESS_PREFIX}{text_chars} {' '.join(map(str, new_token_ids))}\n"
 
 
 class StreamProgress:
@@ -52,12 +64,12 @@ class StreamProgress:
         for event in data[:end].split(b"\n\n"):
             kept = []
             for line in event.split(b"\n"):
-                if line.startswith(b": ki "):
-                    chars, _, ids = line[5:].partition(b" ")
+                if line.startswith(_PROGRESS):
+                    chars, _, ids = line[len(_PROGRESS):].partition(b" ")
                     self.text_chars = int(chars)
                     self.token_ids.extend(map(int, ids.split()))
-                elif line.startswith(b": ki-id "):
-                    stream_id, created = line[8:].split()
+                elif line.startswith(_ID):
+                    stream_id, created = line[len(_ID):].split()
                     self.id, self.created = stream_id.decode(), int(created)
                 else:
                     kept.append(line)

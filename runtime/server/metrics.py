@@ -193,8 +193,7 @@ class EngineMetrics:
                 tenant = output.tenant or "anonymous"
                 self.labels(self.tenant_ttft, tenant).observe(now - output.arrival_time)
                 self.labels(self.tenant_prompt_tokens, tenant).inc(len(output.prompt_token_ids))
-                self.labels(self.tenant_cached_tokens, tenant).inc(
-                    min(output.num_cached_tokens, len(output.prompt_token_ids)))
+                self.labels(self.tenant_cached_tokens, tenant).inc(output.num_cached_tokens)
             else:   # per token: a step that accepted drafts brings several, sharing the interval
                 count = len(output.new_token_ids)
                 for _ in range(count):

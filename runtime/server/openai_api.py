@@ -32,6 +32,7 @@ from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.metrics import EngineMetrics
+from kubeinfer.runtime.router.resume import RESUMABLE_HEADER, id_line, progress_line
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Resume
 from kubeinfer.runtime.server.responses import Formatter, sse
 from kubeinfer.runtime.server.responses_store import ResponseStore
@@ -40,7 +41,6 @@ from kubeinfer.runtime.server.tools import plan_tools
 from kubeinfer.runtime.structured.spec import StructuredOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
-RESUMABLE_HEADER = "x-kubeinfer-resumable"
 RETRY_AFTER_FULL_SECONDS = 1.0
 CLIENT_CLOSED_REQUEST = 499   # nginx's status for a client that left before the response (never sent: logged)
 
@@ -183,7 +183,7 @@ def stream_identity(job: Job) -> tuple[str, int]:
 async def _respond(state: ServerState, job: Job, formatter: Formatter, body, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        progress = (request.headers.get(RESUMABLE_HEADER) == "1" and len(job.params) == 1
+        progress = (request.headers.get(RESUMABLE_HEADER.decode()) == "1" and len(job.params) == 1
                     and formatter.tools is None)
         return JobStream(job, _stream(state, job, formatter, include_usage, progress),
                          media_type="text/event-stream", headers={"Cache-Control": "no-cache",
@@ -265,7 +265,7 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
     tasks = [asyncio.ensure_future(pump(*sub)) for sub in job.sub_requests()]
     try:
         if progress:
-            yield f": ki-id {formatter.request_id} {formatter.created}\n\n"
+            yield id_line(formatter.request_id, formatter.created)
         if formatter.chat and job.resume is None:
             for index in range(len(tasks)):
                 yield formatter.role_chunk(index)
@@ -280,11 +280,10 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
                 return
             else:
                 emitted[index] = len(item.token_ids)
-                cached[index] = min(item.num_cached_tokens, len(item.prompt_token_ids))
+                cached[index] = item.num_cached_tokens
                 chunk = formatter.chunk(index, item)
                 if progress:   # one event: what the client has once it has this chunk, then the chunk
-                    ids = " ".join(map(str, item.new_token_ids))
-                    chunk = f": ki {len(item.text)} {ids}\n" + (chunk or "\n")
+                    chunk = progress_line(len(item.text), item.new_token_ids) + (chunk or "\n")
                 if chunk:
                     yield chunk
         if include_usage:
