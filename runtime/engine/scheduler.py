@@ -173,9 +173,9 @@ class Scheduler:
         recomputed later, as any preempted sequence."""
         block_manager, running = self.block_manager, self.running
         starved = all(other.params.tenant != seq.params.tenant for other in running)
+        hits = block_manager.find_cached_blocks(seq)   # preemptions free blocks but cache nothing new
+        num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, self.max_num_batched_tokens)
         while running:
-            hits = block_manager.find_cached_blocks(seq)
-            num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, self.max_num_batched_tokens)
             if len(running) < self.max_num_seqs and block_manager.can_allocate(seq, hits, num_new, reserve=True):
                 return
             victim = self._victim_for(seq, starved)
