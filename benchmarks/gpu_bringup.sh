@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # The GPU bring-up in one command: correctness on the device, then the figures, each step bounded.
 #
-#   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: tests tests-quick tests-attention kernels model startup
+#   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: device tests tests-gpu tests-quick tests-attention
+#                                                            kernels moe-kernel model speculative startup
 #                                                            (default: tests kernels model startup)
+#
+# tests-gpu runs every test marked gpu, spread over $GPU_TEST_WORKERS pytest-xdist workers (default 8: Triton's
+# compiles are CPU-bound, the GPU is shared); speculative needs the copy model (benchmarks/copy_model.py) under
+# ~/.cache/kubeinfer/bench/copy-model, or trains it there (47 s on an H200). GPU_TESTS narrows tests-gpu to some files.
+# The runtime imports llguidance, which the CUDA image lacks: carry its wheel and put it on PYTHONPATH (kept here:
+# the shim is prepended to it), e.g. pip install --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site.
 #
 # For a CUDA machine whose Python already has torch, triton, transformers, safetensors, tokenizers, numpy,
 # jinja2 and pytest, where nothing can be installed: kubeinfer is put on the path through a folder of links
@@ -18,7 +25,7 @@ shim=$(mktemp -d)
 mkdir -p "$shim/kubeinfer"
 cp "$root/kubeinfer/__init__.py" "$shim/kubeinfer/"
 for package in operator runtime kernels; do ln -s "$root/$package" "$shim/kubeinfer/$package"; done
-export PYTHONPATH=$shim PYTHONUNBUFFERED=1
+export PYTHONPATH=$shim${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1   # -P for xdist workers too: ./operator shadows the stdlib
 py=${PYTHON:-python3}
 cd "$root"
 
@@ -34,6 +41,19 @@ run_step() {  # name, time limit (s), tail lines, command...
 
 for step in $steps; do
     case $step in
+    device)
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/device.txt"
+        "$py" -P -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__,
+            transformers.__version__, torch.cuda.get_device_name())' >>"$out/device.txt" 2>&1
+        cat "$out/device.txt"
+        ;;
+    tests-gpu)
+        run_step tests-gpu "${GPU_TESTS_LIMIT:-300}" 30 "$py" -P -m pytest -m gpu -q -p no:cacheprovider \
+            -n "${GPU_TEST_WORKERS:-8}" ${GPU_TESTS:-tests/kernels tests/runtime/test_gpu.py tests/runtime/test_moe_models.py}
+        ;;
+    moe-kernel) run_step bench-moe-kernel 120 30 "$py" -P benchmarks/moe_kernel.py ;;
+    speculative) run_step bench-speculative "${SPECULATIVE_LIMIT:-150}" 20 "$py" -P benchmarks/speculative.py \
+            --device cuda --concurrency 1 8 --trials 3 ;;
     tests)
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/device.txt"
         "$py" -P -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__,
@@ -54,6 +74,7 @@ for step in $steps; do
     tests-attention) run_step tests-attention 450 8 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py ;;
     startup) run_step bench-startup 300 15 "$py" -P benchmarks/gpu_startup.py ;;
-    *) echo "unknown step $step (tests tests-quick tests-attention kernels model startup)"; exit 2 ;;
+    *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels moe-kernel model" \
+            "speculative startup)"; exit 2 ;;
     esac
 done

@@ -40,7 +40,8 @@ HBM_PEAK = [
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 # Launch configurations swept beside the launchers' defaults (--sweep): decode (BLOCK_N, num_warps,
 # num_stages) and extend (BLOCK_M, BLOCK_N, num_warps, num_stages).
-DECODE_SWEEP = [(32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3)]
+DECODE_SWEEP = [(32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (64, 4, 2, True), (128, 4, 2, True),
+                (128, 8, 2, True), (64, 8, 2, True)]
 EXTEND_SWEEP = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
                 (128, 32, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)]
 
@@ -49,14 +50,18 @@ def hbm_peak(name: str) -> float | None:
     return next((peak for key, peak in HBM_PEAK if key in name), None)
 
 
-def paged_batch(seq_lens: list[int], q_lens: list[int], block_size: int, dtype: torch.dtype, device: str):
-    """Random q and a paged cache holding every sequence's K/V in shuffled blocks; also the dense K/V."""
+def paged_batch(seq_lens: list[int], q_lens: list[int], block_size: int, dtype: torch.dtype, device: str,
+                shuffle: bool = True):
+    """Random q and a paged cache holding every sequence's K/V in shuffled blocks (in order with `shuffle`
+    off: each sequence's blocks contiguous, to see what the scattered gather costs); also the dense K/V."""
     from kubeinfer.kernels.metadata import AttentionMetadata
 
     gen = torch.Generator(device=device).manual_seed(0)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq)
     order = torch.randperm(num_blocks, generator=gen, device=device).to(torch.int32)
+    if not shuffle:
+        order = torch.arange(num_blocks, device=device, dtype=torch.int32)
     tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32, device=device)
     shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
     k_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
@@ -127,9 +132,32 @@ def bench_decode(batch: int, context: int, block_size: int, dtype: torch.dtype, 
             except Exception as error:   # e.g. out of shared memory: the sweep goes on
                 print(f"| {name} | {splits} | failed: {type(error).__name__} | | |")
     row("torch SDPA (dense)", "-", time_ms(sdpa))
+    fp8_decode_row(q, k_cache, v_cache, meta, scale, bytes_moved, elem, copy_bw)
     if copy_bw:
         print(f"measured copy bandwidth {copy_bw / 1e9:.0f} GB/s: the default reaches "
               f"{bytes_moved / (time_ms(lambda: decode_attention(q, k_cache, v_cache, meta, scale)) * 1e-3) / copy_bw:.0%} of it")
+
+
+def fp8_decode_row(q, k_cache, v_cache, meta, scale, bytes_moved, elem, copy_bw) -> None:
+    """The same batch from an FP8 (e4m3) cache: K/V bytes halve (bf16 -> 1 byte), so the time should too."""
+    from kubeinfer.kernels.decode_attention import decode_attention
+    from kubeinfer.kernels.metadata import FP8_DTYPE, FP8_MAX
+
+    k_scale = float(k_cache.abs().max()) / FP8_MAX
+    v_scale = float(v_cache.abs().max()) / FP8_MAX
+    k8, v8 = (k_cache / k_scale).to(FP8_DTYPE), (v_cache / v_scale).to(FP8_DTYPE)
+    kv_bytes = 2 * k_cache.numel() * elem
+    moved = bytes_moved - kv_bytes + kv_bytes // elem
+    exact = decode_attention(q, k_cache, v_cache, meta, scale).float()
+    got = decode_attention(q, k8, v8, meta, scale, k_scale=k_scale, v_scale=v_scale)
+    error = float((got.float() - exact).abs().max())
+    for config in [None, *DECODE_SWEEP]:
+        ms = time_ms(lambda: decode_attention(q, k8, v8, meta, scale, k_scale=k_scale, v_scale=v_scale,
+                                              config=config))
+        gbps = moved / (ms * 1e-3)
+        copy = f" ({gbps / copy_bw:.0%} of copy)" if copy_bw else ""
+        print(f"| triton paged, FP8 e4m3 cache, {config or 'default'} ({moved / 1e6:.1f} MB counted; max |fp8 - "
+              f"bf16 cache| = {error:.2e}) | auto | {ms * 1e3:.1f} | {gbps / 1e9:.0f} | -{copy} |")
 
 
 def bench_prefill(batch: int, length: int, block_size: int, dtype: torch.dtype) -> None:
@@ -152,6 +180,9 @@ def bench_prefill(batch: int, length: int, block_size: int, dtype: torch.dtype) 
     print(f"FLOPs counted per call: {flops / 1e12:.3f} TFLOP (QK^T + PV over visible pairs)")
     print("| impl | time (ms) | TFLOP/s |\n|---|---|---|")
     runs = [("triton paged extend (default)", lambda: extend_attention(q, k_cache, v_cache, meta, scale))]
+    in_order = paged_batch([length] * batch, [length] * batch, block_size, dtype, "cuda", shuffle=False)
+    runs.append(("triton paged extend, each sequence's blocks in order",
+                 lambda: extend_attention(in_order[0], in_order[1], in_order[2], in_order[3], scale)))
     runs += [(f"triton paged extend, BLOCK_M/N/warps/stages {c}",
               lambda c=c: extend_attention(q, k_cache, v_cache, meta, scale, config=c)) for c in EXTEND_SWEEP]
     for name, fn in runs + [("torch SDPA (dense, causal)", sdpa)]:

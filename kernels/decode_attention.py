@@ -48,6 +48,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    K_ROWS_FIRST: tl.constexpr,
 ):
     seq = tl.program_id(0)
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
@@ -83,8 +84,13 @@ def _decode_split_kernel(
         page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         in_page = offs_n % PAGE_SIZE
 
-        k = tl.load(K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh
-                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
+        if K_ROWS_FIRST:   # K as stored ([tokens, head_dim]), converted, then transposed in registers
+            k = tl.trans(tl.load(K_Cache + page[:, None] * stride_kb + in_page[:, None] * stride_ks
+                                 + kv_head * stride_kh + offs_d[None, :],
+                                 mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype))
+        else:
+            k = tl.load(K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh
+                        + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_H, BLOCK_N]
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
 
@@ -158,7 +164,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_scale is folded into the softmax scale and v_scale into the partial outputs.
 
     `num_kv_splits` overrides the split heuristic, `config` the split kernel's `(BLOCK_N, num_warps,
-    num_stages)` (tests and benchmarks' sweeps).
+    num_stages[, k_rows_first])` (tests and benchmarks' sweeps; k_rows_first loads K tiles as stored and
+    transposes them in registers).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -184,7 +191,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_programs = num_seqs * num_kv_heads * head_blocks
     num_splits = num_kv_splits or _num_splits(q.device, num_programs, meta.max_seqlen_k)
 
-    block_n, num_warps, num_stages = config or (64, 4, 2)
+    # An FP8 cache: K read as stored, 128 keys a tile (H200, batch 64 x 2048: 163 us against 215 with the 16-bit
+    # cache's tiles; benchmarks/kernels.py --sweep). Still slower than the bf16 cache's 142 us for half the bytes.
+    default = (128, 4, 2, True) if k_cache.dtype == FP8_DTYPE else (64, 4, 2, False)
+    block_n, num_warps, num_stages, k_rows_first = (*config, False)[:4] if config else default
     mid_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads * head_blocks, num_splits)](
@@ -203,6 +213,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        K_ROWS_FIRST=k_rows_first,
         num_warps=num_warps,
         num_stages=num_stages,
     )

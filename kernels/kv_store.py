@@ -20,14 +20,26 @@ FP8_LIMIT = tl.constexpr(FP8_MAX)
 
 @triton.jit
 def _to_e4m3_grid(x):
-    """`x` (fp32, within +-FP8_MAX) rounded to the nearest e4m3 value, ties away from zero, so that the cast
-    to FP8 that follows is exact. Rounding here rather than in the cast: the Triton interpreter's own
-    fp32 -> FP8 rounding loses the carry into the exponent (7.97 became 4.0, not 8.0)."""
+    """`x` (fp32, within +-FP8_MAX) rounded to the nearest e4m3 value, ties to even (as torch's and the GPU's own
+    conversions round), so that the cast to FP8 that follows is exact. Rounding here rather than in the cast: the
+    Triton interpreter's own fp32 -> FP8 rounding loses the carry into the exponent (7.97 became 4.0, not 8.0).
+    Ties are common: a bf16 input has 8 significant bits, e4m3 keeps 4 (on an H200, ties away from zero made
+    6 of 6 store tests differ from torch)."""
     magnitude = tl.abs(x)
-    exponent = tl.maximum(tl.floor(tl.log2(tl.maximum(magnitude, 1e-30))), -6.0)   # below 2^-6: subnormal step
+    # The exponent from the bits, not floor(log2): the GPU's log2 is an approximation (lg2.approx), and one just
+    # below an integer at a power of 2 would pick the finer step. (A precaution: the H200's remaining mismatches
+    # turned out to be -0.0, below.)
+    biased = (magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    exponent = tl.maximum(biased.to(tl.float32) - 127.0, -6.0)                     # below 2^-6: subnormal step
     step = tl.exp2(exponent - 3.0)                                                  # 3 mantissa bits
-    rounded = tl.floor(magnitude / step + 0.5) * step
-    return tl.where(x < 0, -rounded, rounded)
+    steps = magnitude / step                                                        # exact: step is a power of 2
+    rounded = tl.floor(steps + 0.5)
+    odd_tie = (rounded - steps == 0.5) & (rounded - 2.0 * tl.floor(rounded * 0.5) == 1.0)
+    rounded = tl.where(odd_tie, rounded - 1.0, rounded) * step
+    # x's sign bit on the rounded magnitude's bits: a negative value that rounds to 0 stays -0.0, as torch gives
+    # (negating in Triton compiled to 0 - x on the H200, which is +0.0).
+    bits = x.to(tl.int32, bitcast=True)
+    return (rounded.to(tl.int32, bitcast=True) | (bits - (bits & 0x7FFFFFFF))).to(tl.float32, bitcast=True)
 
 
 @triton.jit

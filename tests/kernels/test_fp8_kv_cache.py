@@ -55,6 +55,19 @@ def test_store_kv_fp8_matches_reference_and_saturates(device, dtype, num_kv_head
     torch.testing.assert_close(stored, key[t].float(), atol=2 ** -9, rtol=2 ** -4)
 
 
+def test_store_kv_fp8_rounds_as_torch_casts_ties_and_powers_of_two(device, dtype):
+    # Halfway between two e4m3 values (1.0625: 1.0 or 1.125) goes to the even one, as torch and the GPU round;
+    # values at and just below a power of two, and subnormals, land on the grid torch's cast gives.
+    values = torch.tensor([1.0625, 1.1875, 3.25, 3.75, 2.0 ** -8 * 2.5, 0.0029296875, 200.0, 208.0, 232.0, -1.0625,
+                           -1.1875, 7.97, 8.0, 15.99, 0.25, 447.0, 0.0, -0.0, 2.0 ** -10])
+    num_tokens = values.numel()
+    key = values.view(num_tokens, 1, 1).repeat(1, 1, 16).to(device, dtype)
+    k_cache = torch.zeros(1, num_tokens, 1, 16, dtype=FP8_DTYPE, device=device)
+    v_cache = k_cache.clone()
+    store_kv(key, key, k_cache, v_cache, torch.arange(num_tokens, device=device), 1.0, 1.0)
+    assert torch.equal(k_cache[0].view(torch.uint8), key.float().to(FP8_DTYPE).view(torch.uint8))
+
+
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
 @pytest.mark.parametrize("sliding_window", [None, 20])
 def test_decode_fp8_matches_reference(device, dtype, tol, make_paged, num_heads, num_kv_heads, sliding_window):
