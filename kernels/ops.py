@@ -86,3 +86,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         from kubeinfer.kernels import cpu_moe
         return cpu_moe.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
     return references.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
+
+
+def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+    """What a batch's LoRA adapters add to a linear layer's output (see `references.lora_delta`): two grouped GEMMs
+    in Triton; elsewhere a shrink and an expand per adapter present."""
+    if use_triton(x):
+        from kubeinfer.kernels.lora import lora_delta as triton_lora_delta
+        return triton_lora_delta(x, lora_a, lora_b, slot_ids)
+    return references.lora_delta(x, lora_a, lora_b, slot_ids)

@@ -204,3 +204,18 @@ def expert_groups(topk_ids: torch.Tensor, first_expert: int, num_local: int):
         start += counts[expert]
         if pairs.numel():
             yield expert, pairs
+
+
+def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+    """What the LoRA adapters add to a linear layer's output: row t gets `(x[t] @ A[s]^T) @ B[s]^T` for its slot
+    `s = slot_ids[t]`; a slot outside `[0, num_slots)` (the base model) adds nothing.
+
+    x `[T, in]`; lora_a `[S, R, in]` and lora_b `[S, out, R]`, each adapter's scaling already folded into B and
+    its rank padded with zeros to R. One shrink and one expand per slot present in the batch. fp32 accumulation
+    (the matmuls run in x's dtype, as F.linear does); the result in x's dtype."""
+    out = torch.zeros(x.shape[0], lora_b.shape[1], dtype=x.dtype, device=x.device)
+    for slot in torch.unique(slot_ids).tolist():
+        if 0 <= slot < lora_a.shape[0]:
+            rows = (slot_ids == slot).nonzero().flatten()
+            out[rows] = F.linear(F.linear(x[rows], lora_a[slot]), lora_b[slot])
+    return out

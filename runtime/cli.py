@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+from kubeinfer.runtime.cli_lines import log_level as _log_level, os_error_line, parse_lora_modules
 from kubeinfer.runtime.errors import ConfigError, KubeinferError
 
 STARTED_AT = time.monotonic()   # for the start-up phases of `serve` (the interpreter's own start is not counted)
@@ -41,6 +42,9 @@ ENGINE_FLAGS = [
     ("speculative_ngram_max", int, "longest suffix of the context looked up earlier in it (ngram)"),
     ("cpu_threads", int, "torch threads on CPU (none: the CPUs this process may use, from its cgroup quota "
                          "and affinity; OMP_NUM_THREADS also works)"),
+    ("max_loras", int, "LoRA adapters in one batch (0: LoRA off; docs/lora.md)"),
+    ("max_lora_rank", int, "the largest LoRA rank served"),
+    ("max_cpu_loras", int, "LoRA adapters kept in host memory (none: max(max_loras, 8))"),
 ]
 BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel"]
 
@@ -88,6 +92,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
                         default=_env_bool("enforce_eager", False),
                         help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")
+    parser.add_argument("--lora-modules", nargs="+", default=(_env("lora_modules") or "").split(), metavar="NAME=PATH",
+                        help="LoRA adapters served from the start (PEFT folders) [env KUBEINFER_LORA_MODULES]")
     parser.add_argument("--enable-expert-parallel", dest="enable_expert_parallel", action="store_true",
                         default=_env_bool("enable_expert_parallel", False),
                         help="split a mixture-of-experts model's experts over the tensor-parallel ranks instead of "
@@ -96,7 +102,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def engine_settings(args: argparse.Namespace) -> dict:
     names = [name for name, _, _ in ENGINE_FLAGS] + BOOL_FLAGS
-    return {name: getattr(args, name) for name in names}
+    return {name: getattr(args, name) for name in names} | {"lora_modules": parse_lora_modules(args.lora_modules)}
 
 
 def _engine_config_class():
@@ -279,21 +285,6 @@ def main(argv: list[str] | None = None) -> None:
         # A model folder mounted without read permission, a full or read-only disk: one line, no traceback.
         print(f"kubeinfer: error: {os_error_line(error)}", file=sys.stderr)
         sys.exit(2)
-
-
-def os_error_line(error: OSError) -> str:
-    """`[Errno 13] Permission denied: '/models/x/config.json'` in words: what failed, on which path."""
-    what = error.strerror or type(error).__name__
-    path = f" {error.filename}" if error.filename else ""
-    detail = "" if error.strerror else f": {error}"
-    return f"cannot access{path}: {what}{detail}"
-
-
-def _log_level(name: str) -> str:
-    level = name.upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ConfigError(f"log level {name!r}: expected debug, info, warning, error or critical")
-    return level
 
 
 if __name__ == "__main__":

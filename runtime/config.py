@@ -52,6 +52,10 @@ class EngineConfig:
     speculative_ngram_min: int = 2         # shortest and longest suffix of the context looked up earlier in it
     speculative_ngram_max: int = 4
     speculative_model: str | None = None   # the draft model's folder (speculative_method draft)
+    max_loras: int = 0                     # LoRA adapters in one batch (device slots); 0 = LoRA off (docs/lora.md)
+    max_lora_rank: int = 16                # the largest adapter rank served
+    max_cpu_loras: int | None = None       # adapters kept in host memory; None = max(max_loras, 8)
+    lora_modules: dict[str, str] = field(default_factory=dict)   # adapters loaded at start: name -> PEFT folder
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
     draft_model_config: ModelConfig | None = field(init=False, repr=False, default=None)
@@ -109,6 +113,17 @@ class EngineConfig:
                  f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
         self._validate_tensor_parallel()
         self._validate_experts()
+        self._validate_lora()
+
+    def _validate_lora(self) -> None:
+        _require(self.max_loras >= 0, f"max_loras must be >= 0, got {self.max_loras}")
+        _require(1 <= self.max_lora_rank <= 512, f"max_lora_rank must be in [1, 512], got {self.max_lora_rank}")
+        self.max_cpu_loras = self.max_cpu_loras or max(self.max_loras, 8)
+        _require(self.max_cpu_loras >= self.max_loras,
+                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        _require(not self.lora_modules or self.max_loras > 0, "lora_modules needs max_loras > 0 (LoRA is off)")
+        _require(self.max_loras == 0 or self.speculative_method is None,
+                 "LoRA adapters and speculative decoding together are not supported yet")
 
     def _validate_draft_model(self) -> None:
         """The draft model of `speculative_method draft`: there, readable, and speaking the target's vocabulary."""

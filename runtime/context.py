@@ -1,12 +1,15 @@
 """Per-forward metadata, set by the model runner before a forward and read by the attention layers."""
 from dataclasses import dataclass
 
+import torch
+
 from kubeinfer.kernels.metadata import AttentionMetadata
 
 
 @dataclass
 class ForwardContext:
     attn: AttentionMetadata
+    lora: torch.Tensor | None = None   # each token's adapter slot (max_loras: the base model); None: no adapters
 
 
 _context: ForwardContext | None = None
@@ -20,3 +23,8 @@ def set_context(context: ForwardContext | None) -> None:
 def get_context() -> ForwardContext:
     assert _context is not None, "attention ran outside a forward prepared by the model runner"
     return _context
+
+
+def lora_slot_ids() -> torch.Tensor | None:
+    """The forward's adapter slot per token, or None (no forward under way, or no adapter in its batch)."""
+    return None if _context is None else _context.lora

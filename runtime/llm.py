@@ -17,6 +17,13 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def load_lora(self, name: str, path: str) -> None:
+        """Serves the PEFT adapter at `path` as `name`: SamplingParams(lora_name=name) then runs on it."""
+        self.engine.core.load_lora(name, path)
+
+    def unload_lora(self, name: str) -> bool:
+        return self.engine.core.unload_lora(name)
+
     def shutdown(self) -> None:
         """Stops the other tensor-parallel ranks, if any (also run at interpreter exit). Idempotent."""
         self.engine.shutdown()

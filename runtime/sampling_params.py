@@ -30,6 +30,7 @@ class SamplingParams:
     tenant: str = ""                # "" : anonymous traffic, one tenant
     tenant_weight: float = 1.0      # its share of tokens against other tenants' weights
     priority: int = 0               # strict classes: lower goes first, and may preempt higher ones
+    lora_name: str | None = None    # the LoRA adapter the request runs on (docs/lora.md); None: the base model
 
     def __post_init__(self):
         if isinstance(self.stop, str):

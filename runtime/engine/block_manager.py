@@ -22,6 +22,12 @@ ROOT_HASH = 0x6B756265  # parent hash of a sequence's first block
 BlockKey = tuple[int, tuple[int, ...]]
 
 
+def root_hash(seq: Sequence) -> int:
+    """The parent hash of a sequence's first block: one per LoRA adapter, so KV is never shared across adapters
+    (or between an adapter and the base model)."""
+    return ROOT_HASH if seq.lora_path is None else hash((ROOT_HASH, seq.params.lora_name, seq.lora_path))
+
+
 def slot_mapping(tables: "torch.Tensor", owner: "torch.Tensor", positions: "torch.Tensor",
                  block_size: int) -> "torch.Tensor":
     """The KV slot of each token: `tables[owner, position // block_size] * block_size + position % block_size`
@@ -66,7 +72,7 @@ class BlockManager:
         """Blocks that already hold a prefix of the sequence. The last token is always left to compute."""
         if not self.enable_prefix_caching:
             return []
-        hits, parent, size, tokens = [], ROOT_HASH, self.block_size, seq.token_ids
+        hits, parent, size, tokens = [], root_hash(seq), self.block_size, seq.token_ids
         for start in range(0, (seq.num_tokens - 1) // size * size, size):
             block = self.cached.get((parent, tuple(tokens[start:start + size])))
             if block is None:
@@ -91,7 +97,7 @@ class BlockManager:
         self.tables[self.rows[seq.seq_id], :len(hits)] = hits
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_hashed_blocks = len(hits)
-        seq.last_block_hash = self.block_hashes[hits[-1]] if hits else ROOT_HASH
+        seq.last_block_hash = self.block_hashes[hits[-1]] if hits else root_hash(seq)
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
 
     # -- growth of a running sequence ----------------------------------------------------------------------

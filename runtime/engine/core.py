@@ -7,6 +7,7 @@ job, so the core can run in a process of its own and send one small message per 
 """
 import logging
 import time
+from collections import Counter
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
@@ -17,6 +18,7 @@ from kubeinfer.runtime.engine.scheduler import Scheduler
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.layers.fused_moe import expert_load_summary
+from kubeinfer.runtime.lora.adapter import LoraError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.structured.grammars import GrammarCache
 
@@ -34,10 +36,16 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}
         self.grammars = GrammarCache(config.model, config.model_config.vocab_size, eos_token_ids)
         self._expert_load_read: tuple[float, tuple] | None = None   # (when, figures) of the last MoE load read
+        self.lora_paths: dict[str, str] = {}   # adapters requests may name (docs/lora.md)
+        for name, path in config.lora_modules.items():   # a bad one is logged and left out; the others serve
+            try:
+                self.load_lora(name, path)
+            except LoraError as error:
+                logger.error("LoRA adapter %s not loaded at start: %s", name, error)
         self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
                                config.model_config.vocab_size, eos_token_ids,
                                dict(self.model_runner.startup_phases),
-                               config.speculative_tokens if config.speculative_method else 0)
+                               config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths))
 
     def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
             arrival_time: float | None = None, output_token_ids: list[int] = ()) -> None:
@@ -49,12 +57,34 @@ class EngineCore:
         if output_token_ids:
             check_resumed_output(token_ids, output_token_ids, params, self.info)
         seq = Sequence(request_id, token_ids, params, arrival_time, output_token_ids)
+        if params.lora_name is not None:
+            seq.lora_path = self.lora_paths.get(params.lora_name)
+            if seq.lora_path is None:
+                raise InvalidRequestError(f"no LoRA adapter {params.lora_name!r} is loaded", "model")
         if params.structured is not None:
             seq.guide = self.grammars.matcher(params.structured.grammar)
             if output_token_ids and not seq.guide.consume_tokens(list(output_token_ids)):
                 raise InvalidRequestError("the resumed output does not follow the request's grammar")
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Checks the adapter at `path` against the model and serves it as `name` (a no-op when it already is)."""
+        if self.model_runner.lora is None:
+            raise LoraError("LoRA adapters are off on this server: start it with --max-loras N")
+        if self.lora_paths.get(name, path) != path:
+            raise LoraError(f"adapter {name!r} is already loaded from {self.lora_paths[name]}: unload it first")
+        self.model_runner.lora.read(name, path)
+        self.lora_paths[name] = path
+        logger.info("LoRA adapter %s loaded from %s", name, path)
+
+    def unload_lora(self, name: str) -> bool:
+        """Stops serving `name` to new requests (running ones finish on it); False if it was not loaded."""
+        if self.lora_paths.pop(name, None) is None:
+            return False
+        self.model_runner.lora.forget(name)
+        logger.info("LoRA adapter %s unloaded", name)
+        return True
 
     def finish(self, request_id: str, reason: str, stop_reason: str | int | None = None) -> bool:
         """Ends a request from outside a step (an abort, a stop string); False if it had already ended."""
@@ -115,7 +145,15 @@ class EngineCore:
         return EngineStats(len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
                            stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
                            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
-                           tuple(stats.accepted_per_position), *self._expert_load(fresh))
+                           tuple(stats.accepted_per_position), *self._expert_load(fresh), *self._lora_load())
+
+    def _lora_load(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Running and waiting requests per adapter (empty with LoRA off)."""
+        if self.model_runner.lora is None:
+            return {}, {}
+        waiting = Counter(seq.params.lora_name for seq in self.seqs.values()
+                          if seq.lora_slot is None and seq.params.lora_name is not None)
+        return self.scheduler.loras.in_use(), dict(waiting)
 
     def _expert_load(self, fresh: bool) -> tuple[tuple[int, ...], float]:
         """The MoE load figures, read from the device at most once a second unless `fresh` (a read waits for the

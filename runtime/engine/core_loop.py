@@ -3,9 +3,10 @@
 Messages from the API side:   ("add", request_id, token_ids, params, arrival_time, resumed output token ids),
                               ("abort", [request_id]),
                               ("stop", request_id, stop_string), ("read", number of step messages read),
-                              ("shutdown",)
+                              ("lora", number, "load" | "unload", name, folder), ("shutdown",)
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds)
-                              per step, ("rejected", request_id, message), ("error", message) when it dies.
+                              per step, ("rejected", request_id, message), ("lora_done", number, error or None),
+                              ("error", message) when it dies.
 
 The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
 deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and
@@ -53,6 +54,8 @@ def serve_core(core, channel) -> None:
                     core.finish(request_id, "abort")
             elif kind == "stop":
                 core.finish(message[1], "stop", message[2])
+            elif kind == "lora":
+                channel.send(("lora_done", message[1], lora_operation(core, *message[2:])))
         if core.has_unfinished() and unread < MAX_STEPS_AHEAD:
             started = time.perf_counter()
             deltas = core.step()
@@ -61,6 +64,18 @@ def serve_core(core, channel) -> None:
             unread += 1
         elif touched:   # the gauges, after aborts or stops with no step to follow
             channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None))
+
+
+def lora_operation(core, operation: str, name: str, path: str | None) -> str | None:
+    """Loads or unloads an adapter; what went wrong (sent back as the API's 400), or None."""
+    try:
+        if operation == "load":
+            core.load_lora(name, path)
+        else:
+            core.unload_lora(name)
+    except InvalidRequestError as error:
+        return str(error)
+    return None
 
 
 def run_core(config: EngineConfig, eos_token_ids: tuple[int, ...], channel) -> int:

@@ -41,6 +41,8 @@ class EngineStats:
     spec_accepted_per_position: tuple[int, ...] = ()  # accepted drafts by position 0..k-1
     expert_tokens: tuple[int, ...] = ()               # MoE: tokens routed to each expert, summed over layers
     expert_imbalance: float = 0.0                     # MoE: the worst layer's busiest expert over its mean
+    lora_running: dict[str, int] | None = None        # LoRA: running requests per adapter
+    lora_waiting: dict[str, int] | None = None        # LoRA: waiting requests per adapter
 
 
 @dataclass
@@ -53,6 +55,7 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     startup_phases: dict[str, float]
     speculative_tokens: int = 0     # draft tokens per step at most (0: speculation off)
+    loras: dict[str, str] | None = None   # LoRA adapters loaded at start (--lora-modules), name -> folder
 
 
 def check_token_ids(params, info: EngineInfo) -> None:

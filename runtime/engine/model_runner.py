@@ -17,36 +17,19 @@ from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
-from kubeinfer.runtime.engine.step_inputs import StepInputs, build_step_inputs, step_to_device
+from kubeinfer.runtime.engine.step_inputs import StepInputs, build_step_inputs, lora_slot_ids, step_to_device
 from kubeinfer.runtime.layers.attention import PagedAttention
 from kubeinfer.runtime.layers.fused_moe import FusedMoE
 from kubeinfer.runtime.layers.linear import pack_cpu_weights
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.layers.sampler import Sampler
-from kubeinfer.runtime.models.registry import MODEL_CLASSES
-from kubeinfer.runtime.models.loader import init_dummy_weights, load_weights
+from kubeinfer.runtime.lora.weights import LoraWeights
+from kubeinfer.runtime.models.loader import build_model
 from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
 from kubeinfer.runtime.parallel import min_over_ranks, tp_size, world_size
 
 logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_GIB = 0.5
-
-
-def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.dtype, device: torch.device,
-                dummy_seed: int | None = None) -> torch.nn.Module:
-    """The model of `model_config` on `device`, its weights read from `model_dir` (or random, given a seed)."""
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = MODEL_CLASSES[model_config.architecture](model_config, max_model_len)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    if dummy_seed is not None:
-        init_dummy_weights(model, dummy_seed)
-    else:
-        load_weights(model, model_dir)
-    return model.eval()
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -132,6 +115,8 @@ class ModelRunner:
             packed = pack_cpu_weights(self.model)                           # on weights packed once
             if packed:
                 logger.info("CPU: %d bf16 linear weights packed for oneDNN", packed)
+        self.lora = LoraWeights(self.model, model_config, config.max_loras, config.max_lora_rank, config.max_cpu_loras,
+                                self.dtype, self.device) if config.max_loras else None
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
                     model_config.architecture, self.dtype, ", dummy weights" if config.load_format == "dummy" else "",
                     self.weight_bytes / 2**20, self.rank, world_size())
@@ -240,7 +225,9 @@ class ModelRunner:
 
     def prepare_host(self, batch: ScheduledBatch, block_manager: BlockManager) -> StepInputs:
         """The step's inputs as host tensors."""
-        return build_step_inputs(batch, block_manager, self.config.block_size)
+        step = build_step_inputs(batch, block_manager, self.config.block_size)
+        step.lora_slot_ids = lora_slot_ids(batch, self.config.max_loras) if self.lora is not None else None
+        return step
 
     def _to_device(self, step: StepInputs):
         return step_to_device(step, self.device)
@@ -249,12 +236,16 @@ class ModelRunner:
     def execute(self, step: StepInputs) -> torch.Tensor | None:
         """The forward of one step, run by every rank; the logits of the rows to sample (None if none)."""
         graphs = self.cuda_graphs
-        if graphs is not None and step.max_seqlen_q == 1 and graphs.fits(len(step.input_ids)):
+        if step.lora_loads:
+            self.lora.apply(step.lora_loads)
+        if graphs is not None and step.max_seqlen_q == 1 and graphs.fits(len(step.input_ids)) \
+                and step.lora_slot_ids is None:   # adapters run eagerly (not captured yet)
             hidden = graphs.replay(step.input_ids, step.positions, step.seq_lens, step.block_tables,
                                    step.slot_mapping)
         else:
             input_ids, positions, meta, _ = self._to_device(step)
-            set_context(ForwardContext(meta))
+            lora = None if step.lora_slot_ids is None else step.lora_slot_ids.to(self.device, non_blocking=True)
+            set_context(ForwardContext(meta, lora))
             try:
                 hidden = self.model(input_ids, positions)
             finally:

@@ -26,7 +26,7 @@ A sequence is sampled in the step that computes its last known token.
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
 and verified by the same forward; they take budget and KV slots like any token. Drafts never cause a
 preemption: a sequence that cannot fit its drafts runs without them. How many a sequence gets adapts to what
-it kept last time (`_next_draft_limit`). After the step, the computed tokens are the last known one and the
+it kept last time (`scheduler_stats.next_draft_limit`). After the step, the computed tokens are the last known one and the
 accepted drafts; the slots written for rejected drafts lie beyond them and are overwritten later, and a block
 grown for them stays the sequence's (freed with it).
 """
@@ -37,8 +37,10 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.bulk_decode import postprocess_decodes, schedule_decodes
 from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
+from kubeinfer.runtime.engine.scheduler_stats import SchedulerStats, next_draft_limit
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
 from kubeinfer.runtime.engine.waiting_queue import waiting_queue
+from kubeinfer.runtime.lora.slot_table import LoraSlotTable
 
 PREFILL_RATE_SMOOTHING = 0.2   # weight of the newest step in the prefill rate's moving average
 ASSUMED_FULL_STEP_SECONDS = 0.01   # until a step is measured: a fast engine's (near arrival order, but shortest
@@ -50,6 +52,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     num_decodes: int = 0   # the first seqs, each computing its one last token with no drafts (the fast paths')
+    lora_loads: list[tuple[int, str, str]] = field(default_factory=list)   # adapters to put in slots first
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -57,17 +60,6 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
-
-
-@dataclass
-class SchedulerStats:
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0   # prompt tokens looked up at first admission
-    prefix_cache_hits: int = 0      # of those, tokens served from the cache
-    num_drafts: int = 0             # speculation: sequence-steps that carried draft tokens
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)   # accepted drafts by position 0..k-1
 
 
 class Scheduler:
@@ -87,6 +79,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
         self.bulk_decodes = True   # the bulk path of all-decode steps (runtime/engine/bulk_decode.py)
+        self.loras = LoraSlotTable(config.max_loras)   # adapters in device slots; a running sequence holds its own
 
     @property
     def num_unfinished(self) -> int:
@@ -140,8 +133,8 @@ class Scheduler:
             seq = self.waiting.peek()
             hits = block_manager.find_cached_blocks(seq)
             num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, budget)
-            if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)):
-                break
+            if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)) or not self.loras.admit(seq):
+                break   # (no free adapter slot: it waits for one, ahead of those behind it)
             self.waiting.pop()
             block_manager.allocate(seq, hits, num_new)
             if seq.num_preemptions == 0:
@@ -155,6 +148,7 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         self.waiting.charge(batch.seqs, batch.num_new_tokens)
+        batch.lora_loads = self.loras.take_loads()
         return batch
 
     def _pop_victim(self) -> Sequence:
@@ -210,6 +204,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        self.loras.release(seq)
         seq.status = SequenceStatus.WAITING
         seq.draft_token_ids = []
         seq.num_draft_computed = 0
@@ -230,8 +225,8 @@ class Scheduler:
             drafts = seq.draft_token_ids
             if drafts:
                 seq.draft_token_ids = []
-                self._count_accepted(len(drafts), len(tokens) - 1)
-                seq.draft_limit = self._next_draft_limit(len(drafts), len(tokens) - 1)
+                self.stats.count_accepted(len(drafts), len(tokens) - 1)
+                seq.draft_limit = next_draft_limit(self.speculative_tokens, len(drafts), len(tokens) - 1)
                 num_new -= len(drafts) - (len(tokens) - 1)   # rejected drafts' slots are not computed
             kept, reason = [], None
             for token in tokens:
@@ -252,22 +247,6 @@ class Scheduler:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return kept_all
 
-    def _next_draft_limit(self, num_drafts: int, num_accepted: int) -> int:
-        """How many drafts a sequence gets next: one past what it kept after a rejection, twice as many after a
-        full acceptance (up to speculative_tokens). Wrong proposals then cost one extra query token per step,
-        not k, where verifying is not free (a CPU, a full GPU batch); right ones soon get all k again."""
-        if num_accepted == num_drafts:
-            return min(self.speculative_tokens, 2 * num_drafts)
-        return num_accepted + 1
-
-    def _count_accepted(self, num_drafts: int, num_accepted: int) -> None:
-        stats = self.stats
-        stats.num_drafts += 1
-        stats.num_draft_tokens += num_drafts
-        stats.num_accepted_tokens += num_accepted
-        for position in range(num_accepted):
-            stats.accepted_per_position[position] += 1
-
     def stop_reason(self, seq: Sequence, token: int) -> str | None:
         """Why `token`, just appended, ends `seq` ("stop" or "length"), or None."""
         params = seq.params
@@ -286,6 +265,7 @@ class Scheduler:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
         self.block_manager.free(seq)
+        self.loras.release(seq)
 
     def finish(self, seqs: list[Sequence], reason: str) -> None:
         """Finishes sequences from outside a step (stop strings, aborts), wherever they are queued."""

@@ -43,6 +43,8 @@ class Sequence:
         self.num_draft_computed = 0            # tokens whose K/V are in the draft model's cache (draft method)
         self.draft_limit: int | None = None    # drafts to propose next step (adapted to acceptance); None: all
         self.guide = None   # structured output: the grammar's matcher, advanced by every kept output token
+        self.lora_path: str | None = None   # the folder of its adapter (params.lora_name), resolved at admission
+        self.lora_slot: int | None = None   # the device slot of its adapter while it runs (lora/slot_table.py)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -1,6 +1,6 @@
 """One step's inputs: the scheduled batch flattened into host tensors (rank 0 builds them, and sends them to the
 other ranks), then moved onto a rank's device with their attention metadata."""
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -22,9 +22,19 @@ class StepInputs:
     max_seqlen_k: int
     sample_rows: list[int]         # token rows whose logits are sampled
     sample_seqs: list[int]         # the batch index of the sequence each of those rows belongs to
+    lora_slot_ids: torch.Tensor | None = None   # int64 [num_tokens]: each token's adapter slot; None: no adapter
+    lora_loads: list[tuple[int, str, str]] = field(default_factory=list)   # (slot, name, folder) to fill first
 
     def astuple(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def lora_slot_ids(batch: ScheduledBatch, base_slot: int) -> torch.Tensor | None:
+    """Each new token's adapter slot (`base_slot` for the base model's), or None when no sequence has one."""
+    if all(seq.lora_slot is None for seq in batch.seqs):
+        return None
+    slots = torch.tensor([base_slot if seq.lora_slot is None else seq.lora_slot for seq in batch.seqs])
+    return torch.repeat_interleave(slots, torch.tensor(batch.num_new_tokens))
 
 
 def build_step_inputs(batch: ScheduledBatch, block_manager: BlockManager, block_size: int) -> StepInputs:
@@ -68,7 +78,7 @@ def build_step_inputs(batch: ScheduledBatch, block_manager: BlockManager, block_
         cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables, slot_mapping=slots,
         max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max_seqlen_k, sample_rows=sample_rows,
-        sample_seqs=sample_seqs)
+        sample_seqs=sample_seqs, lora_loads=batch.lora_loads)
 
 
 def step_to_device(step: StepInputs, device: torch.device):

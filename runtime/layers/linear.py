@@ -51,6 +51,8 @@ class LinearBase(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         self.packed: torch.Tensor | None = None   # the weight in oneDNN's layout, once packed (the weight is freed)
+        self.in_features, self.out_features = in_features, out_features   # this rank's shard
+        self.lora = None   # runtime/lora/layers.LoraSlots, where adapters are served
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:
@@ -58,7 +60,8 @@ class LinearBase(nn.Module):
         return F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.project(x, self.bias)
+        out = self.project(x, self.bias)
+        return out if self.lora is None else self.lora.add_to(x, out)
 
     def pack_weight(self) -> bool:
         """Packs the weight for the CPU's bf16 GEMM (and frees the plain one) where it can; whether it did."""
@@ -152,4 +155,5 @@ class RowParallelLinear(LinearBase):
         _copy_into(param.data, _read(source, None, slice(start, start + cols)), "row-parallel linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(self.project(x, self.bias if tp_rank() == 0 else None))
+        out = self.project(x, self.bias if tp_rank() == 0 else None)
+        return all_reduce(out if self.lora is None else self.lora.add_to(x, out))   # partial updates summed too

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.server import openai_api, responses_api
+from kubeinfer.runtime.server import lora_api, openai_api, responses_api
 from kubeinfer.runtime.server.engine_client import EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
 from kubeinfer.runtime.server.openai_api import ServerState
@@ -112,7 +112,18 @@ def create_app(state: ServerState) -> FastAPI:
         openai_api.authenticate(state, request)
         return {"object": "list", "data": [{
             "id": state.config.served_model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "kubeinfer", "max_model_len": state.engine.info.max_model_len}]}
+            "owned_by": "kubeinfer", "max_model_len": state.engine.info.max_model_len},
+            *lora_api.model_cards(state, int(time.time()))]}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: lora_api.LoadLoraRequest, request: Request):
+        openai_api.authenticate(state, request)
+        return Response(await lora_api.load(state, body), media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: lora_api.UnloadLoraRequest, request: Request):
+        openai_api.authenticate(state, request)
+        return Response(await lora_api.unload(state, body), media_type="text/plain")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -52,6 +52,7 @@ class EngineClient:
         self.error: EngineDeadError | None = None
         self.on_dead: Callable[[], None] | None = None
         self._streams: dict[str, asyncio.Queue] = {}
+        self._lora_replies: dict[int, asyncio.Future] = {}   # LoRA load/unload answers awaited, by message number
         self._channel = None
         self._process: multiprocessing.Process | None = None
         self._thread: threading.Thread | None = None
@@ -190,6 +191,21 @@ class EngineClient:
             if not finished:
                 self._abort(request_id)
 
+    async def lora(self, operation: str, name: str, path: str | None) -> None:
+        """Loads ("load", name, folder) or unloads ("unload", name) a LoRA adapter in the engine; raises the
+        engine's InvalidRequestError (what is wrong with the adapter)."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
+        number = max(self._lora_replies, default=0) + 1
+        reply = self._lora_replies[number] = asyncio.get_running_loop().create_future()
+        self._send(("lora", number, operation, name, path))
+        try:
+            error = await reply
+        finally:
+            self._lora_replies.pop(number, None)
+        if error is not None:
+            raise InvalidRequestError(error, "lora_path")
+
     def _abort(self, request_id: str) -> None:
         output = self.processor.abort(request_id)
         if output is not None:
@@ -223,6 +239,10 @@ class EngineClient:
                 _, request_id, text = message
                 self.processor.abort(request_id)
                 self._deliver(request_id, InvalidRequestError(text))
+            elif kind == "lora_done":
+                reply = self._lora_replies.get(message[1])
+                if reply is not None and not reply.done():
+                    reply.set_result(message[2])
             elif kind == "error":
                 self._die(message[1])
         if steps:
@@ -259,6 +279,9 @@ class EngineClient:
         self._unwatch()
         for request_id in list(self._streams):
             self._deliver(request_id, EngineDeadError(f"the engine failed: {reason}"))
+        for reply in self._lora_replies.values():
+            if not reply.done():
+                reply.set_exception(EngineDeadError(f"the engine failed: {reason}"))
         if self.on_dead is not None:
             self.on_dead()
 

@@ -112,11 +112,13 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     if keys.enabled:
         logger.info("API keys: %d configured; requests need 'Authorization: Bearer <key>'", len(keys.keys))
     tokenizer = Tokenizer(config.model)
-    metrics = EngineMetrics(config.served_model_name, vllm_metrics)
+    metrics = EngineMetrics(config.served_model_name, vllm_metrics, config.max_loras)
     metrics.add_tenants(sorted({entry.tenant.name for entry in keys.keys.values()} | {ANONYMOUS.name}))
     engine = EngineClient(config, tokenizer, metrics, engine_mode, log_level)
-    engine.start()
-    return ServerState(engine, tokenizer, config, keys, metrics)
+    info = engine.start()
+    state = ServerState(engine, tokenizer, config, keys, metrics, loras=dict(info.loras or {}))
+    metrics.set_adapters(state.loras)
+    return state
 
 
 def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None = None,

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
+from kubeinfer.runtime.server.lora_metrics import LoraMetrics
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75,
                 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
@@ -19,7 +20,7 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 2
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, vllm_names: bool = True):
+    def __init__(self, model_name: str, vllm_names: bool = True, max_loras: int = 0):
         self.registry = CollectorRegistry()
         self._children: dict = {}
         labels = ["model_name"]
@@ -73,6 +74,7 @@ class EngineMetrics:
                                        "Busiest expert's routed tokens over the mean, worst layer (1 = even)")
         self._seen_experts: tuple[int, ...] = ()
         self.model_name = model_name
+        self.lora = LoraMetrics(self.registry, model_name, max_loras, vllm_names)
         # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
         # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
         self.vllm = None
@@ -134,6 +136,7 @@ class EngineMetrics:
         self._seen = seen
         self._observe_speculation(stats)
         self._observe_experts(stats)
+        self.lora.observe(stats.lora_running, stats.lora_waiting)
         self.labels(self.running).set(stats.num_running)
         self.labels(self.waiting).set(stats.num_waiting)
         self.labels(self.kv_usage).set(stats.kv_cache_usage)
@@ -204,6 +207,9 @@ class EngineMetrics:
             self.labels(self.e2e).observe(now - output.arrival_time)
             self.labels(self.success, output.finish_reason).inc()
             self.labels(self.tenant_requests, output.tenant or "anonymous", output.finish_reason).inc()
+
+    def set_adapters(self, names) -> None:
+        self.lora.set_adapters(names)
 
     def count_error(self, status: int) -> None:
         self.labels(self.errors, str(status)).inc()

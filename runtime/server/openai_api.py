@@ -30,6 +30,7 @@ from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server.chat import render_chat
+from kubeinfer.runtime.server import lora_api
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.router.resume import RESUMABLE_HEADER, id_line, progress_line
@@ -55,6 +56,7 @@ class ServerState:
     draining: bool = False
     admitted: int = 0   # engine requests of admitted jobs whose responses have not ended
     responses: ResponseStore = field(default_factory=ResponseStore)   # /v1/responses with store: true
+    loras: dict[str, str] = field(default_factory=dict)   # LoRA adapters served: name -> folder (lora_api.py)
 
     @property
     def capacity(self) -> int:
@@ -101,9 +103,7 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
     """Checks and reserves room for a request; `structured`: the tools' grammar, else the body's own format."""
     if state.draining:
         raise APIError(503, "the server is shutting down", code="draining")
-    if body.model != state.config.served_model_name:
-        raise APIError(404, f"model {body.model!r} is not served here; this server serves "
-                            f"{state.config.served_model_name!r}", "model", "model_not_found")
+    lora_name = lora_api.adapter_of(state, body.model)   # None: the base model; 404 for a name not served
     structured = structured or body.structured_output()
     max_len = state.engine.info.max_model_len
     params = []
@@ -118,6 +118,7 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
     tenant = state.keys.tenant(key)   # from the key alone: a client never names its own tenant
     for choice in params:
         choice.tenant, choice.tenant_weight, choice.priority = tenant.name, tenant.weight, tenant.priority
+        choice.lora_name = lora_name
     if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)

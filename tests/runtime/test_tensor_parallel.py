@@ -104,6 +104,20 @@ def test_tp2_speculative_greedy_matches_tp1_plain_greedy(model_dirs):
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens   # drafts accepted and rejected
 
 
+def test_tp2_lora_adapters_match_tp1(model_dirs, tmp_path):
+    """Two adapters (every projection, ranks 8 and 16) and the base model in one batch, each rank holding its shard
+    of every adapter (column-parallel B rows, row-parallel A columns): TP=1's tokens and logprobs."""
+    from support.lora import make_adapter
+    adapters = {f"a{rank}": str(make_adapter(model_dirs["qwen3"], tmp_path / f"a{rank}", rank, seed=rank))
+                for rank in (8, 16)}
+    names = [None, "a8", "a16", "a8"]
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N, lora_name=n)
+              for n in names]
+    settings = dict(max_loras=2, lora_modules=adapters)
+    assert_same_outputs(tp_outputs(model_dirs["qwen3"], 2, params=params, **settings),
+                        tp_outputs(model_dirs["qwen3"], 1, params=params, **settings))
+
+
 def test_one_tensor_parallel_engine_per_process(llama_dir):
     with LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16):
         with pytest.raises(RuntimeError, match="one parallel engine per process"):

@@ -1,0 +1,40 @@
+"""The adapters of one rank: its model's LoRA slots, and a host cache of adapters read from their folders
+(`max_cpu_loras` of them, least recently used dropped first). Every rank applies the same loads, decided by rank
+0's slot table, before a step's forward; a load reads the adapter from its folder only when it is not cached."""
+from collections import OrderedDict
+
+import torch
+
+from kubeinfer.runtime.lora.adapter import LoraAdapter, load_adapter
+from kubeinfer.runtime.lora.layers import attach_lora_slots
+from kubeinfer.runtime.models.config import ModelConfig
+
+
+class LoraWeights:
+    def __init__(self, model, model_config: ModelConfig, max_loras: int, max_rank: int, max_cpu_loras: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.model_config, self.max_rank, self.max_cpu_loras = model_config, max_rank, max_cpu_loras
+        self.layers = attach_lora_slots(model, max_loras, max(max_rank, 16), dtype, device)   # tl.dot: K >= 16
+        self.cache: OrderedDict[str, LoraAdapter] = OrderedDict()
+
+    def read(self, name: str, path: str) -> LoraAdapter:
+        """The adapter, from the cache or its folder (checked against the model: LoraError otherwise)."""
+        adapter = self.cache.get(name)
+        if adapter is None or adapter.path != path:
+            adapter = load_adapter(name, path, self.model_config, self.max_rank)
+            self.cache[name] = adapter
+            while len(self.cache) > self.max_cpu_loras:
+                self.cache.popitem(last=False)
+        self.cache.move_to_end(name)
+        return adapter
+
+    def forget(self, name: str) -> None:
+        self.cache.pop(name, None)
+
+    def apply(self, loads: list[tuple[int, str, str]]) -> None:
+        for slot, name, path in loads:
+            adapter = self.read(name, path)
+            for layer, slots in self.layers.items():
+                modules = {module: ab for (index, module), ab in adapter.weights.items() if index == layer}
+                for lora_slots in slots:
+                    lora_slots.set_slot(slot, modules)
