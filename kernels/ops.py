@@ -88,10 +88,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     return references.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
 
 
-def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
-    """What a batch's LoRA adapters add to a linear layer's output (see `references.lora_delta`): two grouped GEMMs
-    in Triton; elsewhere a shrink and an expand per adapter present."""
+def lora_add(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot_ids: torch.Tensor,
+             groups: list) -> torch.Tensor:
+    """`out` plus what a batch's LoRA adapters add to a linear layer's output (see `references.lora_delta`): two
+    grouped GEMMs in Triton; elsewhere, in place, a shrink and an expand per adapter present (`groups`:
+    `references.lora_groups(slot_ids)`, once per forward)."""
     if use_triton(x):
         from kubeinfer.kernels.lora import lora_delta as triton_lora_delta
-        return triton_lora_delta(x, lora_a, lora_b, slot_ids)
-    return references.lora_delta(x, lora_a, lora_b, slot_ids)
+        return out + triton_lora_delta(x, lora_a, lora_b, slot_ids)
+    return references.lora_add_(out, x, lora_a, lora_b, groups)

@@ -214,8 +214,23 @@ def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot
     its rank padded with zeros to R. One shrink and one expand per slot present in the batch. fp32 accumulation
     (the matmuls run in x's dtype, as F.linear does); the result in x's dtype."""
     out = torch.zeros(x.shape[0], lora_b.shape[1], dtype=x.dtype, device=x.device)
-    for slot in torch.unique(slot_ids).tolist():
-        if 0 <= slot < lora_a.shape[0]:
-            rows = (slot_ids == slot).nonzero().flatten()
-            out[rows] = F.linear(F.linear(x[rows], lora_a[slot]), lora_b[slot])
+    return lora_add_(out, x, lora_a, lora_b, lora_groups(slot_ids, lora_a.shape[0]))
+
+
+def lora_groups(slot_ids: torch.Tensor, num_slots: int) -> list[tuple[int, torch.Tensor | None]]:
+    """The rows of each adapter slot present (None: every row is that slot's); base-model rows are left out."""
+    slots = torch.unique(slot_ids).tolist()
+    if len(slots) == 1:
+        return [(slots[0], None)] if 0 <= slots[0] < num_slots else []
+    return [(slot, (slot_ids == slot).nonzero().flatten()) for slot in slots if 0 <= slot < num_slots]
+
+
+def lora_add_(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+              groups: list[tuple[int, torch.Tensor | None]]) -> torch.Tensor:
+    """`out += lora_delta(...)` in place, by the groups of `lora_groups` (computed once per forward)."""
+    for slot, rows in groups:
+        if rows is None:
+            out.addmm_(F.linear(x, lora_a[slot]), lora_b[slot].T)
+        else:
+            out.index_add_(0, rows, F.linear(F.linear(x[rows], lora_a[slot]), lora_b[slot]))
     return out

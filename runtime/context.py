@@ -9,7 +9,8 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 @dataclass
 class ForwardContext:
     attn: AttentionMetadata
-    lora: torch.Tensor | None = None   # each token's adapter slot (max_loras: the base model); None: no adapters
+    # Each token's adapter slot (max_loras: the base model) and its groups (references.lora_groups); None: no adapters.
+    lora: tuple[torch.Tensor, list] | None = None
 
 
 _context: ForwardContext | None = None
@@ -25,6 +26,6 @@ def get_context() -> ForwardContext:
     return _context
 
 
-def lora_slot_ids() -> torch.Tensor | None:
-    """The forward's adapter slot per token, or None (no forward under way, or no adapter in its batch)."""
+def lora_batch() -> tuple[torch.Tensor, list] | None:
+    """The forward's adapter slot per token and their groups, or None (no forward under way, or no adapter)."""
     return None if _context is None else _context.lora

@@ -7,6 +7,7 @@ import time
 import torch
 
 from kubeinfer.kernels import get_backend, set_backend
+from kubeinfer.kernels.references import lora_groups
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -244,8 +245,7 @@ class ModelRunner:
                                    step.slot_mapping)
         else:
             input_ids, positions, meta, _ = self._to_device(step)
-            lora = None if step.lora_slot_ids is None else step.lora_slot_ids.to(self.device, non_blocking=True)
-            set_context(ForwardContext(meta, lora))
+            set_context(ForwardContext(meta, self._lora_batch(step)))
             try:
                 hidden = self.model(input_ids, positions)
             finally:
@@ -254,6 +254,12 @@ class ModelRunner:
         if not sample_rows or (self.rank > 0 and tp_size() == 1):   # a replicated LM head: only rank 0 samples
             return None
         return self.model.compute_logits(hidden[sample_rows])
+
+    def _lora_batch(self, step: StepInputs):
+        if step.lora_slot_ids is None:
+            return None
+        slot_ids = step.lora_slot_ids.to(self.device, non_blocking=True)
+        return slot_ids, lora_groups(slot_ids, self.config.max_loras)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager

@@ -9,7 +9,7 @@ A's columns as it splits its inputs (B whole), and its partial products are summ
 import torch
 
 from kubeinfer.kernels import ops
-from kubeinfer.runtime.context import lora_slot_ids
+from kubeinfer.runtime.context import lora_batch
 from kubeinfer.runtime.parallel import tp_rank, tp_size
 
 
@@ -41,10 +41,12 @@ class LoraSlots:
 
     def add_to(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """`out` plus each token's adapter update, when this forward carries adapters."""
-        slot_ids = lora_slot_ids()
-        if slot_ids is None:
+        batch = lora_batch()
+        if batch is None:
             return out
-        return out + ops.lora_delta(x.reshape(-1, x.shape[-1]), self.lora_a, self.lora_b, slot_ids).view_as(out)
+        slot_ids, groups = batch
+        flat = out.view(-1, out.shape[-1])
+        return ops.lora_add(flat, x.reshape(-1, x.shape[-1]), self.lora_a, self.lora_b, slot_ids, groups).view_as(out)
 
 
 def lora_parts(layer, name: str) -> tuple[list[tuple[str, int, int, int]], bool]:
