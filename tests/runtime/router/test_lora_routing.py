@@ -129,9 +129,9 @@ async def metric(client: httpx.AsyncClient, name: str, **labels) -> float:
     return 0.0
 
 
-async def until_metric(client: httpx.AsyncClient, name: str, value: float, timeout_s: float) -> None:
+async def until_metric(client: httpx.AsyncClient, name: str, value: float, timeout_s: float, **labels) -> None:
     async with asyncio.timeout(timeout_s):
-        while await metric(client, name) != value:
+        while await metric(client, name, **labels) != value:
             await asyncio.sleep(0.01)
 
 
@@ -231,6 +231,20 @@ async def test_a_load_refused_for_one_key_is_asked_again_with_the_key_of_another
         assert (await bad).status_code == 401
         assert ((await good).status_code, replica.served) == (200, ["sql"])
         assert [authorization for _, authorization in replica.loads] == ["Bearer bad", "Bearer good"]
+
+
+async def test_a_client_that_leaves_while_its_adapter_loads_does_not_cancel_the_load():
+    replica = StandInReplica("r")
+    replica.loads_held.clear()
+    async with fleet(replica) as client:
+        leaving = asyncio.ensure_future(complete(client, "sql"))
+        await until_metric(client, "kubeinfer_router_lora_load_waiting_requests", 1, QUEUE_TIMEOUT)
+        leaving.cancel()   # httpx closes the connection: the router cancels the request
+        await until_metric(client, "kubeinfer_router_lora_load_waiting_requests", 0, QUEUE_TIMEOUT)
+        replica.loads_held.set()
+        await until_metric(client, "kubeinfer_router_lora_loads_total", 1, QUEUE_TIMEOUT, outcome="loaded")
+        assert (await complete(client, "sql")).status_code == 200   # the load went on: no second one
+        assert len(replica.loads) == 1 and replica.served == ["sql"]
 
 
 def test_lora_modules_parse_as_the_runtime_flag_and_refuse_bad_values():
