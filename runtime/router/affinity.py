@@ -17,9 +17,12 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
 
 
-def chunk_hashes(text: str, chunk_chars: int, max_chunks: int) -> list[int]:
-    """Chained hashes of the full `chunk_chars`-long chunks at the start of `text` (a partial tail has none)."""
-    hashes, parent = [], 0
+def chunk_hashes(text: str, chunk_chars: int, max_chunks: int, adapter: str | None = None) -> list[int]:
+    """Chained hashes of the full `chunk_chars`-long chunks at the start of `text` (a partial tail has none).
+
+    Under a LoRA `adapter` the chain starts from the adapter's name: a replica's KV of a prompt under one adapter
+    (or the base model) is never reused under another, so the same text is another prefix there."""
+    hashes, parent = [], (0 if adapter is None else stable_hash("lora", adapter))
     for start in range(0, min(len(text) // chunk_chars, max_chunks) * chunk_chars, chunk_chars):
         parent = stable_hash(parent, text[start:start + chunk_chars])
         hashes.append(parent)

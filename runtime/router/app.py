@@ -11,10 +11,11 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kubeinfer.runtime.router.adapters import Adapters, LoadFailed
 from kubeinfer.runtime.router.discovery import EndpointSliceWatch, EndpointsFileWatch
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
-from kubeinfer.runtime.router.proxy import Proxy, UpstreamFailed
+from kubeinfer.runtime.router.proxy import REPLICA_HEADER, Proxy, UpstreamFailed
 from kubeinfer.runtime.router.replicas import ReplicaSet
 from kubeinfer.runtime.router.settings import RouterSettings
 from kubeinfer.runtime.router.tenants import TenantGate
@@ -35,9 +36,9 @@ async def respond(send, status: int, body: bytes, content_type: bytes = b"applic
 
 
 async def respond_error(send, status: int, message: str, code: str | None = None,
-                        retry_after: float | None = None) -> None:
+                        retry_after: float | None = None, param: str | None = None) -> None:
     extra = [(b"retry-after", str(max(1, round(retry_after))).encode())] if retry_after is not None else []
-    await respond(send, status, json.dumps(error_body(status, message, None, code)).encode(), extra=extra)
+    await respond(send, status, json.dumps(error_body(status, message, param, code)).encode(), extra=extra)
 
 
 class Router:
@@ -48,7 +49,9 @@ class Router:
                                    settings.connect_timeout)
         self.room = WaitingRoom(self.replicas, settings.max_queued_requests, settings.max_queued_bytes,
                                 settings.queue_timeout)
-        self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout)
+        self.adapters = Adapters(settings, self.replicas, self.metrics)
+        self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout,
+                           self.adapters)
         self.tenants = TenantGate(settings.api_keys_file, settings.max_in_flight_per_tenant)
         self._scraper: asyncio.Task | None = None
         self._watch: EndpointSliceWatch | None = None
@@ -147,7 +150,11 @@ class Router:
             await self.proxy.forward(scope, body, send, received_at)
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
-            await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
+            await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after,
+                                refused.param)
+        except LoadFailed as failed:   # the replica's own answer to loading the adapter, as it wrote it
+            await respond(send, failed.status, failed.body, failed.content_type,
+                          [(REPLICA_HEADER.encode(), failed.replica_url.encode())])
         except UpstreamFailed as failed:
             self.metrics.refused.labels("502").inc()
             await respond_error(send, 502, str(failed), "replica_failed")
@@ -155,9 +162,13 @@ class Router:
             self.tenants.leave(tenant)
 
     def _models(self) -> dict:
+        """The base model, then each adapter with its parent, as a replica lists them (docs/lora.md)."""
         name = self.settings.served_model_name or self.replicas.model_name
-        data = [] if name is None else [{"id": name, "object": "model", "created": int(time.time()),
-                                         "owned_by": "kubeinfer"}]
+        created = int(time.time())
+        data = [] if name is None else [{"id": name, "object": "model", "created": created, "owned_by": "kubeinfer"}]
+        for adapter in self.adapters.names():
+            data.append({"id": adapter, "object": "model", "created": created, "owned_by": "kubeinfer",
+                         "root": self.adapters.offered.get(adapter), "parent": name})
         return {"object": "list", "data": data}
 
     def _metrics_text(self) -> bytes:
@@ -167,6 +178,9 @@ class Router:
         m.replicas_up.set(len(self.replicas.available()))
         for replica in self.replicas.replicas.values():
             m.in_flight.labels(replica.url).set(replica.in_flight)
+        m.lora_load_waiting.set(self.adapters.num_waiting)
+        for adapter in self.adapters.names():
+            m.lora_replicas.labels(adapter).set(len(self.adapters.holders(adapter)))
         return generate_latest(m.registry)
 
 

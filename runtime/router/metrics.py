@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025,
                  0.05, 0.1, 0.25)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LORA_LOAD_OUTCOMES = ("loaded", "failed", "unreachable")
 
 
 class RouterMetrics:
@@ -36,6 +37,21 @@ class RouterMetrics:
         self.added = Histogram("kubeinfer_router_added_latency_seconds",
                                "Router time before a request is on its way to a replica (reading, parsing, "
                                "picking; waiting for a replica excluded)", buckets=ADDED_BUCKETS, registry=r)
+        self.lora_loads = Counter("kubeinfer_router_lora_loads", "LoRA adapter loads the router asked of a replica: "
+                                  "loaded, failed (the replica refused: its error goes to the client), unreachable "
+                                  "(no answer: tried on another replica)", ["outcome"], registry=r)
+        self.lora_load_seconds = Histogram("kubeinfer_router_lora_load_seconds", "Time a replica took to load a LoRA "
+                                           "adapter the router asked for (loaded ones)", buckets=WAIT_BUCKETS,
+                                           registry=r)
+        self.lora_load_waiting = Gauge("kubeinfer_router_lora_load_waiting_requests", "Requests waiting for their "
+                                       "LoRA adapter to be loaded on a replica", registry=r)
+        self.lora_replicas = Gauge("kubeinfer_router_lora_adapter_replicas", "Replicas up with each LoRA adapter "
+                                   "loaded", ["adapter"], registry=r)
+        self.lora_not_loaded = Counter("kubeinfer_router_lora_not_loaded", "Requests a replica answered 404 for an "
+                                       "adapter the router thought loaded there (it dropped it): placed again",
+                                       registry=r)
+        for outcome in LORA_LOAD_OUTCOMES:
+            self.lora_loads.labels(outcome)
         for kind in ("connect", "draining", "disconnect", "timeout"):
             self.upstream_errors.labels(kind)
         for outcome in ("retried", "resumed", "failed"):

@@ -13,9 +13,10 @@ class Chooser:
         self.index = PrefixIndex()
         self._turn = itertools.count()
 
-    def choose(self, available: list[Replica], text: str) -> tuple[Replica, str]:
+    def choose(self, available: list[Replica], text: str, adapter: str | None = None) -> tuple[Replica, str]:
         """(replica, reason) among `available` (not empty). The prefix policy records the pick in its index
-        at once, so the next request with this prefix follows it even before this one finishes."""
+        at once, so the next request with this prefix follows it even before this one finishes. A prompt under a
+        LoRA `adapter` is a prefix of that adapter only (`chunk_hashes`)."""
         policy = self.settings.policy
         if policy == "round-robin":
             return available[next(self._turn) % len(available)], "round_robin"
@@ -26,9 +27,11 @@ class Chooser:
         if policy == "least-load":
             best = min(candidates, key=lambda c: (c.stale, c.in_flight + c.waiting, c.kv_usage))
             return by_url[best.name], "least_load"
-        hashes = chunk_hashes(text, self.settings.chunk_chars, self.settings.max_chunks)
+        hashes = chunk_hashes(text, self.settings.chunk_chars, self.settings.max_chunks, adapter)
+        first_chunk = text[:self.settings.chunk_chars]
+        tie_key = stable_hash(first_chunk) if adapter is None else stable_hash(adapter, first_chunk)
         name, reason = pick(candidates, self.index.matches(hashes), len(hashes), self.settings.weights,
-                            stable_hash(text[:self.settings.chunk_chars]), self.index.footprint)
+                            tie_key, self.index.footprint)
         self.index.record(hashes, name)
         return by_url[name], reason
 

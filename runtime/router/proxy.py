@@ -10,6 +10,10 @@
   on on another replica from where the client's stream stopped, under the same id, at most `MAX_RESUMES` times.
   Any other stream, or one that finds no replica within the queue timeout, ends with an OpenAI-style error event,
   as the runtime's own streams end when its engine dies; a response that is not a stream ends cut.
+- A request for a LoRA adapter goes to a replica that has it loaded, after having it loaded on one if none has
+  (`adapters.py`). A replica that answers such a request 404 `model_not_found` has dropped the adapter (its
+  `--max-cpu-loras` LRU, an unload) since its last scrape: the adapter is struck off it and the request placed
+  again, at most `MAX_NOT_LOADED` times (then the 404 goes to the client).
 - The caller cancels `forward` when the client goes away; closing the upstream connection then makes the
   replica abort the request and free its KV blocks.
 """
@@ -17,6 +21,7 @@ import json
 import logging
 import time
 
+from kubeinfer.runtime.router.adapters import Adapters, LoadFailed, LoadUnreachable
 from kubeinfer.runtime.router.affinity import prompt_text
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
@@ -33,6 +38,7 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgra
 REPLICA_HEADER = "x-kubeinfer-replica"
 DRAINING_HOLD_SECONDS = 5.0
 FAILED_HOLD_SECONDS = 5.0   # a replica that failed a request stays out of the pick this long, even if it scrapes
+MAX_NOT_LOADED = 2          # placements again of a request whose replica had dropped its adapter
 
 
 class UpstreamFailed(Exception):
@@ -57,19 +63,21 @@ def sse_error(message: str) -> bytes:
 
 class Proxy:
     def __init__(self, replicas: ReplicaSet, chooser: Chooser, room: WaitingRoom, metrics: RouterMetrics,
-                 queue_timeout: float):
+                 queue_timeout: float, adapters: Adapters):
         self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
+        self.adapters = adapters
         self.queue_timeout = queue_timeout
         self.response_owners = ResponseOwners()
 
     async def forward(self, scope: dict, body: bytes, send, received_at: float) -> None:
         """Sends the request to a replica and relays the response to `send`, resuming it elsewhere if the replica
-        dies. Raises `Refused`/`UpstreamFailed` before anything was sent to the client."""
+        dies. Raises `Refused`/`UpstreamFailed`/`LoadFailed` before anything was sent to the client."""
         try:
             parsed = json.loads(body)
         except ValueError:
             parsed = None   # the replica answers bad JSON with its own 400
         text = prompt_text(parsed) if isinstance(parsed, dict) else ""
+        adapter = self.adapters.resolve(parsed.get("model")) if isinstance(parsed, dict) else None
         headers = request_headers(scope)
         progress = None
         if is_resumable(scope["path"], parsed):
@@ -79,7 +87,7 @@ class Proxy:
         for attempt in range(MAX_RESUMES + 1):
             try:
                 replica, response, prefetched = await self._open(scope["path"], headers, body, parsed, text,
-                                                                 received_at if attempt == 0 else None)
+                                                                 adapter, received_at if attempt == 0 else None)
             except UpstreamFailed as failed:
                 if attempt == MAX_RESUMES:
                     if not started:
@@ -87,10 +95,10 @@ class Proxy:
                     return await self._end_with_error(send, str(failed))
                 self.metrics.resumes.labels("retried" if not started else "resumed").inc()
                 continue
-            except Refused as refused:   # no replica came up in time
+            except (Refused, LoadFailed) as refused:   # no replica came up in time, or none could load the adapter
                 if not started:
                     raise
-                return await self._end_with_error(send, f"no replica could resume the stream: {refused.message}")
+                return await self._end_with_error(send, f"no replica could resume the stream: {refused}")
             if started and response.status != 200:   # the continuation was refused: say why, in the stream
                 answer = (prefetched if prefetched is not None else await response.read()).decode(errors="replace")
                 replica.in_flight -= 1
@@ -111,17 +119,32 @@ class Proxy:
             self.metrics.resumes.labels("resumed").inc()
             body = progress.resume_body(parsed)
 
-    async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, received_at: float | None):
+    async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, adapter: str | None,
+                    received_at: float | None):
         """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas
         are tried again elsewhere within the queue timeout; a replica that fails before answering is marked down
-        and raises `UpstreamFailed`. `received_at`: when the client's request came (None for a later attempt)."""
+        and raises `UpstreamFailed`. `adapter`: the LoRA adapter the request names, loaded first where none is.
+        `received_at`: when the client's request came (None for a later attempt)."""
         deadline = time.monotonic() + self.queue_timeout
-        waited = 0.0
+        waited = loading = 0.0
+        not_loaded = 0   # replicas that turned out to have dropped the adapter
         while True:
             waited += await self.room.wait_until_up(len(body), deadline)
-            replica, reason = self._choose(path, parsed, text)
+            if adapter is not None and not self.adapters.holders(adapter):
+                started = time.monotonic()
+                try:
+                    await self.adapters.place(adapter, headers, deadline)
+                except LoadUnreachable as unreachable:
+                    self.replicas.mark_down(unreachable.replica, str(unreachable), FAILED_HOLD_SECONDS)
+                    self.chooser.forget(unreachable.replica)
+                    if time.monotonic() >= deadline:
+                        raise Refused(503, f"no replica could load adapter {adapter!r}; retry later", "no_replica",
+                                      self.queue_timeout) from None
+                loading += time.monotonic() - started
+                continue   # look again: the replica that loaded it may have gone down meanwhile
+            replica, reason = self._choose(path, parsed, text, adapter)
             if received_at is not None:
-                self.metrics.added.observe(time.perf_counter() - received_at - waited)
+                self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
             replica.in_flight += 1
             try:
                 response = await replica.upstream.request("POST", path, headers, body)
@@ -144,7 +167,8 @@ class Proxy:
                 replica.in_flight -= 1
                 raise
             prefetched = None
-            if response.status == 503:   # small JSON error: read it to tell draining from other refusals
+            # small JSON errors: read them to tell draining, or a dropped adapter, from other refusals
+            if response.status == 503 or (response.status == 404 and adapter is not None):
                 try:
                     prefetched = await response.read()
                 except BaseException as error:   # failed or cancelled while reading it
@@ -153,7 +177,7 @@ class Proxy:
                     if isinstance(error, UpstreamError):
                         raise UpstreamFailed(f"replica {replica.url} failed: {error}") from None
                     raise
-                if b'"draining"' in prefetched:
+                if response.status == 503 and b'"draining"' in prefetched:
                     replica.in_flight -= 1
                     response.release()
                     self.metrics.upstream_errors.labels("draining").inc()
@@ -162,20 +186,28 @@ class Proxy:
                         raise Refused(503, "no replica could take the request; retry later", "no_replica",
                                       self.queue_timeout)
                     continue
+                if response.status == 404 and b'"model_not_found"' in prefetched and not_loaded < MAX_NOT_LOADED:
+                    not_loaded += 1
+                    replica.in_flight -= 1
+                    response.release()
+                    self.metrics.lora_not_loaded.inc()
+                    replica.note_unloaded(adapter)
+                    continue
             if waited:
                 self.metrics.queue_wait.observe(waited)
             self.metrics.picks.labels(replica.url, reason).inc()
             return replica, response, prefetched
 
-    def _choose(self, path: str, parsed, text: str):
-        """A continuation of a stored response goes to the replica that answered it (it alone holds it)."""
-        available = self.replicas.available()
+    def _choose(self, path: str, parsed, text: str, adapter: str | None):
+        """A continuation of a stored response goes to the replica that answered it (it alone holds it). A request
+        for an adapter goes to a replica that has it loaded."""
+        available = self.replicas.available() if adapter is None else self.adapters.holders(adapter)
         if path == RESPONSES_PATH and isinstance(parsed, dict):
             owner = self.response_owners.owner(parsed.get("previous_response_id"))
             for replica in available:
                 if replica.url == owner:
                     return replica, "response"
-        return self.chooser.choose(available, text)
+        return self.chooser.choose(available, text, adapter)
 
     async def _relay(self, response: Response, replica: Replica, send, prefetched: bytes | None, learn,
                      progress: StreamProgress | None, started: bool) -> UpstreamError | None:

@@ -1,25 +1,38 @@
 """The replicas behind the router and what their `/metrics` last said.
 
-Each replica is scraped every `scrape_interval` seconds (the three gauges the pick reads). A failed scrape, or a
+Each replica is scraped every `scrape_interval` seconds (the three gauges the pick reads, and the LoRA adapters it
+has loaded: `kubeinfer_lora_adapter_loaded{adapter}`, docs/lora.md). A failed scrape, or a
 connection refused to a request, takes a replica out of the pick until a scrape succeeds again; data older
 than `stale_after` seconds still lets it be picked, but as a fully loaded replica (stale data = busy).
 """
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kubeinfer.runtime.router.upstream import ConnectFailed, Upstream, UpstreamError
 
 logger = logging.getLogger(__name__)
 GAUGES = {"kubeinfer_num_requests_waiting": "waiting", "kubeinfer_num_requests_running": "running",
           "kubeinfer_kv_cache_usage_ratio": "kv_usage"}
-# Only those three families (a replica that ignores the filter answers everything, which parses the same).
-SCRAPE_PATH = "/metrics?" + "&".join(f"name[]={name}" for name in GAUGES)
+ADAPTER_LOADED = "kubeinfer_lora_adapter_loaded"
+ADAPTER_LABEL = re.compile(r'(?:^|,)\s*adapter="((?:[^"\\]|\\.)*)"')
+LABEL_ESCAPE = re.compile(r"\\(.)")   # Prometheus escapes \\, \" and \n in label values
+# Only those families (a replica that ignores the filter answers everything, which parses the same).
+SCRAPE_PATH = "/metrics?" + "&".join(f"name[]={name}" for name in (*GAUGES, ADAPTER_LOADED))
 
 
-def parse_gauges(text: str) -> tuple[dict[str, float], str | None]:
-    """The pick's gauges from a Prometheus text exposition (summed over model names), and the model name.
+class Scraped(NamedTuple):
+    values: dict[str, float]     # the pick's gauges, by Replica attribute
+    model_name: str | None
+    adapters: set[str]           # LoRA adapters loaded there
+
+
+def parse_gauges(text: str) -> Scraped:
+    """The pick's gauges from a Prometheus text exposition (summed over model names), the model name, and the
+    adapters whose `kubeinfer_lora_adapter_loaded` is 1.
 
     A scan of its own rather than prometheus_client's parser (the operator's one, in operator/autoscaling/
     metrics_source.py): it runs on every replica scrape of the router's hot loop, and measured on the same text it
@@ -27,8 +40,15 @@ def parse_gauges(text: str) -> tuple[dict[str, float], str | None]:
     the same values."""
     values: dict[str, float] = {}
     model_name = None
+    adapters = set()
     for line in text.splitlines():
         name, _, rest = line.partition("{")
+        if name == ADAPTER_LOADED:
+            labels, _, value = rest.rpartition("}")
+            found = ADAPTER_LABEL.search(labels)
+            if found is not None and float(value.split()[0]) > 0:
+                adapters.add(LABEL_ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], found[1]))
+            continue
         attribute = GAUGES.get(name)
         if attribute is None:
             continue
@@ -36,7 +56,7 @@ def parse_gauges(text: str) -> tuple[dict[str, float], str | None]:
         values[attribute] = values.get(attribute, 0.0) + float(value.split()[0])
         if model_name is None and 'model_name="' in labels:
             model_name = labels.split('model_name="', 1)[1].split('"', 1)[0]
-    return values, model_name
+    return Scraped(values, model_name, adapters)
 
 
 @dataclass
@@ -51,9 +71,26 @@ class Replica:
     model_name: str | None = None
     down_until: float = 0.0     # a draining replica still answers scrapes: it stays down until then
     upstream: Upstream | None = field(default=None, repr=False)   # its keep-alive connections
+    adapters: set[str] = field(default_factory=set)   # LoRA adapters loaded there: its last scrape and our loads
+    loaded_at: dict[str, float] = field(default_factory=dict)   # adapter -> time.monotonic() this router loaded it
 
     def is_stale(self, now: float, stale_after: float) -> bool:
         return now - self.scraped_at > stale_after
+
+    def note_loaded(self, adapter: str) -> None:
+        """This router just loaded `adapter` there: a scrape that started before does not take it away."""
+        self.adapters.add(adapter)
+        self.loaded_at[adapter] = time.monotonic()
+
+    def note_unloaded(self, adapter: str) -> None:
+        """It answered as if `adapter` were not loaded there (dropped since its last scrape)."""
+        self.adapters.discard(adapter)
+        self.loaded_at.pop(adapter, None)
+
+    def note_scraped_adapters(self, adapters: set[str], scrape_started: float) -> None:
+        """The adapters a scrape begun at `scrape_started` saw, plus those this router loaded since it began."""
+        self.loaded_at = {name: at for name, at in self.loaded_at.items() if at >= scrape_started}
+        self.adapters = adapters | self.loaded_at.keys()
 
 
 class ReplicaSet:
@@ -114,17 +151,19 @@ class ReplicaSet:
             await asyncio.sleep(self.scrape_interval)
 
     async def _scrape(self, replica: Replica, timeout: float) -> None:
+        started = time.monotonic()
         try:
             status, body = await replica.upstream.get(SCRAPE_PATH, timeout)
             if status != 200:
                 raise UpstreamError(f"/metrics answered {status}")
-            values, model_name = parse_gauges(body.decode())
+            values, model_name, adapters = parse_gauges(body.decode())
         except (ConnectFailed, UpstreamError, asyncio.TimeoutError, ValueError) as error:
             self.mark_down(replica, f"scrape failed: {type(error).__name__} {error}".strip())
             return
         for field, value in values.items():
             setattr(replica, field, value)
         replica.model_name = model_name or replica.model_name
+        replica.note_scraped_adapters(adapters, started)
         replica.scraped_at = time.monotonic()
         if not replica.up and self.replicas.get(replica.url) is replica and replica.scraped_at >= replica.down_until:
             logger.info("replica %s is up", replica.url)

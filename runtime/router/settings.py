@@ -29,6 +29,8 @@ class RouterSettings:
     endpoints_file: str | None = None  # discover the replicas: a JSON list of URLs in this file, re-read
     api_keys_file: str | None = None   # the replicas' keys file: who each request's tenant is (router/tenants.py)
     max_in_flight_per_tenant: int | None = None   # a tenant's requests open here at most (None: no cap)
+    lora_modules: dict[str, str] = field(default_factory=dict)   # adapters the service offers: name -> path on
+                                                                 # the replicas' nodes (`--lora-modules NAME=PATH`)
 
     def __post_init__(self):
         sources = sum((bool(self.upstreams), self.service is not None, self.endpoints_file is not None))
@@ -53,9 +55,24 @@ class RouterSettings:
             raise ConfigError(f"--policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
         if self.max_in_flight_per_tenant is not None and self.max_in_flight_per_tenant < 1:
             raise ConfigError(f"--max-in-flight-per-tenant must be >= 1, got {self.max_in_flight_per_tenant}")
+        if self.served_model_name is not None and self.served_model_name in self.lora_modules:
+            raise ConfigError(f"--lora-modules: {self.served_model_name!r} is the base model's served name")
         for name in ("chunk_chars", "max_chunks", "max_queued_requests", "max_queued_bytes", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("scrape_interval", "stale_after", "queue_timeout", "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+
+def parse_lora_modules(values: list[str]) -> dict[str, str]:
+    """`--lora-modules NAME=PATH ...` (the same flag and format as `kubeinfer serve`'s) as {name: path}."""
+    modules: dict[str, str] = {}
+    for value in values:
+        name, equals, path = value.partition("=")
+        if not equals or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora-modules {value!r}: expected NAME=PATH")
+        if name in modules:
+            raise ConfigError(f"--lora-modules: adapter {name!r} is given twice")
+        modules[name] = path
+    return modules

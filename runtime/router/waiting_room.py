@@ -10,9 +10,12 @@ from kubeinfer.runtime.router.replicas import ReplicaSet
 
 
 class Refused(Exception):
-    def __init__(self, status: int, message: str, code: str, retry_after: float):
+    """A request the router answers itself with an OpenAI-style error (`retry_after` None: no Retry-After)."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after: float | None, param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
+        self.param = param
 
 
 class WaitingRoom:

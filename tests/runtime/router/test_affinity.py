@@ -148,3 +148,12 @@ def test_a_new_prefix_goes_where_the_least_prefix_text_is_kept():
     assert pick(idle("a", "b", "c"), {}, 4, Weights(), prefix_key=7, footprint=footprint) == ("b", "load")
     # a full match still wins over a smaller footprint
     assert pick(idle("a", "b", "c"), {"a": 4}, 4, Weights(), footprint=footprint) == ("a", "prefix")
+
+
+def test_chunk_hashes_under_an_adapter_are_another_prefix_than_under_the_base_or_another_adapter():
+    base = chunk_hashes(SYSTEM, 64, 100)
+    sql, chat = chunk_hashes(SYSTEM, 64, 100, adapter="sql"), chunk_hashes(SYSTEM, 64, 100, adapter="chat")
+    assert len(base) == len(sql) == len(chat) == 3
+    assert not set(sql) & set(base) and not set(sql) & set(chat) and not set(chat) & set(base)
+    assert chunk_hashes(SYSTEM, 64, 100, adapter=None) == base   # the base model's hashes are as before
+    assert chunk_hashes(SYSTEM + "more text, a longer prompt" * 3, 64, 100, adapter="sql")[:3] == sql

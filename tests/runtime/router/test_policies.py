@@ -51,3 +51,15 @@ def test_prefix_policy_stops_following_a_prefix_to_a_replica_it_forgot():
     assert reason == "load"
     back, reason = chooser.choose(replicas, LONG + "question three")   # it is up again: the prefix is elsewhere
     assert (back, reason) == (moved, "prefix")
+
+
+def test_prefix_policy_keeps_affinity_per_adapter_never_across_adapters():
+    chooser = Chooser(RouterSettings(URLS))
+    replicas = [fresh(url) for url in URLS]
+    under_sql, reason = chooser.choose(replicas, LONG + "question one", adapter="sql")
+    assert reason == "load"
+    # the same prompt under another adapter (or the base model) holds no prefix anywhere: KV is per adapter
+    assert chooser.choose(replicas, LONG + "question two", adapter="chat")[1] == "load"
+    assert chooser.choose(replicas, LONG + "question three")[1] == "load"
+    # under the first adapter again, it follows its prefix
+    assert chooser.choose(replicas, LONG + "question four", adapter="sql") == (under_sql, "prefix")

@@ -1,5 +1,7 @@
-"""What the router reads from a replica's /metrics."""
-from kubeinfer.runtime.router.replicas import parse_gauges
+"""What the router reads from a replica's /metrics, and how its own loads of adapters meet later scrapes."""
+import time
+
+from kubeinfer.runtime.router.replicas import Replica, parse_gauges
 
 EXPOSITION = """# HELP kubeinfer_num_requests_running Requests in the running batch
 # TYPE kubeinfer_num_requests_running gauge
@@ -11,12 +13,40 @@ vllm:num_requests_waiting{model_name="tiny"} 7.0
 kubeinfer_prefix_cache_hits_total{model_name="tiny"} 12.0
 """
 
+ADAPTERS = """# TYPE kubeinfer_lora_adapter_loaded gauge
+kubeinfer_lora_adapter_loaded{adapter="sql"} 1.0
+kubeinfer_lora_adapter_loaded{model_name="tiny",adapter="chat-v2"} 1
+kubeinfer_lora_adapter_loaded{adapter="gone"} 0.0
+kubeinfer_lora_adapter_loaded{adapter="odd \\"name\\" \\\\ here"} 1.0
+kubeinfer_lora_adapter_loaded{base_adapter="not-a-name"} 1.0
+kubeinfer_lora_requests_running{adapter="other"} 1.0
+"""
+
 
 def test_parse_gauges_reads_the_three_gauges_and_the_model_name():
-    values, model = parse_gauges(EXPOSITION)
+    values, model, adapters = parse_gauges(EXPOSITION)
     assert values == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.5}
     assert model == "tiny"
+    assert adapters == set()
+
+
+def test_parse_gauges_reads_the_adapters_loaded_at_one_with_escaped_names():
+    values, model, adapters = parse_gauges(EXPOSITION + ADAPTERS)
+    assert adapters == {"sql", "chat-v2", 'odd "name" \\ here'}
+    assert values == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.5}
 
 
 def test_parse_gauges_of_an_unrelated_exposition_is_empty():
-    assert parse_gauges("# nothing\nup 1\n") == ({}, None)
+    assert parse_gauges("# nothing\nup 1\n") == ({}, None, set())
+
+
+def test_an_adapter_the_router_loaded_survives_a_scrape_begun_before_the_load_but_not_a_later_one():
+    replica = Replica("http://10.0.0.1:8000")
+    before = time.monotonic()
+    replica.note_loaded("sql")
+    replica.note_scraped_adapters({"chat"}, scrape_started=before)   # that scrape could not have seen the load
+    assert replica.adapters == {"sql", "chat"}
+    replica.note_scraped_adapters({"chat"}, scrape_started=time.monotonic())   # it began after: it is the truth
+    assert replica.adapters == {"chat"}
+    replica.note_unloaded("chat")
+    assert replica.adapters == set()
