@@ -234,6 +234,8 @@ def add_router_parser(commands) -> None:
                              "changes (the operator's router pods: docs/router.md)")
     router.add_argument("--host", default="0.0.0.0", help="address to listen on [default 0.0.0.0]")
     router.add_argument("--port", type=port_number, default=8080, help="port to listen on [default 8080]")
+    router.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                        help="LoRA adapters the service offers, as `kubeinfer serve` takes them (docs/lora.md)")
     for flag, kind, default, help_text in ROUTER_FLAGS:
         choices = ("prefix", "round-robin", "least-load") if flag == "policy" else None
         router.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=default, choices=choices,
@@ -245,7 +247,7 @@ def _router(args: argparse.Namespace) -> int:
     from kubeinfer.runtime.router.affinity import Weights
     from kubeinfer.runtime.router.discovery import default_namespace
     from kubeinfer.runtime.router.main import serve as serve_router
-    from kubeinfer.runtime.router.settings import RouterSettings
+    from kubeinfer.runtime.router.settings import RouterSettings, parse_lora_modules
 
     try:
         weights = Weights(args.prefix_weight, args.load_weight, args.kv_weight, args.load_bound_epsilon,
@@ -258,7 +260,8 @@ def _router(args: argparse.Namespace) -> int:
                               queue_timeout=args.queue_timeout, served_model_name=args.served_model_name,
                               service=args.service, namespace=args.namespace or default_namespace(),
                               service_port_name=args.service_port_name, endpoints_file=args.endpoints_file,
-                              api_keys_file=args.api_keys_file, max_in_flight_per_tenant=args.max_in_flight_per_tenant)
+                              api_keys_file=args.api_keys_file, max_in_flight_per_tenant=args.max_in_flight_per_tenant,
+                              lora_modules=parse_lora_modules(args.lora_modules))
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
     return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)

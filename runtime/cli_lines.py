@@ -22,9 +22,9 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
     modules = {}
     for item in items:
         name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"--lora-modules takes NAME=PATH, got {item!r}")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora-modules {item!r}: expected NAME=PATH")
         if name in modules:
-            raise ConfigError(f"--lora-modules names {name!r} twice")
+            raise ConfigError(f"--lora-modules: adapter {name!r} is given twice")
         modules[name] = path
     return modules

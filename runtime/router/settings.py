@@ -4,6 +4,7 @@ from urllib.parse import urlsplit
 
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.router.affinity import Weights
+from kubeinfer.runtime.cli_lines import parse_lora_modules  # noqa: F401  (one parser for both commands)
 
 POLICIES = ("prefix", "round-robin", "least-load")
 
@@ -63,16 +64,3 @@ class RouterSettings:
         for name in ("scrape_interval", "stale_after", "queue_timeout", "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
-
-
-def parse_lora_modules(values: list[str]) -> dict[str, str]:
-    """`--lora-modules NAME=PATH ...` (the same flag and format as `kubeinfer serve`'s) as {name: path}."""
-    modules: dict[str, str] = {}
-    for value in values:
-        name, equals, path = value.partition("=")
-        if not equals or not name.strip() or not path.strip():
-            raise ConfigError(f"--lora-modules {value!r}: expected NAME=PATH")
-        if name in modules:
-            raise ConfigError(f"--lora-modules: adapter {name!r} is given twice")
-        modules[name] = path
-    return modules

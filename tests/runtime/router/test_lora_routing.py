@@ -258,3 +258,38 @@ def test_lora_modules_parse_as_the_runtime_flag_and_refuse_bad_values():
             parse_lora_modules(values)
     with pytest.raises(ConfigError, match="base model's served name"):
         RouterSettings(["http://a:1"], served_model_name="sql", lora_modules={"sql": "/cache/sql"})
+
+
+def test_the_real_router_places_and_loads_adapters_on_real_replicas(llama_dir, tmp_path, start_router):
+    """`kubeinfer router --lora-modules` before two real `kubeinfer serve --max-loras` replicas: the first request for
+    an adapter has one replica load it, the answer equals the adapter offline, the next request goes to that replica
+    without a second load, and the replicas' own metrics show it loaded on exactly one of them."""
+    from kubeinfer.runtime.llm import LLM
+    from kubeinfer.runtime.sampling_params import SamplingParams
+    from support import RuntimeServer, metric_value, scrape_metrics
+    from support.lora import make_adapter
+
+    adapter = make_adapter(llama_dir, tmp_path / "sql", rank=8, seed=3)
+    offline = LLM(str(llama_dir), max_loras=1)
+    offline.load_lora("sql", str(adapter))
+    want = offline.generate("SELECT name FROM", SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
+                                                                lora_name="sql"))[0].text
+    servers = [RuntimeServer(llama_dir, tmp_path / f"replica{i}.log", "--max-model-len", "256", "--cpu-threads", "1",
+                             "--max-loras", "2") for i in range(2)]
+    try:
+        urls = [server.wait_ready().url for server in servers]
+        router = start_router(urls, "--lora-modules", f"sql={adapter}", "--served-model-name", "tiny").wait_up(2)
+        body = {"model": "sql", "prompt": "SELECT name FROM", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        first = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+        assert first.status_code == 200, first.text
+        assert first.json()["choices"][0]["text"] == want
+        holder = first.headers["x-kubeinfer-replica"]
+        second = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+        assert second.headers["x-kubeinfer-replica"] == holder
+        loaded = [metric_value(scrape_metrics(url), "kubeinfer_lora_adapter_loaded", model_name="tiny", adapter="sql")
+                  for url in urls]
+        assert sorted(loaded) == [0, 1]
+        assert router.metric("kubeinfer_router_lora_loads_total", outcome="loaded") == 1
+    finally:
+        for server in servers:
+            server.stop()
