@@ -42,6 +42,9 @@ class OperatorConfig:
     # kopf's default, min(32, CPUs + 4), held a 2-CPU operator to 6 passes at once: 200 new services took 57 s
     # to all have their Deployment (benchmarks/operator_scale.py, docs/benchmarks.md).
     handler_threads: int = 16
+    # Services with spec.adapters get a reconcile pass this often besides their events: it loads what the
+    # replicas' fetchers have downloaded since, and retries refused adapters (reconcile.lora).
+    adapter_sync_seconds: float = 15.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
@@ -60,6 +63,8 @@ class OperatorConfig:
             raise ValueError("KUBEINFER_HANDLER_THREADS must be >= 1")
         if config.autoscale_interval_seconds <= 0:
             raise ValueError("KUBEINFER_AUTOSCALE_INTERVAL_SECONDS must be > 0")
+        if config.adapter_sync_seconds <= 0:
+            raise ValueError("KUBEINFER_ADAPTER_SYNC_SECONDS must be > 0")
         return config
 
 

@@ -50,7 +50,7 @@ MAX_MESSAGE = 1024
 STATUS_ONLY = frozenset({"ScalingActive", "MetricsAvailable"})
 WARNING_REASONS = frozenset({"InvalidSpec", "ImagePullFailed", "CrashLoop", "ContainerConfigError", "InsufficientGPU",
                              "Unschedulable", "ProgressDeadlineExceeded", "ReplicaFailure", "MetricsUnavailable",
-                             "MetricsStale"})
+                             "MetricsStale", "AdapterFailed"})
 
 
 @dataclasses.dataclass(frozen=True)

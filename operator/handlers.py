@@ -9,15 +9,19 @@
 
 - autoscaler: one kopf daemon per InferenceService with `spec.autoscaling` (a timer whose interval is
   the operator setting `autoscale_interval_seconds`), running `autoscaler.run`.
+- adapters: one kopf daemon per InferenceService with `spec.adapters`, a reconcile pass every
+  `adapter_sync_seconds`: it loads adapters the pods have fetched since, and retries refused ones.
 
-No deletion handlers. kopf puts its finalizer (`kubeinfer.dev/finalizer`) only on autoscaled objects,
-so that it stops their daemon before they go; it removes it when autoscaling is removed. Deleting an
-autoscaled InferenceService therefore needs the operator running (or the finalizer removed by hand).
+No deletion handlers. kopf puts its finalizer (`kubeinfer.dev/finalizer`) only on objects with a daemon
+(autoscaled, or with adapters), so that it stops their daemon before they go; it removes it when the field
+is removed. Deleting such an InferenceService therefore needs the operator running (or the finalizer removed
+by hand).
 Children are left to the API server's garbage collector through owner references.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -107,3 +111,21 @@ def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
              cancellation_backoff=1, cancellation_timeout=10)
 async def autoscale(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
     await autoscaler.run(memo["ctx"], namespace, name, stopped, memo.get("readers"))
+
+
+def _has_adapters(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("adapters"))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="adapters", when=_has_adapters,
+             cancellation_backoff=1, cancellation_timeout=10)
+async def resync_adapters(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    ctx: Context = memo["ctx"]
+    while not stopped:
+        await stopped.wait(ctx.config.adapter_sync_seconds)
+        if stopped:
+            return
+        try:
+            await asyncio.to_thread(reconcile_soon, ctx, namespace, name)
+        except (kopf.PermanentError, kopf.TemporaryError, inference_pool.PoolUnavailable) as error:
+            log.info("%s/%s: adapters resync: %s", namespace, name, error)

@@ -30,6 +30,7 @@ PLURALS = {
     "InferenceService": "inferenceservices",
     "Pod": "pods",
     "Secret": "secrets",
+    "ConfigMap": "configmaps",
     "InferencePool": "inferencepools",
 }
 

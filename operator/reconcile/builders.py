@@ -15,6 +15,7 @@ from typing import Any
 
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile import pod
+from kubeinfer.operator.reconcile.lora import fetch as lora_fetch
 from kubeinfer.operator.spec import API_VERSION, GROUP, KIND, InferenceServiceSpec
 
 INSTANCE_LABEL = f"{GROUP}/inferenceservice"
@@ -133,7 +134,7 @@ def deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig)
         "revisionHistoryLimit": 3,
         "template": {
             "metadata": {"labels": pod_labels(spec, owner), "annotations": template_annotations},
-            "spec": pod.pod_spec(spec, served_name(spec, owner), config),
+            "spec": pod.pod_spec(spec, served_name(spec, owner), config, owner.name),
         },
     }})
 
@@ -163,11 +164,18 @@ def service_monitor(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
     }})
 
 
+def adapters_configmap(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
+    """The list of adapters the replicas' fetcher reads (reconcile.lora.fetch); not in the pod template."""
+    return _finish("v1", "ConfigMap", owner, {"data": lora_fetch.configmap_data(spec)},
+                   name=lora_fetch.configmap_name(owner.name))
+
+
 def children(
         spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig, *, with_service_monitor: bool,
 ) -> list[dict[str, Any]]:
-    """Everything one InferenceService owns, in apply order."""
-    objs = [deployment(spec, owner, config), service(spec, owner), pod_disruption_budget(spec, owner)]
+    """Everything one InferenceService owns, in apply order (the adapters' list before the pods that read it)."""
+    objs = [adapters_configmap(spec, owner)] if spec.runtime.lora is not None else []
+    objs += [deployment(spec, owner, config), service(spec, owner), pod_disruption_budget(spec, owner)]
     if with_service_monitor:
         objs.append(service_monitor(spec, owner))
     return objs

@@ -21,8 +21,9 @@ from kubeinfer.operator.events import EventRecorder, condition_events
 from kubeinfer.operator.kube import Kube, resource_path
 from kubeinfer.operator.reconcile import builders, inference_pool, router, status
 from kubeinfer.operator.reconcile.apply import ensure
+from kubeinfer.operator.reconcile.lora import fetch as lora_fetch, status as lora_status, sync as lora_sync
 from kubeinfer.operator.reconcile.validation import semantic_errors
-from kubeinfer.operator.spec import API_VERSION, KIND, parse_spec
+from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
 from kubeinfer.operator.times import rfc3339
 
 log = logging.getLogger(__name__)
@@ -107,13 +108,14 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         routed = spec is not None and not errors and spec.router_enabled
         if routed:
             router.sync_endpoints(ctx.kube, owner, pods)
+        adapters = None if spec is None or errors else sync_adapters(ctx, spec, owner, pods)
         current = body.get("status") or {}
         observed = status.compute_status(
             desired=spec.desired_replicas if spec is not None else 0, selector=builders.selector_string(owner),
             endpoint=router.endpoint(owner) if routed else builders.endpoint(owner),
             generation=generation, deployment=deployment, pods=pods, spec_errors=errors,
             current=current, now=rfc3339(time.time()),
-            autoscaled=None if spec is None else spec.autoscaling is not None)
+            autoscaled=None if spec is None else spec.autoscaling is not None, adapters=adapters)
         patch = status.status_patch(current, observed)
         if patch:
             ctx.kube.patch_status(resource_path(API_VERSION, KIND, owner.namespace, owner.name), patch)
@@ -133,6 +135,18 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         raise InvalidSpec("invalid spec: " + "; ".join(errors))
     if pool_unavailable:
         raise inference_pool.PoolUnavailable()
+
+
+def sync_adapters(ctx: Context, spec: InferenceServiceSpec, owner: builders.Owner,
+                  pods: list[dict[str, Any]]) -> lora_status.AdapterReport:
+    """Loads and unloads adapters in the ready replicas (reconcile.lora.sync); its report for the status."""
+    if spec.runtime.lora is None:
+        return lora_status.LORA_OFF
+    ref = spec.api_key_secret_ref
+    key = lora_sync.api_key(ctx.kube, owner.namespace, ref.name, ref.key) if ref is not None else None
+    ready = lora_sync.ready_pods(pods)
+    outcomes = lora_sync.sync(ready, lora_fetch.desired_paths(spec), key)
+    return lora_status.report([a.name for a in spec.adapters], [p["metadata"]["name"] for p in ready], outcomes)
 
 
 def _remove_router(ctx: Context, owner: builders.Owner) -> None:

@@ -64,17 +64,10 @@ def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) 
     """An init container that fetches hf:// or s3:// weights into `model_dir` (once per cache)."""
     model = spec.model
     target = model_dir(model)
-    partial = f"{target}.partial"
-    if model.scheme == "hf":
-        repo, _, revision = model.location.partition("@")
-        fetch = f"hf download {shlex.quote(repo)} --local-dir {partial}"
-        fetch += f" --revision {shlex.quote(revision)}" if revision else ""
-        image = config.hf_downloader_image or spec.runtime.image or config.runtime_image
-    elif model.scheme == "s3":
-        fetch = f"aws s3 sync {shlex.quote(model.uri)} {partial} --only-show-errors"
-        image = config.s3_downloader_image
-    else:
+    fetch = fetch_command(model.uri, f"{target}.partial")
+    if fetch is None:
         return None
+    image = hf_image(spec, config) if model.scheme == "hf" else config.s3_downloader_image
     container: dict[str, Any] = {
         "name": "model-download",
         "image": image,
@@ -87,6 +80,23 @@ def download_init_container(spec: InferenceServiceSpec, config: OperatorConfig) 
     if model.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": model.credentials_secret}}]
     return container
+
+
+def fetch_command(uri: str, partial: str) -> str | None:
+    """The shell command that downloads an hf:// or s3:// URI into the folder `partial`; None for other schemes."""
+    scheme, _, location = uri.partition("://")
+    if scheme == "hf":
+        repo, _, revision = location.partition("@")
+        fetch = f"hf download {shlex.quote(repo)} --local-dir {partial}"
+        return fetch + (f" --revision {shlex.quote(revision)}" if revision else "")
+    if scheme == "s3":
+        return f"aws s3 sync {shlex.quote(uri)} {partial} --only-show-errors"
+    return None
+
+
+def hf_image(spec: InferenceServiceSpec, config: OperatorConfig) -> str:
+    """The image that runs `hf download` (the runtime image has it)."""
+    return config.hf_downloader_image or spec.runtime.image or config.runtime_image
 
 
 def download_script(fetch: str, target: str) -> str:

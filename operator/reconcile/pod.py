@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile.lora import fetch as lora_fetch
 from kubeinfer.operator.reconcile.model_cache import MODEL_MOUNT, download_init_container, model_dir, model_volume
 from kubeinfer.operator.reconcile.security import container_security_context, pod_security_context
 from kubeinfer.operator.spec import InferenceServiceSpec
@@ -92,6 +93,8 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args.append("--no-enable-prefix-caching")
     if spec.api_key_secret_ref is not None:
         args += ["--api-keys-file", API_KEYS_FILE]
+    if rt.lora is not None:
+        args += lora_fetch.runtime_args(rt.lora)
     return args + list(rt.extra_args)
 
 
@@ -148,8 +151,9 @@ def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + spec.runtime.drain_timeout_seconds + GRACE_MARGIN_SECONDS
 
 
-def volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, runtime container mounts)."""
+def volumes(spec: InferenceServiceSpec,
+            service: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, runtime container mounts); `service`, the InferenceService's name, is needed with LoRA."""
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.resources.shm_size is not None:
         shm["sizeLimit"] = str(spec.resources.shm_size)
@@ -163,6 +167,10 @@ def volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict
         vols.append({"name": "api-keys", "secret": {
             "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
         mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+    if spec.runtime.lora is not None:
+        assert service, "the adapters' ConfigMap is named after the InferenceService"
+        vols += lora_fetch.volumes(spec, service)
+        mounts += lora_fetch.runtime_mounts(spec)
     return vols, mounts
 
 
@@ -176,15 +184,16 @@ def compile_cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
     return {"name": "compile-cache", "emptyDir": empty}
 
 
-def runtime_container(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig) -> dict[str, Any]:
-    _, mounts = volumes(spec)
+def runtime_container(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig,
+                      service: str | None = None) -> dict[str, Any]:
+    _, mounts = volumes(spec, service)
     env = [{"name": "HOME", "value": "/tmp"}]
     env += [{"name": name, "value": f"{COMPILE_CACHE_MOUNT}/{sub}"} for name, sub in COMPILE_CACHE_ENV.items()]
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env]
     container: dict[str, Any] = {
         "name": RUNTIME_CONTAINER,
         "image": spec.runtime.image or config.runtime_image,
-        "command": ["kubeinfer", "serve"],
+        "command": lora_fetch.runtime_command() if spec.runtime.lora is not None else ["kubeinfer", "serve"],
         "args": runtime_args(spec, served_name),
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
@@ -202,8 +211,10 @@ def runtime_container(spec: InferenceServiceSpec, served_name: str, config: Oper
     return container
 
 
-def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig) -> dict[str, Any]:
-    vols, _ = volumes(spec)
+def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfig,
+             service: str | None = None) -> dict[str, Any]:
+    """The replicas' pod spec; `service` (the InferenceService's name) names the adapters' ConfigMap with LoRA."""
+    vols, _ = volumes(spec, service)
     node_selector = dict(spec.scheduling.node_selector)
     if spec.resources.gpu_product:
         node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
@@ -212,7 +223,7 @@ def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfi
     tolerations = [] if spec.on_cpu else [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
     pod: dict[str, Any] = {
-        "containers": [runtime_container(spec, served_name, config)],
+        "containers": [runtime_container(spec, served_name, config, service)],
         "volumes": vols,
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
@@ -221,8 +232,11 @@ def pod_spec(spec: InferenceServiceSpec, served_name: str, config: OperatorConfi
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
     }
-    if (init := download_init_container(spec, config)) is not None:
-        pod["initContainers"] = [init]
+    init = [c for c in (download_init_container(spec, config),) if c is not None]
+    if spec.runtime.lora is not None:   # after the model's download: a native sidecar, started before the runtime
+        init.append(lora_fetch.fetcher_container(spec, config))
+    if init:
+        pod["initContainers"] = init
     if tolerations:
         pod["tolerations"] = tolerations
     if node_selector:

@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kubeinfer.operator.spec import DEGRADED, PROGRESSING, READY
+from kubeinfer.operator.reconcile.lora.status import AdapterReport
+from kubeinfer.operator.spec import ADAPTERS_READY, DEGRADED, PROGRESSING, READY
 
 # The autoscaler's conditions (ScalingActive, MetricsAvailable; kubeinfer.operator.spec.status) are not ours:
-# merge_conditions keeps them.
-OWN_CONDITIONS = (READY, PROGRESSING, DEGRADED)
+# merge_conditions keeps them. AdaptersReady is ours with runtime.lora (reconcile.lora.status).
+OWN_CONDITIONS = (READY, PROGRESSING, DEGRADED, ADAPTERS_READY)
 OWN_FIELDS = ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas", "selector", "endpoint",
-              "conditions", "desiredReplicas")
+              "conditions", "desiredReplicas", "adapters")
 
 IMAGE_PULL_REASONS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 # Most actionable first: the first problem found names the Degraded reason.
@@ -171,22 +172,28 @@ def merge_conditions(
 def compute_status(
         *, desired: int, selector: str, endpoint: str, generation: int | None,
         deployment: dict[str, Any] | None, pods: list[dict[str, Any]], spec_errors: list[str],
-        current: dict[str, Any], now: str, autoscaled: bool | None = False,
+        current: dict[str, Any], now: str, autoscaled: bool | None = False, adapters: AdapterReport | None = None,
 ) -> dict[str, Any]:
     """The operator-owned status fields for one observation. `autoscaled`: whether the spec has autoscaling
-    (None when the spec could not be parsed: the autoscaler's fields are then left as they are)."""
+    (None when the spec could not be parsed: the autoscaler's fields are then left as they are). `adapters`: the
+    adapter step's report (None: the spec could not be parsed, so its fields are left as they are)."""
     dep_status = (deployment or {}).get("status") or {}
+    existing = current.get("conditions") or []
+    updates = conditions_for(desired, deployment, pod_problems(pods), spec_errors)
+    if adapters is not None and adapters.condition is not None:
+        updates.append(adapters.condition)
+    elif adapters is not None:   # LoRA off: its condition goes
+        existing = [c for c in existing if c.get("type") != ADAPTERS_READY]
     status: dict[str, Any] = {
         "replicas": dep_status.get("replicas") or 0,
         "readyReplicas": dep_status.get("readyReplicas") or 0,
         "updatedReplicas": dep_status.get("updatedReplicas") or 0,
         "selector": selector,
         "endpoint": endpoint,
-        "conditions": merge_conditions(
-            current.get("conditions") or [],
-            conditions_for(desired, deployment, pod_problems(pods), spec_errors),
-            now, generation),
+        "conditions": merge_conditions(existing, updates, now, generation),
     }
+    if adapters is not None:
+        status["adapters"] = adapters.entries   # None: a merge patch's null removes it (written only if present)
     if generation is not None:
         status["observedGeneration"] = generation
     if autoscaled is False or current.get("desiredReplicas") is None:

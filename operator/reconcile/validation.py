@@ -26,10 +26,38 @@ def semantic_errors(spec: InferenceServiceSpec, name: str = "") -> list[str]:
     if spec.model.scheme in ("hf", "s3") and not spec.model.location.strip("/"):
         errors.append(f"model.uri {spec.model.uri!r} names no repository or bucket")
     errors += _quantity_errors(spec.resources)
+    errors += _adapter_errors(spec, name)
     if spec.router_enabled:
         errors += _router_errors(spec, name)
     if not errors:
         errors += _kv_cache_errors(spec)
+    return errors
+
+
+def _adapter_errors(spec: InferenceServiceSpec, name: str) -> list[str]:
+    """What spec.adapters needs from the rest of the spec (its own rules are in operator.spec.adapters)."""
+    errors = []
+    served = spec.model.served_name or name
+    model_claim = spec.model.location.split("/", 1)[0] if spec.model.scheme == "pvc" else None
+    for adapter in spec.adapters:
+        where = f"adapters {adapter.name}"
+        if adapter.name == served:
+            errors.append(f"{where}: the name is the base model's served name ({served}); clients name the base "
+                          "model by it")
+        if adapter.scheme in ("hf", "s3") and not adapter.location.strip("/"):
+            errors.append(f"{where}: uri {adapter.uri!r} names no repository or bucket")
+        if adapter.scheme == "pvc":
+            claim, _, path = adapter.location.partition("/")
+            if claim != model_claim:
+                errors.append(f"{where}: pvc:// adapters must be on the model's own claim "
+                              f"({model_claim or 'the model is not on a claim'}), not {claim!r}: mounting another "
+                              "claim would change the pod template (a rollout); use hf://, s3:// or file://")
+            elif not path.strip("/"):
+                errors.append(f"{where}: uri {adapter.uri!r} names no folder inside the claim")
+    lora = spec.runtime.lora
+    if lora is not None and len(spec.adapters) > lora.cpu_slots:
+        errors.append(f"adapters: {len(spec.adapters)} adapters, more than runtime.lora.maxCpuLoras "
+                      f"({lora.cpu_slots}) that a replica keeps loaded; raise it")
     return errors
 
 

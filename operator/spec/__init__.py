@@ -14,10 +14,12 @@ than the object itself live in :mod:`kubeinfer.operator.reconcile.validation`.
     placement.py    spec.parallelism, resources, scheduling, rollout
     autoscaling.py  spec.autoscaling
     routing.py      spec.router, spec.inferencePool
+    adapters.py     spec.adapters and spec.runtime.lora (LoRA)
     service.py      the whole spec and its cross-section rules; parse_spec
     status.py       status and its condition types
 """
 
+from kubeinfer.operator.spec.adapters import Adapter, Lora
 from kubeinfer.operator.spec.autoscaling import Autoscaling
 from kubeinfer.operator.spec.model import MODEL_URI_RE, ModelSource
 from kubeinfer.operator.spec.placement import (
@@ -30,15 +32,15 @@ from kubeinfer.operator.spec.schema import (
 )
 from kubeinfer.operator.spec.service import InferenceServiceSpec, SecretKeyRef, parse_spec
 from kubeinfer.operator.spec.status import (
-    DEGRADED, METRICS_AVAILABLE, PROGRESSING, READY, SCALING_ACTIVE, ColdStartObservation, Condition,
+    ADAPTERS_READY, DEGRADED, METRICS_AVAILABLE, PROGRESSING, READY, SCALING_ACTIVE, ColdStartObservation, Condition,
     InferenceServiceStatus,
 )
 
 __all__ = [
-    "API_VERSION", "DEGRADED", "GROUP", "KIND", "MANAGED_ENV", "MANAGED_FLAGS", "METRICS_AVAILABLE", "MODEL_URI_RE",
+    "ADAPTERS_READY", "API_VERSION", "DEGRADED", "GROUP", "KIND", "MANAGED_ENV", "MANAGED_FLAGS", "METRICS_AVAILABLE", "MODEL_URI_RE",
     "PLURAL", "PROGRESSING", "READY", "SCALING_ACTIVE", "SHORT_NAMES", "SINGULAR", "TENSOR_PARALLEL_SIZES", "VERSION",
-    "Autoscaling", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
-    "InferenceServiceSpec", "InferenceServiceStatus", "ModelSource", "Parallelism", "Resources", "Rollout",
+    "Adapter", "Autoscaling", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
+    "InferenceServiceSpec", "InferenceServiceStatus", "Lora", "ModelSource", "Parallelism", "Resources", "Rollout",
     "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "Toleration", "cel",
     "checked_by", "parse_spec",
 ]

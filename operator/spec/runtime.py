@@ -7,11 +7,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from kubeinfer.operator.spec.adapters import Lora
 from kubeinfer.operator.spec.schema import INT_OR_STRING, PRESERVE, SpecModel, cel, checked_by
 
 # `kubeinfer serve` flags the operator sets from the spec (reconcile.pod), and their environment variables.
 MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
-                 "--expert-parallel-size", "--enable-expert-parallel", "--api-keys-file", "--device")
+                 "--expert-parallel-size", "--enable-expert-parallel", "--api-keys-file", "--device",
+                 "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")
 MANAGED_ENV = tuple("KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper() for flag in MANAGED_FLAGS)
 
 
@@ -26,7 +28,7 @@ def _words(items: tuple[str, ...]) -> str:
 EXTRA_ARGS_UNMANAGED = cel(
     f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
     f"runtime.extraArgs must not set {_words(MANAGED_FLAGS)}: the operator sets them from model, parallelism, "
-    "resources.gpus and apiKeySecretRef; any other `kubeinfer serve` flag is allowed",
+    "resources.gpus, apiKeySecretRef, runtime.lora and adapters; any other `kubeinfer serve` flag is allowed",
 )
 ENV_UNMANAGED = cel(
     f"self.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",
@@ -125,6 +127,7 @@ class RuntimeSpec(SpecModel):
                                     "fair (priority classes, then a weighted fair share of tokens between the API "
                                     "keys' tenants); docs/runtime.md.")
     speculative: Speculative | None = Field(default=None, description="Off when unset.")
+    lora: Lora | None = Field(default=None, description="LoRA adapters (spec.adapters); off when unset.")
     compile_cache: CompileCache = Field(default_factory=CompileCache)
     drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
     startup_timeout_seconds: int = Field(

@@ -6,6 +6,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from kubeinfer.operator.spec.adapters import (
+    ADAPTER_NAMES_UNIQUE, ADAPTER_NOT_SERVED_NAME, ADAPTERS_NEED_LORA, MAX_ADAPTERS, Adapter,
+)
 from kubeinfer.operator.spec.autoscaling import Autoscaling
 from kubeinfer.operator.spec.model import ModelSource
 from kubeinfer.operator.spec.placement import Parallelism, Resources, Rollout, Scheduling
@@ -56,7 +59,7 @@ REPLICAS_IN_BOUNDS = cel(
 
 class InferenceServiceSpec(SpecModel):
     model_config = checked_by(REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
-                              DRAFT_WITHOUT_TENSOR_PARALLELISM)
+                              DRAFT_WITHOUT_TENSOR_PARALLELISM, ADAPTERS_NEED_LORA, ADAPTER_NOT_SERVED_NAME)
 
     model: ModelSource
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
@@ -80,6 +83,11 @@ class InferenceServiceSpec(SpecModel):
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret with the API keys; mounted as a file for --api-keys-file.",
     )
+    adapters: list[Adapter] = Field(
+        default_factory=list, max_length=MAX_ADAPTERS,
+        description="LoRA adapters served beside the model (needs runtime.lora). Adding or removing one loads or "
+                    "unloads it in the running replicas, without a rollout (docs/lora.md).",
+        json_schema_extra={"x-kubernetes-validations": [ADAPTER_NAMES_UNIQUE]})
 
     @model_validator(mode="after")
     def _replicas_in_bounds(self) -> InferenceServiceSpec:
@@ -100,6 +108,17 @@ class InferenceServiceSpec(SpecModel):
         speculative = self.runtime.speculative
         if speculative is not None and speculative.method == "draft" and self.parallelism.tensor != 1:
             raise ValueError(DRAFT_WITHOUT_TENSOR_PARALLELISM["message"])
+        return self
+
+    @model_validator(mode="after")
+    def _adapters(self) -> InferenceServiceSpec:
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(ADAPTER_NAMES_UNIQUE["message"])
+        if self.adapters and self.runtime.lora is None:
+            raise ValueError(ADAPTERS_NEED_LORA["message"])
+        if self.model.served_name is not None and self.model.served_name in names:
+            raise ValueError(ADAPTER_NOT_SERVED_NAME["message"])
         return self
 
     @property

@@ -1,6 +1,7 @@
 """`status`: every field a writer (reconcile, the autoscaler) puts there, and the condition types they write.
 
-Conditions have constant types: reconcile writes Ready, Progressing and Degraded; the autoscaler writes
+Conditions have constant types: reconcile writes Ready, Progressing, Degraded and, with LoRA on, AdaptersReady; the
+autoscaler writes
 ScalingActive and MetricsAvailable. Each writer keeps the others' conditions.
 """
 
@@ -15,6 +16,7 @@ from kubeinfer.operator.spec.schema import PRESERVE, SpecModel
 
 # Condition types: reconcile's (kubeinfer.operator.reconcile.status) and the autoscaler's.
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+ADAPTERS_READY = "AdaptersReady"
 SCALING_ACTIVE, METRICS_AVAILABLE = "ScalingActive", "MetricsAvailable"
 
 
@@ -38,6 +40,26 @@ class ColdStartObservation(SpecModel):
     seconds: float
 
 
+class AdapterPodStatus(SpecModel):
+    """One adapter in one ready replica, as that replica's runtime answered."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    pod: str
+    ready: bool
+    message: str = ""
+
+
+class AdapterStatus(SpecModel):
+    """One adapter of spec.adapters across the ready replicas (reconcile.lora)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    name: str
+    ready_replicas: int = Field(description="Ready replicas where it is loaded.")
+    pods: list[AdapterPodStatus] = Field(default_factory=list)
+
+
 class InferenceServiceStatus(SpecModel):
     """Every field a writer puts under status; a real API server prunes undeclared ones."""
 
@@ -53,6 +75,8 @@ class InferenceServiceStatus(SpecModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    adapters: list[AdapterStatus] | None = Field(
+        default=None, description="Each adapter of spec.adapters and where it is loaded (with runtime.lora).")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
     ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
     tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")

@@ -97,6 +97,22 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
             while await kapi.get(path) is not None:
                 assert asyncio.get_running_loop().time() < deadline, f"{path} not deleted"
                 await asyncio.sleep(0.05)
+        # LoRA adapters: their ConfigMap made, then changed; the API keys Secret read for the runtime's endpoints.
+        await kapi.create(f"/api/v1/namespaces/{NS}/secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": "keys", "namespace": NS}, "data": {"api-keys": "c2stMQo="}})
+        with_adapters = isvc("c", runtime={"lora": {}}, apiKeySecretRef={"name": "keys"},
+                             adapters=[{"name": "x", "uri": "hf://org/x"}])
+        with_adapters["metadata"]["resourceVersion"] = "1"   # kmock keeps none; kopf's finalizer patch tests it
+        await kapi.create(harness.isvc_path(NS), with_adapters)
+        configmap = f"/api/v1/namespaces/{NS}/configmaps/c-adapters"
+        await kapi.eventually(configmap, lambda o: "hf://org/x" in o["data"]["fetch.sh"])
+        await kapi.patch(harness.isvc_path(NS, "c"), {"spec": {"adapters": [{"name": "y", "uri": "hf://org/y"}]}})
+        await kapi.eventually(configmap, lambda o: "hf://org/y" in o["data"]["fetch.sh"])
+        await kapi.delete(harness.isvc_path(NS, "c"))   # while the operator runs: kopf stops its adapters' daemon
+        deadline = asyncio.get_running_loop().time() + 5
+        while await kapi.get(harness.isvc_path(NS, "c")) is not None:
+            assert asyncio.get_running_loop().time() < deadline, "c not deleted"
+            await asyncio.sleep(0.05)
     used = harness.permissions_used(cluster)
     rules = granted()
     unexplained = rules - used - set(JUSTIFIED)

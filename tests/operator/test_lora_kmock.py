@@ -1,0 +1,200 @@
+"""The running operator loading LoRA adapters into replicas: kmock stands in for the API server, and a stand-in
+runtime per replica (tests/support/lora_runtime.py, the endpoints of docs/lora.md) on 127.0.0.1 and 127.0.0.2
+answers the operator's calls as the runtime would.
+
+What the pods' fetcher does (download into the cache) is tests/operator/test_lora_fetch.py; here the folders a
+runtime "has" are set by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION, INSTANCE_LABEL
+from kubeinfer.operator.reconcile.lora import fetch, sync
+from kubeinfer.operator.spec import parse_spec
+
+from support.lora_runtime import LoraRuntime, serve
+from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator,
+                                      settle, write_requests)
+
+NAME = "qwen"
+ISVC = isvc_path(NAMESPACE, NAME)
+DEPLOYMENT = child_path("Deployment", NAMESPACE, NAME)
+CONFIGMAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-adapters"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+HOSTS = ("127.0.0.1", "127.0.0.2")
+SQL = {"name": "sql", "uri": "hf://org/sql-lora"}
+CHAT = {"name": "chat", "uri": "s3://bucket/chat-lora"}
+WIDE = {"name": "wide", "uri": "hf://org/rank-64-lora"}
+
+
+def spec(*adapters: dict[str, str], **extra: Any) -> dict[str, Any]:
+    return {"model": {"uri": "pvc://models/qwen"}, "runtime": {"lora": {"maxLoras": 2}},
+            "adapters": list(adapters), **extra}
+
+
+def folder(adapter: dict[str, str]) -> str:
+    """Where the pods' fetcher puts this adapter, as the operator tells the runtime."""
+    parsed = parse_spec(spec(adapter))
+    return fetch.adapter_dir(parsed, parsed.adapters[0])
+
+
+def manifest(body: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen", "generation": 1,
+                         "resourceVersion": "1"}, "spec": body}
+
+
+def replica_pod(i: int, ready: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{NAME}-{i}", "namespace": NAMESPACE,
+                         "labels": {INSTANCE_LABEL: NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
+            "status": {"phase": "Running", "podIP": HOSTS[i],
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def entry(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    return next((a for a in (obj.get("status") or {}).get("adapters") or [] if a["name"] == name), {})
+
+
+@pytest.fixture()
+async def runtimes(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[LoraRuntime]]:
+    """One stand-in runtime per replica, each with every adapter's folder fetched (rank 8; `wide` rank 64)."""
+    folders = {folder(SQL): 8, folder(CHAT): 8, folder(WIDE): 64}
+    found = [LoraRuntime(folders=dict(folders)) for _ in HOSTS]
+    async with serve(dict(zip(HOSTS, found))) as port:
+        monkeypatch.setattr(sync, "PORT", port)
+        yield found
+
+
+@pytest.fixture()
+async def operator(cluster: Any) -> AsyncIterator[Any]:
+    config = OperatorConfig(scanning=False, namespaces=(NAMESPACE,), standalone=True, service_monitor="never",
+                            adapter_sync_seconds=0.3)
+    async with running_operator(cluster, config):
+        yield cluster
+        await quiesce(cluster)
+
+
+async def quiesce(cluster: Any) -> None:
+    """Delete the InferenceService while the operator runs: kopf stops the adapters' daemon and drops its finalizer
+    (else stopping the operator waits on the daemon)."""
+    from support.operator_harness import KApi
+    kapi = KApi(str(cluster.url))
+    await kapi.call("DELETE", ISVC)
+    deadline = asyncio.get_running_loop().time() + 5
+    while await kapi.get(ISVC) is not None:
+        assert asyncio.get_running_loop().time() < deadline, "the finalizer was never removed"
+        await asyncio.sleep(0.05)
+
+
+async def started(kapi: Any, body: dict[str, Any], pods: int = 2) -> dict[str, Any]:
+    await kapi.create(isvc_path(NAMESPACE), manifest(body))
+    dep = await kapi.eventually(DEPLOYMENT, lambda d: True)
+    for i in range(pods):
+        await kapi.create(PODS, replica_pod(i))
+    return dep
+
+
+async def test_adding_and_removing_adapters_loads_and_unloads_them_without_a_rollout(
+        operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
+    before = await started(kapi, spec(SQL))
+    await kapi.eventually(ISVC, lambda o: entry(o, "sql").get("readyReplicas") == 2)
+    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL)}] * 2
+    obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("reason") == "AllLoaded")
+    assert condition(obj, "AdaptersReady")["status"] == "True"
+    assert entry(obj, "sql")["pods"] == [{"pod": f"{NAME}-0", "ready": True, "message": ""},
+                                         {"pod": f"{NAME}-1", "ready": True, "message": ""}]
+
+    await kapi.patch(ISVC, {"metadata": {"generation": 2}, "spec": {"adapters": [SQL, CHAT]}})
+    await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 2)
+    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL), "chat": folder(CHAT)}] * 2
+    configmap = await kapi.get(CONFIGMAP)
+    assert CHAT["uri"] in configmap["data"]["fetch.sh"]   # the running pods' fetcher gets it from there
+    two = await kapi.get(DEPLOYMENT)
+    assert two["metadata"]["annotations"][HASH_ANNOTATION] == before["metadata"]["annotations"][HASH_ANNOTATION]
+
+    await kapi.patch(ISVC, {"metadata": {"generation": 3}, "spec": {"adapters": [CHAT]}})
+    obj = await kapi.eventually(ISVC, lambda o: [a["name"] for a in o["status"]["adapters"]] == ["chat"])
+    assert [r.loaded for r in runtimes] == [{"chat": folder(CHAT)}] * 2
+    assert all(r.routes("unload") == [{"lora_name": "sql"}] for r in runtimes)
+    assert all(len(r.routes("load")) == 2 for r in runtimes), "an adapter already loaded was loaded again"
+
+    # Three adapter lists, one pod template: the Deployment was never rewritten.
+    after = await kapi.get(DEPLOYMENT)
+    assert after["metadata"]["annotations"][HASH_ANNOTATION] == before["metadata"]["annotations"][HASH_ANNOTATION]
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert not [r for r in write_requests(operator) if r.resource is not None and r.resource.plural == "deployments"
+                and r.name == NAME][1:], "the Deployment was written after its creation"
+    rbac_checked_requests(operator)
+
+
+async def test_a_refused_adapter_is_named_and_the_others_keep_serving(
+        operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
+    await started(kapi, spec(SQL, WIDE))
+    obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("status") == "False"
+                                and entry(o, "sql").get("readyReplicas") == 2)
+    cond = condition(obj, "AdaptersReady")
+    assert cond["reason"] == "AdapterFailed"
+    assert cond["message"].startswith("not loaded: wide; adapter wide on qwen-0: adapter wide has rank 64, above "
+                                      "--max-lora-rank 16")
+    assert entry(obj, "wide")["readyReplicas"] == 0
+    assert {p["message"] for p in entry(obj, "wide")["pods"]} == {"adapter wide has rank 64, above --max-lora-rank 16"}
+    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL)}] * 2
+
+    # Refused adapters are retried by the periodic pass: once the folder holds a fitting adapter, it loads.
+    for r in runtimes:
+        r.folders[folder(WIDE)] = 16
+    obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("status") == "True")
+    assert entry(obj, "wide")["readyReplicas"] == 2
+
+
+async def test_only_ready_replicas_are_called_and_a_new_one_gets_every_adapter(
+        operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
+    await started(kapi, spec(SQL, CHAT), pods=0)
+    await kapi.create(PODS, replica_pod(0))
+    await kapi.create(PODS, replica_pod(1, ready=False))   # loading its model: not listening yet
+    await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 1)
+    await asyncio.sleep(0.7)   # two periodic passes
+    assert runtimes[1].calls == []
+    await kapi.patch(f"{PODS}/{NAME}-1", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 2)
+    assert runtimes[1].loaded == {"sql": folder(SQL), "chat": folder(CHAT)}
+
+
+async def test_a_settled_service_writes_nothing_on_its_periodic_passes(
+        operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
+    await started(kapi, spec(SQL))
+    await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("status") == "True")
+    await settle(operator, quiet=0.5, timeout=10, requests=write_requests)
+    asked = len(runtimes[0].routes("models"))
+    start = len(list(operator))
+    await asyncio.sleep(1.2)   # about four periodic passes
+    assert len(runtimes[0].routes("models")) > asked, "no periodic pass asked the replicas"
+    assert write_requests(operator, start) == []
+    assert len(runtimes[0].routes("load")) == 1
+
+
+async def test_the_api_key_from_the_secret_authorizes_the_calls(
+        operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
+    for r in runtimes:
+        r.key = "sk-first"
+    keys = "# keys of the team\nsk-first  50000 tenant=a\nsk-second\n"
+    await kapi.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": NAMESPACE},
+        "data": {"api-keys": base64.b64encode(keys.encode()).decode()}})
+    await started(kapi, spec(SQL, apiKeySecretRef={"name": "keys"}))
+    await kapi.eventually(ISVC, lambda o: entry(o, "sql").get("readyReplicas") == 2)
+    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL)}] * 2
+    rbac_checked_requests(operator)
