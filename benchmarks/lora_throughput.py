@@ -48,8 +48,8 @@ def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Pa
     return folder
 
 
-def run(model: Path, adapters: dict[str, str], prompts, outputs) -> float:
-    settings = ours_settings(None) | ({"max_loras": len(adapters), "max_lora_rank": 64} if adapters else {})
+def run(model: Path, adapters: dict[str, str], prompts, outputs, rank: int = 16) -> float:
+    settings = ours_settings(None) | ({"max_loras": len(adapters), "max_lora_rank": rank} if adapters else {})
     with LLM(str(model), **settings) as llm:
         for name, path in adapters.items():
             llm.load_lora(name, path)
@@ -85,7 +85,7 @@ def main() -> None:
         prompts, outputs = workload(args.num_requests, config.vocab_size)
         folders = {f"a{i}": str(write_adapter(Path(tmp) / f"a{i}", config, args.rank, i))
                    for i in range(max(args.adapters))}
-        with LLM(str(model), max_loras=1, max_lora_rank=64) as llm:
+        with LLM(str(model), max_loras=1, max_lora_rank=args.rank) as llm:
             started = time.perf_counter()
             llm.load_lora("a0", folders["a0"])
             load_s = time.perf_counter() - started
@@ -102,7 +102,7 @@ def main() -> None:
             base, lora = [], []
             for _ in range(args.repeats):
                 base.append(run(model, {}, prompts, outputs))
-                lora.append(run(model, adapters, prompts, outputs))
+                lora.append(run(model, adapters, prompts, outputs, args.rank))
             b, a = statistics.median(base), statistics.median(lora)
             print(f"| {count} | {b:.0f} | {a:.0f} | {a / b:.0%} |", flush=True)
 

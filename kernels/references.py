@@ -211,26 +211,71 @@ def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot
     `s = slot_ids[t]`; a slot outside `[0, num_slots)` (the base model) adds nothing.
 
     x `[T, in]`; lora_a `[S, R, in]` and lora_b `[S, out, R]`, each adapter's scaling already folded into B and
-    its rank padded with zeros to R. One shrink and one expand per slot present in the batch. fp32 accumulation
-    (the matmuls run in x's dtype, as F.linear does); the result in x's dtype."""
+    its rank padded with zeros to R. The definition: one shrink and one expand per slot present."""
     out = torch.zeros(x.shape[0], lora_b.shape[1], dtype=x.dtype, device=x.device)
-    return lora_add_(out, x, lora_a, lora_b, lora_groups(slot_ids, lora_a.shape[0]))
+    for slot in torch.unique(slot_ids).tolist():
+        if 0 <= slot < lora_a.shape[0]:
+            rows = (slot_ids == slot).nonzero().flatten()
+            out[rows] = F.linear(F.linear(x[rows], lora_a[slot]), lora_b[slot])
+    return out
 
 
-def lora_groups(slot_ids: torch.Tensor, num_slots: int) -> list[tuple[int, torch.Tensor | None]]:
-    """The rows of each adapter slot present (None: every row is that slot's); base-model rows are left out."""
-    slots = torch.unique(slot_ids).tolist()
-    if len(slots) == 1:
-        return [(slots[0], None)] if 0 <= slots[0] < num_slots else []
-    return [(slot, (slot_ids == slot).nonzero().flatten()) for slot in slots if 0 <= slot < num_slots]
+SMALL_GROUP_ROWS = 32   # an adapter's rows in a step up to this (and twice the median) go into `lora_plan`'s padded batch
 
 
-def lora_add_(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-              groups: list[tuple[int, torch.Tensor | None]]) -> torch.Tensor:
-    """`out += lora_delta(...)` in place, by the groups of `lora_groups` (computed once per forward)."""
+def lora_plan(slot_ids: torch.Tensor, num_slots: int) -> tuple[list, tuple | None]:
+    """How `lora_add_` computes a step's updates, worked out once per forward (the layers share it):
+    - adapters with many rows (a prefill) each get their own shrink and expand: `(slot, rows)`, rows None when
+      every row of the step is that adapter's;
+    - the others share one padded batch of `m` rows per slot (a decode step's few tokens per adapter): one batched
+      shrink and expand over all slots, whatever their number, instead of a pair per adapter:
+      `(index of each padded row's token, 1/0 for real/padding rows, m)`."""
+    slots, counts = torch.unique(slot_ids, return_counts=True)
+    present = [(int(s), int(n)) for s, n in zip(slots.tolist(), counts.tolist()) if 0 <= s < num_slots]
+    if len(present) == 1 and len(slots) == 1:
+        return [(present[0][0], None)], None
+    # Small: up to twice the median adapter's rows (a prefill among decodes is not padded out to), at most 32.
+    limit = min(SMALL_GROUP_ROWS, 2 * sorted(n for _, n in present)[len(present) // 2]) if present else 0
+    big = [(s, (slot_ids == s).nonzero().flatten()) for s, n in present if n > limit or len(present) == 1]
+    small = [s for s, n in present if n <= limit and len(present) > 1]
+    if not small:
+        return big, None
+    in_small = torch.zeros(num_slots + 1, dtype=torch.bool, device=slot_ids.device)
+    in_small[small] = True
+    rows = in_small[slot_ids.clamp(0, num_slots)].nonzero().flatten()      # the small adapters' rows, in order
+    row_slots = slot_ids[rows]
+    m = max(n for s, n in present if s in small)
+    order = torch.argsort(row_slots, stable=True)
+    rows, row_slots = rows[order], row_slots[order]
+    first = torch.searchsorted(row_slots, row_slots, right=False)          # each row's rank within its slot
+    position = row_slots * m + (torch.arange(len(rows), device=rows.device) - first)
+    index = torch.zeros(num_slots * m, dtype=torch.int64, device=rows.device)
+    valid = torch.zeros(num_slots * m, 1, dtype=torch.float32, device=rows.device)
+    index[position], valid[position] = rows, 1.0
+    return big, (index, valid, m)
+
+
+def lora_add_(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, plan,
+              parts: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    """`out += lora_delta(...)` in place, as `lora_plan` says. `parts`: a fused layer's (first output row, rows) per
+    part, each with its own R columns of B (block diagonal): each part is expanded alone, skipping the zero blocks."""
+    rank = lora_b.shape[2] // len(parts) if parts else lora_b.shape[2]
+    blocks = [(slice(o, o + n), slice(i * rank, (i + 1) * rank)) for i, (o, n) in enumerate(parts)] if parts \
+        else [(slice(None), slice(None))]
+    groups, padded = plan
     for slot, rows in groups:
-        if rows is None:
-            out.addmm_(F.linear(x, lora_a[slot]), lora_b[slot].T)
-        else:
-            out.index_add_(0, rows, F.linear(F.linear(x[rows], lora_a[slot]), lora_b[slot]))
+        shrunk = F.linear(x if rows is None else x[rows], lora_a[slot])
+        if rows is None:   # every row: added in place, part by part
+            for out_cols, r in blocks:
+                out[:, out_cols].addmm_(shrunk[:, r], lora_b[slot, out_cols, r].T)
+        else:              # the parts' products side by side, then one scatter of whole rows
+            out.index_add_(0, rows, torch.cat([F.linear(shrunk[:, r], lora_b[slot, out_cols, r])
+                                               for out_cols, r in blocks], dim=1))
+    if padded is not None:
+        index, valid, m = padded
+        xp = (x[index] * valid.to(x.dtype)).view(lora_a.shape[0], m, -1)    # padding rows are zero: they add 0
+        shrunk = torch.bmm(xp, lora_a.transpose(1, 2))
+        delta = torch.cat([torch.bmm(shrunk[:, :, r], lora_b[:, out_cols, r].transpose(1, 2))
+                           for out_cols, r in blocks], dim=2)
+        out.index_add_(0, index, delta.view(len(index), -1))
     return out

@@ -9,7 +9,7 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 @dataclass
 class ForwardContext:
     attn: AttentionMetadata
-    # Each token's adapter slot (max_loras: the base model) and its groups (references.lora_groups); None: no adapters.
+    # Each token's adapter slot (max_loras: the base model) and its plan (references.lora_plan); None: no adapters.
     lora: tuple[torch.Tensor, list] | None = None
 
 

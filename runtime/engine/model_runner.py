@@ -7,7 +7,7 @@ import time
 import torch
 
 from kubeinfer.kernels import get_backend, set_backend
-from kubeinfer.kernels.references import lora_groups
+from kubeinfer.kernels.references import lora_plan
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -259,7 +259,7 @@ class ModelRunner:
         if step.lora_slot_ids is None:
             return None
         slot_ids = step.lora_slot_ids.to(self.device, non_blocking=True)
-        return slot_ids, lora_groups(slot_ids, self.config.max_loras)
+        return slot_ids, None if use_triton(slot_ids) else lora_plan(slot_ids, self.config.max_loras)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager

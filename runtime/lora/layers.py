@@ -19,6 +19,7 @@ class LoraSlots:
         """`parts`: (module, first output row of this rank's shard within the layer, rows in it, first row of the
         shard in the module's full output)."""
         self.parts, self.row_parallel, self.max_rank = parts, row_parallel, max_rank
+        self.blocks = [(start, rows) for _, start, rows, _ in parts] if len(parts) > 1 else None
         rank_rows = len(parts) * max_rank
         self.lora_a = torch.zeros(max_loras, rank_rows, in_features, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, out_features, rank_rows, dtype=dtype, device=device)
@@ -44,9 +45,10 @@ class LoraSlots:
         batch = lora_batch()
         if batch is None:
             return out
-        slot_ids, groups = batch
+        slot_ids, plan = batch
         flat = out.view(-1, out.shape[-1])
-        return ops.lora_add(flat, x.reshape(-1, x.shape[-1]), self.lora_a, self.lora_b, slot_ids, groups).view_as(out)
+        return ops.lora_add(flat, x.reshape(-1, x.shape[-1]), self.lora_a, self.lora_b, slot_ids, plan,
+                            self.blocks).view_as(out)
 
 
 def lora_parts(layer, name: str) -> tuple[list[tuple[str, int, int, int]], bool]:

@@ -26,6 +26,26 @@ def test_reference_adds_each_rows_own_adapter_and_nothing_to_base_rows():
     assert torch.count_nonzero(got[:3]) == 0
 
 
+@pytest.mark.parametrize("counts", [[40, 0, 3, 0], [1, 2, 3, 4], [0, 0, 50, 0], [33, 1, 60, 7], [5, 0, 0, 0]])
+def test_the_planned_in_place_update_equals_the_definition(counts):
+    """Adapters with many rows get their own product pair, the others share one padded batched pair; base rows (the
+    last count) are left alone; rows of each adapter are interleaved, as sequences are in a step."""
+    from kubeinfer.kernels.references import lora_add_, lora_plan
+    x, lora_a, lora_b, _ = make(sum(counts) + 6, 24, 40, 3, 16, seed=sum(counts))
+    slot_ids = torch.tensor([s for s, n in enumerate(counts) for _ in range(n)] + [3] * 6)
+    slot_ids = slot_ids[torch.randperm(len(slot_ids), generator=torch.Generator().manual_seed(1))]
+    base = torch.randn(len(slot_ids), 40)
+    want = base + references.lora_delta(x, lora_a, lora_b, slot_ids)
+    torch.testing.assert_close(lora_add_(base.clone(), x, lora_a, lora_b, lora_plan(slot_ids, 3)), want,
+                               atol=1e-5, rtol=1e-5)
+    # A fused layer of two parts (24 + 16 outputs, 8 rank columns each): B block diagonal, each part expanded alone.
+    lora_b[:, :24, 8:] = 0
+    lora_b[:, 24:, :8] = 0
+    want = base + references.lora_delta(x, lora_a, lora_b, slot_ids)
+    torch.testing.assert_close(lora_add_(base.clone(), x, lora_a, lora_b, lora_plan(slot_ids, 3), [(0, 24), (24, 16)]),
+                               want, atol=1e-5, rtol=1e-5)
+
+
 triton = pytest.importorskip("triton")
 
 
