@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from kubeinfer.operator import times
+from kubeinfer.operator.spec import runtime as runtime_spec
 from support.cluster import (condition, delete_inference_services, delete_namespace, eventually, isvc_path,
                              start_operator_in_process)
 
@@ -59,8 +60,7 @@ def refusal(kube: Any, ns: str, **spec: Any) -> list[dict[str, str]]:
     return json.loads(info.value.body)["details"]["causes"]
 
 
-MANAGED = ("must not set --model, --served-model-name, --host, --port, --tensor-parallel-size, --expert-parallel-size, "
-           "--enable-expert-parallel, --api-keys-file or --device")
+MANAGED = f"must not set {runtime_spec._words(runtime_spec.MANAGED_FLAGS)}:"   # every flag the operator sets, named
 ONE_MESSAGE = {
     # name: (spec, the field, words of its one message)
     "negative replicas": ({"replicas": -3}, ".spec.replicas", "should be a non-negative integer"),

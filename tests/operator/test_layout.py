@@ -165,3 +165,13 @@ def test_no_module_over_300_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for folder in ("operator", "runtime", "kernels")
             for p in sorted((ROOT / folder).rglob("*.py")) if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    """setuptools installs only the packages pyproject.toml lists (the folders are mapped to import names, so
+    discovery cannot find them): a folder left out works from the checkout and is missing from every image."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"kubeinfer." + ".".join(init.parent.relative_to(ROOT).parts)
+               for top in ("operator", "runtime", "kernels") for init in (ROOT / top).rglob("__init__.py")}
+    assert folders - listed == set()
