@@ -103,7 +103,7 @@ class Scheduler:
             self.prefill_rate += PREFILL_RATE_SMOOTHING * (rate - self.prefill_rate)
 
     def schedule(self) -> ScheduledBatch:
-        batch, budget, preempted = ScheduledBatch(), self.max_num_batched_tokens, False
+        batch, budget, preempted, deferred = ScheduledBatch(), self.max_num_batched_tokens, False, []
         block_manager, running = self.block_manager, self.running
         if self.fair and self.waiting:
             self._make_room_for(self.waiting.peek())
@@ -133,9 +133,12 @@ class Scheduler:
             seq = self.waiting.peek()
             hits = block_manager.find_cached_blocks(seq)
             num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, budget)
-            if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)) or not self.loras.admit(seq):
-                break   # (no free adapter slot: it waits for one, ahead of those behind it)
+            if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)):
+                break
             self.waiting.pop()
+            if (deferred and seq.params.lora_name is not None) or not self.loras.admit(seq):
+                deferred.append(seq)   # no adapter slot free: base-model requests behind it go first, adapters wait
+                continue
             block_manager.allocate(seq, hits, num_new)
             if seq.num_preemptions == 0:
                 # A resumed request looks up its output so far too; only the prompt's hits are its cached tokens.
@@ -147,6 +150,8 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
+        for seq in reversed(deferred):   # back at the head, in their order
+            self.waiting.push_preempted(seq)
         self.waiting.charge(batch.seqs, batch.num_new_tokens)
         batch.lora_loads = self.loras.take_loads()
         return batch

@@ -141,3 +141,24 @@ def test_an_adapter_of_a_mixture_of_experts_layer_is_refused(moe_dirs, tmp_path)
               str(mlp / "adapter_model.safetensors"))
     with pytest.raises(InvalidRequestError, match="mixture of experts"):
         llm.load_lora("mlp", str(mlp))
+
+
+def test_a_request_waiting_for_an_adapter_slot_lets_base_model_requests_pass(model_dirs, four_adapters):
+    """One slot, held by a running request of a0: a request of a1 waits for it, and so does a later one of a2 (in
+    their order), while a base-model request behind them starts at once. All end with what each gives alone."""
+    llm = _serve(model_dirs["llama"], four_adapters, max_loras=1)
+    engine = llm.engine
+    names = ["a0", "a1", "a2", None]
+    for i, name in enumerate(names):
+        engine.add_request(str(i), PROMPTS[i % len(PROMPTS)], greedy(name, max_tokens=12))
+    engine.step()
+    running = {seq.request_id for seq in engine.scheduler.running}
+    assert running == {"0", "3"}
+    assert [seq.request_id for seq in engine.scheduler.waiting] == ["1", "2"]
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    for i, name in enumerate(names):
+        alone = _serve(model_dirs["llama"], four_adapters, max_loras=1).generate(PROMPTS[i % len(PROMPTS)],
+                                                                               greedy(name, max_tokens=12))
+        assert_same_outputs([finals[str(i)]], alone)
