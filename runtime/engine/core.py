@@ -82,7 +82,8 @@ class EngineCore:
         """Stops serving `name` to new requests (running ones finish on it); False if it was not loaded."""
         if self.lora_paths.pop(name, None) is None:
             return False
-        self.model_runner.lora.forget(name)
+        if not any(seq.params.lora_name == name for seq in self.seqs.values()):   # else kept for them (its folder
+            self.model_runner.lora.forget(name)                                  # may be gone once unloaded)
         logger.info("LoRA adapter %s unloaded", name)
         return True
 

@@ -162,3 +162,23 @@ def test_a_request_waiting_for_an_adapter_slot_lets_base_model_requests_pass(mod
         alone = _serve(model_dirs["llama"], four_adapters, max_loras=1).generate(PROMPTS[i % len(PROMPTS)],
                                                                                greedy(name, max_tokens=12))
         assert_same_outputs([finals[str(i)]], alone)
+
+
+def test_requests_already_accepted_finish_on_an_adapter_unloaded_and_deleted_meanwhile(model_dirs, tmp_path):
+    """Unloading stops new requests only: those already in the engine finish on the adapter even when its folder is
+    deleted right after (the engine keeps its copy while they need it), with what they give when nothing changes."""
+    import shutil
+    adapter = make_adapter(model_dirs["llama"], tmp_path / "gone", rank=8, seed=11)
+    want = _serve(model_dirs["llama"], {"gone": adapter}, max_loras=1).generate(PROMPTS[0], greedy("gone"))
+    llm = _serve(model_dirs["llama"], {"gone": adapter, "other": make_adapter(
+        model_dirs["llama"], tmp_path / "other", rank=8, seed=12)}, max_loras=1)
+    engine = llm.engine
+    engine.add_request("other", PROMPTS[1], greedy("other", max_tokens=30))   # holds the only slot
+    engine.step()
+    engine.add_request("late", PROMPTS[0], greedy("gone"))                     # waits for the slot
+    assert llm.unload_lora("gone")
+    shutil.rmtree(adapter)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    assert_same_outputs([finals["late"]], want)
