@@ -1,4 +1,5 @@
-"""bf16 linear layers over weights packed for oneDNN (kernels/cpu_linear.py) against F.linear, and in a model."""
+"""bf16 and fp32 linear layers over weights packed for oneDNN (kernels/cpu_linear.py) against F.linear, and in a
+model."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,9 +35,32 @@ def test_a_non_contiguous_input_is_accepted():
     torch.testing.assert_close(cpu_linear.linear(x, cpu_linear.pack(weight)), F.linear(x, weight), atol=0.1, rtol=0.02)
 
 
-def test_only_bf16_cpu_weights_are_packed():
-    assert not cpu_linear.can_pack(torch.empty(4, 4))   # fp32 keeps MKL's sgemm
+needs_fp32_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2)),
+                                        reason="this torch has no oneDNN linear")
+
+
+@needs_fp32_packing
+@pytest.mark.parametrize("tokens", [1, 3, 64, 300])
+@pytest.mark.parametrize("features", [(72, 130), (512, 1536)], ids=["odd", "model"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, features, bias):
+    torch.manual_seed(tokens)
+    in_features, out_features = features
+    x = torch.randn(tokens, in_features)
+    weight = torch.randn(out_features, in_features) / in_features ** 0.5
+    b = torch.randn(out_features) if bias else None
+    got = cpu_linear.linear(x, cpu_linear.pack(weight), b)
+    exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    assert got.dtype == torch.float32 and got.shape == (tokens, out_features)
+    ours, theirs = (got.double() - exact).abs().max(), (F.linear(x, weight, b).double() - exact).abs().max()
+    assert ours <= max(4 * theirs, 1e-5)
+
+
+def test_bf16_and_fp32_cpu_weights_are_packed_and_nothing_else():
+    assert cpu_linear.can_pack(torch.empty(4, 4)) == cpu_linear.can_pack(torch.empty(4, 4, dtype=torch.float32))
+    assert not cpu_linear.can_pack(torch.empty(4, 4, dtype=torch.float16))
     assert not cpu_linear.can_pack(torch.empty(4, dtype=torch.bfloat16))
+    assert not cpu_linear.can_pack(torch.empty(4))
 
 
 @needs_packing
