@@ -112,7 +112,7 @@ class ModelRunner:
                                  dummy_seed=config.seed if config.load_format == "dummy" else None)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, FusedMoE)]   # empty: a dense model
-        if self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path: bf16 GEMMs
+        if self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path: GEMMs
             packed = pack_cpu_weights(self.model)                           # on weights packed once
             if packed:
                 logger.info("CPU: %d bf16 linear weights packed for oneDNN", packed)

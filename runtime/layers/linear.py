@@ -4,7 +4,7 @@ Each parameter carries a `weight_loader(param, source, shard_id=None)` that read
 a checkpoint tensor. `source` is a `checkpoint.TensorSource` (or a tensor): indexing it reads just that range,
 and its `read_into` reads a range of rows straight into the parameter (no intermediate tensor).
 Column-parallel layers split the output features; row-parallel layers split the input features and
-all-reduce their output; the model code never looks at the rank. On the CPU a bf16 weight is packed once after
+all-reduce their output; the model code never looks at the rank. On the CPU a bf16 or fp32 weight is packed once after
 loading (`pack_cpu_weights`, kernels/cpu_linear.py).
 """
 import torch
@@ -64,7 +64,7 @@ class LinearBase(nn.Module):
         return out if self.lora is None else self.lora.add_to(x, out)
 
     def pack_weight(self) -> bool:
-        """Packs the weight for the CPU's bf16 GEMM (and frees the plain one) where it can; whether it did."""
+        """Packs the weight for oneDNN's GEMM on the CPU (and frees the plain one) where it can; whether it did."""
         if self.packed is not None or not cpu_linear.can_pack(self.weight):
             return False
         self.packed = cpu_linear.pack(self.weight.data)
@@ -73,7 +73,7 @@ class LinearBase(nn.Module):
 
 
 def pack_cpu_weights(model: nn.Module) -> int:
-    """Packs the bf16 CPU weight of every layer that can (linear layers, an untied LM head) once
+    """Packs the bf16 or fp32 CPU weight of every layer that can (linear layers, an untied LM head) once
     (kernels/cpu_linear.py); how many it packed."""
     return sum(module.pack_weight() for module in model.modules() if hasattr(module, "pack_weight"))
 
