@@ -115,7 +115,7 @@ class ModelRunner:
         if self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path: GEMMs
             packed = pack_cpu_weights(self.model)                           # on weights packed once
             if packed:
-                logger.info("CPU: %d bf16 linear weights packed for oneDNN", packed)
+                logger.info("CPU: %d linear weights packed for oneDNN", packed)
         self.lora = LoraWeights(self.model, model_config, config.max_loras, config.max_lora_rank, config.max_cpu_loras,
                                 self.dtype, self.device) if config.max_loras else None
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,
