@@ -148,11 +148,5 @@ class Adapters:
         headers = [(b"content-type", b"application/json")]
         if authorization is not None:
             headers.append((b"authorization", authorization))
-        response = await replica.upstream.request("POST", LOAD_PATH, headers, body)
-        try:
-            answer = await response.read()
-        except BaseException:
-            response.close()
-            raise
-        response.release()
+        response, answer = await replica.upstream.fetch("POST", LOAD_PATH, headers, body)
         return response.status, answer, response.header(b"content-type")

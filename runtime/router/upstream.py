@@ -239,16 +239,22 @@ class Upstream:
             raise
         return response
 
+    async def fetch(self, method: str, path: str, headers: list[tuple[bytes, bytes]] = (),
+                    body: bytes = b"") -> tuple[Response, bytes]:
+        """A small request read whole: its response (the connection given back) and the body."""
+        response = await self.request(method, path, headers, body)
+        try:
+            answer = await response.read()
+        except BaseException:
+            response.close()
+            raise
+        response.release()
+        return response, answer
+
     async def get(self, path: str, timeout: float) -> tuple[int, bytes]:
         """(status, body) of a small GET, all within `timeout` seconds (`asyncio.TimeoutError` past it)."""
         async def whole() -> tuple[int, bytes]:
-            response = await self.request("GET", path)
-            try:
-                body = await response.read()
-            except BaseException:
-                response.close()
-                raise
-            response.release()
+            response, body = await self.fetch("GET", path)
             return response.status, body
         return await asyncio.wait_for(whole(), timeout)
 
