@@ -12,7 +12,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from kubeinfer.operator.spec.model import MODEL_URI_RE
+from kubeinfer.operator.spec.model import MODEL_URI_RE, SourceUri
 from kubeinfer.operator.spec.schema import SpecModel, cel
 
 # An OpenAI model id that is also safe in a label value, a file name and a shell word: lower-case DNS-ish.
@@ -40,7 +40,7 @@ class Lora(SpecModel):
         return self.max_cpu_loras if self.max_cpu_loras is not None else max(self.max_loras, MIN_CPU_LORAS)
 
 
-class Adapter(SpecModel):
+class Adapter(SpecModel, SourceUri):
     name: str = Field(
         max_length=63, description="The name clients send as `model`; lower-case letters, digits, '-', '.', '_'.",
         json_schema_extra={"x-kubernetes-validations": [cel(
@@ -72,14 +72,6 @@ class Adapter(SpecModel):
         if not re.match(MODEL_URI_RE, value):
             raise ValueError("adapters[].uri must start with hf://, pvc://, s3:// or file://")
         return value
-
-    @property
-    def scheme(self) -> str:
-        return self.uri.split("://", 1)[0]
-
-    @property
-    def location(self) -> str:
-        return self.uri.split("://", 1)[1]
 
 
 ADAPTER_NAMES_UNIQUE = cel("self.all(a, self.exists_one(b, b.name == a.name))",

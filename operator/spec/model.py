@@ -20,7 +20,20 @@ HOST_CACHE_NEEDS_DOWNLOAD = cel(
 )
 
 
-class ModelSource(SpecModel):
+class SourceUri:
+    """The parts of a spec object's `uri` field, one of the model sources' schemes (the model, an adapter)."""
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    @property
+    def location(self) -> str:
+        """The URI without its scheme (``org/name@rev``, ``claim/path``, ``bucket/prefix``, ``/path``)."""
+        return self.uri.split("://", 1)[1]
+
+
+class ModelSource(SpecModel, SourceUri):
     model_config = checked_by(MODEL_CACHES_EXCLUSIVE, HOST_CACHE_NEEDS_DOWNLOAD)
 
     uri: str = Field(
@@ -70,13 +83,3 @@ class ModelSource(SpecModel):
         if self.cache_host_path is not None and self.scheme not in ("hf", "s3"):
             raise ValueError(HOST_CACHE_NEEDS_DOWNLOAD["message"])
         return self
-
-    @property
-    def scheme(self) -> str:
-        return self.uri.split("://", 1)[0]
-
-    @property
-    def location(self) -> str:
-        """The URI without its scheme (``org/name@rev``, ``claim/path``, ``bucket/prefix``, ``/path``)."""
-        return self.uri.split("://", 1)[1]
-
