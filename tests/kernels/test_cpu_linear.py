@@ -15,17 +15,23 @@ needs_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2, dty
 @pytest.mark.parametrize("features", [(72, 130), (512, 1536)], ids=["odd", "model"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_equals_f_linear_up_to_bf16_rounding(tokens, features, bias):
+    ours, theirs, exact = packed_and_plain_errors(torch.bfloat16, tokens, features, bias)
+    # Within a bf16 rounding of the exact result, as F.linear's own bf16 output is.
+    assert ours <= max(2 * theirs, 2 ** -7 * exact.abs().max())
+
+
+def packed_and_plain_errors(dtype: torch.dtype, tokens: int, features: tuple[int, int], bias: bool):
+    """Max error against the exact (fp64) product of the packed linear and of F.linear, and that product; the
+    packed output's dtype and shape checked on the way."""
     torch.manual_seed(tokens)
     in_features, out_features = features
-    x = torch.randn(tokens, in_features, dtype=torch.bfloat16)
-    weight = torch.randn(out_features, in_features, dtype=torch.bfloat16) / in_features ** 0.5
-    b = torch.randn(out_features, dtype=torch.bfloat16) if bias else None
+    x = torch.randn(tokens, in_features, dtype=dtype)
+    weight = torch.randn(out_features, in_features, dtype=dtype) / in_features ** 0.5
+    b = torch.randn(out_features, dtype=dtype) if bias else None
     got = cpu_linear.linear(x, cpu_linear.pack(weight), b)
     exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
-    assert got.dtype == torch.bfloat16 and got.shape == (tokens, out_features)
-    # Within a bf16 rounding of the exact result, as F.linear's own bf16 output is.
-    ours, theirs = (got.double() - exact).abs().max(), (F.linear(x, weight, b).double() - exact).abs().max()
-    assert ours <= max(2 * theirs, 2 ** -7 * exact.abs().max())
+    assert got.dtype == dtype and got.shape == (tokens, out_features)
+    return (got.double() - exact).abs().max(), (F.linear(x, weight, b).double() - exact).abs().max(), exact
 
 
 @needs_packing
@@ -44,15 +50,7 @@ needs_fp32_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2
 @pytest.mark.parametrize("features", [(72, 130), (512, 1536)], ids=["odd", "model"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, features, bias):
-    torch.manual_seed(tokens)
-    in_features, out_features = features
-    x = torch.randn(tokens, in_features)
-    weight = torch.randn(out_features, in_features) / in_features ** 0.5
-    b = torch.randn(out_features) if bias else None
-    got = cpu_linear.linear(x, cpu_linear.pack(weight), b)
-    exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
-    assert got.dtype == torch.float32 and got.shape == (tokens, out_features)
-    ours, theirs = (got.double() - exact).abs().max(), (F.linear(x, weight, b).double() - exact).abs().max()
+    ours, theirs, _ = packed_and_plain_errors(torch.float32, tokens, features, bias)
     assert ours <= max(4 * theirs, 1e-5)
 
 
