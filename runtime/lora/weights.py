@@ -33,8 +33,9 @@ class LoraWeights:
 
     def apply(self, loads: list[tuple[int, str, str]]) -> None:
         for slot, name, path in loads:
-            adapter = self.read(name, path)
+            by_layer: dict[int, dict] = {}
+            for (layer, module), ab in self.read(name, path).weights.items():
+                by_layer.setdefault(layer, {})[module] = ab
             for layer, slots in self.layers.items():
-                modules = {module: ab for (index, module), ab in adapter.weights.items() if index == layer}
                 for lora_slots in slots:
-                    lora_slots.set_slot(slot, modules)
+                    lora_slots.set_slot(slot, by_layer.get(layer, {}))
