@@ -5,11 +5,12 @@ tile layout on every call. Packing once when the model loads takes that off ever
 box (one thread, CPU time per call, bf16, 512 input features, 1,536 outputs): 1 token 110 -> 47 us, 64 tokens
 203 -> 128 us, 1,024 tokens 1,607 -> 1,487 us (benchmarks/cpu_linear.py).
 
-fp32 packs too: oneDNN's packed sgemm against MKL's on the plain layout, on the 2-vCPU AVX2 box (2 threads, the
-throughput model's shapes): 16 tokens 25-40% faster on every shape; 2,048 tokens 16% faster for the wide gate/up,
-8-12% slower for the others; the model's whole prefill about even. Offline throughput (benchmarks/throughput.py's
-workload, alternating, median of 3): 8.63 -> 7.61 s, the same greedy tokens 64/64. The packed result equals
-`F.linear`'s up to rounding (the same products, summed in another order); tests/kernels/test_cpu_linear.py checks it.
+fp32 packs too: oneDNN's packed sgemm against MKL's on the plain layout, on the 2-vCPU AVX2 box (ad-hoc scripts,
+docs/benchmarks.md; 2 threads, the throughput model's shapes): 16 tokens 25-40% faster on every shape; 2,048
+tokens 16% faster for the wide gate/up, 8-12% slower for the others; the model's whole prefill about even. Offline
+throughput (benchmarks/throughput.py's workload, alternating, median of 3): 8.63 -> 7.61 s, the same greedy tokens
+64/64. The packed result equals `F.linear`'s up to rounding (the same products, summed in another order);
+tests/kernels/test_cpu_linear.py checks it.
 """
 import torch
 
