@@ -112,15 +112,21 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         true_p95 = histogram_quantile(0.95, cumulative_counts(all_obs))
         lo, hi = bucket_of(0.7)
 
+        decoy_selector = PodSelector({"namespace": "ns1", "service": "svc-b"}, MODEL)
+
         async def prom_caught_up():
+            # Prometheus scrapes each target at its own offset: the decoy's scrape may come after the
+            # pods', so wait for both, or the fleet's decoy row below could still read the zeros.
             s = await prom.fetch(selector, WINDOW_S)
-            return s if s.queue_depth == 15 and s.ttft_p95_seconds is not None and s.num_running == 60 else None
+            d = await prom.fetch(decoy_selector, WINDOW_S)
+            ready = s.queue_depth == 15 and s.ttft_p95_seconds is not None and s.num_running == 60
+            return s if ready and d.queue_depth == 100 else None
         start, sig = metrics_prometheus.scrape_rounds(), None
         while sig is None:   # the budget is Prometheus's scrapes, not seconds: a busy box scrapes later
             sig = await prom_caught_up()
             if sig is None:
                 assert metrics_prometheus.scrape_rounds() - start < 10, \
-                    "10 scrapes went by and Prometheus never reported queue 15 / running 60 with a TTFT P95"
+                    "10 scrapes went by and Prometheus never reported queue 15 / running 60 with a TTFT P95 and the decoy's 100"
                 time.sleep(0.3)
 
         # Queue and running exact (the decoy service's 100 waiting are filtered out); P95 in its bucket.
@@ -135,7 +141,7 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         row = await fleet.signals(selector, WINDOW_S)
         assert (row.queue_depth, row.num_running, row.num_pods_reporting) == (15, 60, 3)
         assert lo < row.ttft_p95_seconds <= hi and row.request_rate and row.request_rate > 0
-        decoy_row = await fleet.signals(PodSelector({"namespace": "ns1", "service": "svc-b"}, MODEL), WINDOW_S)
+        decoy_row = await fleet.signals(decoy_selector, WINDOW_S)
         assert (decoy_row.queue_depth, decoy_row.num_running, decoy_row.num_pods_reporting) == (100, 32, 1)
 
         direct = await scrape.fetch([p.url for p in pods], WINDOW_S, model_name=MODEL)
