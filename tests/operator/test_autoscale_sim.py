@@ -79,7 +79,9 @@ def test_a_tail_lets_the_policy_scale_down_after_a_burst_that_ends_the_trace():
                                                                          within[1].ttft_p99_s)] * 2
 
 
-@pytest.mark.parametrize("make_trace", [diurnal, burst, flash_crowd], ids=lambda f: f.__name__)
+# burst in the default run; the other two (18 s each) with the slow tests: the same code paths, other traces.
+@pytest.mark.parametrize("make_trace", [pytest.param(diurnal, marks=pytest.mark.slow), burst,
+                                        pytest.param(flash_crowd, marks=pytest.mark.slow)], ids=lambda f: f.__name__)
 def test_goal_on_the_benchmark_traces(make_trace):
     """The benchmark's claim (docs/benchmarks.md), seed 0: with throughputPerReplica, ours holds at
     least the SLO share of the best autoscaling alternative with fewer GPU-hours than the fixed fleet."""
