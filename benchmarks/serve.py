@@ -37,7 +37,7 @@ import aiohttp
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from peers import vllm_env   # noqa: E402
+from peers import cpu_time, vllm_env   # noqa: E402
 from peers.machine import describe   # noqa: E402
 
 
@@ -254,7 +254,10 @@ def compare_with_vllm(args) -> None:
                 for level in args.levels:
                     args.concurrency = level
                     print(f"\n{name}, {level} concurrent streams")
+                    cpu_before, client_before = cpu_time.process_tree(server.pid), time.process_time()
                     figures[name][level] = asyncio.run(run(args, url, model))
+                    print(f"CPU time: {cpu_time.spent(cpu_before, cpu_time.process_tree(server.pid), server.pid)}; "
+                          f"the benchmark's client {time.process_time() - client_before:.1f} s")
             finally:
                 server.terminate()
                 server.wait(60)
