@@ -6,6 +6,8 @@ import functools
 import math
 from dataclasses import dataclass
 
+from kubeinfer.operator.autoscaling.fleet_sizing import attainable_share, sizing_share  # noqa: F401 (shared)
+
 from .policies import FixedFleet
 from .sim import ReplicaModel, Simulation, Trace
 
@@ -52,26 +54,6 @@ def calibration_run(rate: float, lengths: Lengths) -> Trace:
     """The steady load a fleet is sized on: 5 minutes; with a trace's own lengths, long enough for 600
     requests, since a few long prompts among 75 would swing the share by points."""
     return steady(rate, 300.0 if lengths is None else max(300.0, 600.0 / rate), lengths)
-
-
-def attainable_share(lengths: Lengths, ttft_target_s: float, model: ReplicaModel) -> float:
-    """Share of requests an idle replica answers within the target (one step: its prefill and a decode's base).
-    No fleet does better, so sizing for 99% of every request would bound nothing on a trace with long prompts."""
-    if not lengths:
-        return 1.0
-    fits = sum(1 for prompt, _ in lengths if model.decode_base_s + model.prefill_s_per_token * prompt <= ttft_target_s)
-    return fits / len(lengths)
-
-
-SIZING_MARGIN = 0.02   # a trace's fleets are sized for its attainable share less 2 points
-
-
-def sizing_share(lengths: Lengths, ttft_target_s: float, model: ReplicaModel, share: float = 0.99) -> float:
-    """The SLO share fleets are sized for: `share` with the simulator's own requests; with a trace's, 2 points
-    below what idle replicas would attain (requests queue behind each other's steps even in a large fleet)."""
-    if lengths is None:
-        return share
-    return attainable_share(lengths, ttft_target_s, model) - SIZING_MARGIN
 
 
 @functools.lru_cache(maxsize=None)

@@ -35,17 +35,7 @@ from typing import Protocol
 from kubeinfer.operator.autoscaling.policy_types import Signals
 from kubeinfer.operator.autoscaling.cold_start import ColdStartSample
 from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
-
-
-@dataclass(frozen=True)
-class ReplicaModel:
-    max_batch: int = 32
-    prefill_token_budget: int = 4096
-    prefill_s_per_token: float = 0.00012
-    decode_base_s: float = 0.020
-    decode_per_seq_s: float = 0.0008
-    cold_start_s: float = 60.0
-    local_queue: int = 8  # requests the router may queue on a replica beyond its batch cap
+from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, admit
 
 
 # The built-in CPU demo model (kubeinfer serve --model demo) on one CPU thread, as fitted by
@@ -263,22 +253,14 @@ class Simulation:
 
     def _start_step(self, r: Replica, now: float) -> None:
         m = self.model
-        budget = m.prefill_token_budget
-        tokens = 0
-        while r.waiting and len(r.running) + len(r.prefill) < m.max_batch:
-            nxt = r.waiting[0]
-            if r.prefill and tokens + nxt.prompt > budget:
-                break
-            tokens += nxt.prompt
-            r.prefill.append(r.waiting.popleft())
+        r.prefill, tokens = admit(r.waiting, len(r.running), m)
         if not r.running and not r.prefill:
             r.busy = False
             if r.draining and r.terminated is None:
                 r.terminated = now
             return
         r.busy = True
-        dt = m.decode_base_s + m.decode_per_seq_s * len(r.running) + m.prefill_s_per_token * tokens
-        self._push(now + dt, _STEP, r)
+        self._push(now + m.step_seconds(len(r.running), tokens), _STEP, r)
 
     def _end_step(self, r: Replica, now: float) -> None:
         still = []

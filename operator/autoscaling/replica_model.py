@@ -1,0 +1,161 @@
+"""A replica as the autoscaler prices it, and a fixed fleet of such replicas under a steady load. Pure.
+
+A replica runs engine steps: each admits waiting requests up to a batch cap and a prefill token budget, and lasts
+`decode_base_s + decode_per_seq_s * decoding sequences + prefill_s_per_token * admitted prompt tokens`. The
+admitted requests get their first token at the end of that step, running ones one token each. A router sends each
+request to the ready replica with the fewest outstanding requests while it holds fewer than batch cap + a small
+local queue, and holds it otherwise.
+
+The operator calibrates the costs from the service's own metrics (`calibration`) and sizes fleets by running
+`steady_share` (`fleet_sizing`); the simulator of benchmarks/autoscale uses the same model and the same steps, and
+sizes the clairvoyant limit with the same `fleet_sizing`, so the two use one implementation.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Lengths = tuple[tuple[int, int], ...] | None   # (prompt, output) pairs to draw from; None: log-normal lengths
+
+
+@dataclass(frozen=True)
+class ReplicaModel:
+    max_batch: int = 32
+    prefill_token_budget: int = 4096
+    prefill_s_per_token: float = 0.00012
+    decode_base_s: float = 0.020
+    decode_per_seq_s: float = 0.0008
+    cold_start_s: float = 60.0
+    local_queue: int = 8  # requests the router may queue on a replica beyond its batch cap
+
+    def step_seconds(self, decoding: int, prefill_tokens: int) -> float:
+        return self.decode_base_s + self.decode_per_seq_s * decoding + self.prefill_s_per_token * prefill_tokens
+
+    def alone_seconds(self, prompt: int) -> float:
+        """An idle replica's time to first token: one step that prefills the prompt."""
+        return self.decode_base_s + self.prefill_s_per_token * prompt
+
+
+def admit(waiting: deque, in_batch: int, model: ReplicaModel) -> tuple[list, int]:
+    """The requests a step takes from the head of `waiting` (popped) and their prompt tokens: up to the batch cap,
+    and within the prefill budget (the first one whatever its length)."""
+    taken, tokens = [], 0
+    while waiting and in_batch + len(taken) < model.max_batch:
+        prompt = waiting[0].prompt
+        if taken and tokens + prompt > model.prefill_token_budget:
+            break
+        tokens += prompt
+        taken.append(waiting.popleft())
+    return taken, tokens
+
+
+def steady_requests(rate: float, duration_s: float, lengths: Lengths, seed: int) -> list[tuple[float, int, int]]:
+    """Poisson arrivals at `rate` for `duration_s`: (arrival, prompt, output), lengths drawn from `lengths` or
+    log-normal (means 512 / 128, sigma 0.8, clipped). The same draws as the simulator's steady trace."""
+    rng = random.Random(seed)
+    out, t, sigma = [], 0.0, 0.8
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration_s:
+            return out
+        rng.random()   # the simulator's thinning draw (always accepted at a steady rate)
+        if lengths is not None:
+            p, o = lengths[rng.randrange(len(lengths))]
+        else:
+            p = int(min(4096, max(16, rng.lognormvariate(math.log(512) - sigma ** 2 / 2, sigma))))
+            o = int(min(1024, max(4, rng.lognormvariate(math.log(128) - sigma ** 2 / 2, sigma))))
+        out.append((t, p, o))
+
+
+class _Req:
+    __slots__ = ("arrival", "prompt", "output", "generated")
+
+    def __init__(self, arrival: float, prompt: int, output: int):
+        self.arrival, self.prompt, self.output, self.generated = arrival, prompt, output, 0
+
+
+class _Replica:
+    __slots__ = ("waiting", "running", "prefill", "busy")
+
+    def __init__(self):
+        self.waiting: deque[_Req] = deque()
+        self.running: list[_Req] = []
+        self.prefill: list[_Req] = []
+        self.busy = False
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.prefill)
+
+
+def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft_target_s: float,
+                 model: ReplicaModel, end_s: float) -> float:
+    """Share of `requests` whose first token comes within the target on a fixed, ready fleet of `replicas`
+    (requests not served by `end_s` count as misses)."""
+    if not requests:
+        return 0.0
+    fleet = [_Replica() for _ in range(replicas)]
+    limit = model.max_batch + model.local_queue
+    held: deque[_Req] = deque()
+    events: list[tuple[float, int, int]] = []   # (time, sequence, replica index or -1 - request index)
+    reqs = [_Req(*r) for r in requests]
+    for i, r in enumerate(reqs):
+        events.append((r.arrival, i, -1 - i))
+    heapq.heapify(events)
+    seq = len(reqs)
+    within = 0
+    end = end_s
+
+    def start(idx: int, now: float) -> None:
+        nonlocal seq
+        r = fleet[idx]
+        r.prefill, tokens = admit(r.waiting, len(r.running), model)
+        if not r.running and not r.prefill:
+            r.busy = False
+            return
+        r.busy = True
+        seq += 1
+        heapq.heappush(events, (now + model.step_seconds(len(r.running), tokens), seq, idx))
+
+    def assign(req: _Req, now: float) -> bool:
+        best = min((i for i in range(replicas) if fleet[i].outstanding < limit), default=None,
+                   key=lambda i: fleet[i].outstanding)
+        if best is None:
+            return False
+        fleet[best].waiting.append(req)
+        if not fleet[best].busy:
+            start(best, now)
+        return True
+
+    while events:
+        now, _, who = heapq.heappop(events)
+        if now > end:
+            break
+        if who < 0:
+            req = reqs[-1 - who]
+            if held or not assign(req, now):
+                held.append(req)
+                while held and assign(held[0], now):
+                    held.popleft()
+            continue
+        r = fleet[who]
+        still = []
+        for req in r.running:
+            req.generated += 1
+            if req.generated < req.output:
+                still.append(req)
+        for req in r.prefill:
+            within += now - req.arrival <= ttft_target_s
+            req.generated = 1
+            if req.output > 1:
+                still.append(req)
+        r.running, r.prefill = still, []
+        while held and assign(held[0], now):
+            held.popleft()
+        start(who, now)
+    return within / len(reqs)
