@@ -65,7 +65,8 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
     share = sizing_share(lengths, TTFT_TARGET_S, model)
     target_concurrency = concurrency_per_replica(TTFT_TARGET_S, model, share, lengths=lengths)
     config = PolicyConfig(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS, target_ttft_p95_seconds=TTFT_TARGET_S,
-                          initial_delay_seconds=INITIAL_DELAY_S)
+                          initial_delay_seconds=INITIAL_DELAY_S, max_num_seqs=model.max_batch,
+                          max_num_batched_tokens=model.prefill_token_budget)
     sizing = fleet_sizing(TTFT_TARGET_S, model, MAX_REPLICAS, trace.peak_rate, share, lengths=lengths)
     return [
         FixedFleet(replicas_for_rate(trace.peak_rate, TTFT_TARGET_S, model, share, lengths=lengths)),
@@ -80,8 +81,8 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
         ClairvoyantPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, name=CLAIRVOYANT),
         PredictivePolicy(TableSizing(sizing), PredictiveConfig(MIN_REPLICAS, MAX_REPLICAS),
                          initial_cold_start_s=INITIAL_DELAY_S),
-        # What `autoscaling.policy: predictive` runs in the operator: sized by the throughput per replica (given,
-        # as for the reactive row above), not by the simulator's table.
+        # What `autoscaling.policy: predictive` runs in the operator: sized by the replica model it calibrates from
+        # the replicas' metrics, and until then by the throughput per replica (given, as for the reactive row above).
         OperatorPredictivePolicy(dataclasses.replace(config, assumed_throughput_per_replica=saturation_throughput(
             model, lengths=lengths))),
     ]

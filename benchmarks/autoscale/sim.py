@@ -37,6 +37,8 @@ from kubeinfer.operator.autoscaling.cold_start import ColdStartSample
 from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, admit
 
+from .replica_metrics import UsageCounters, usage_between
+
 
 # The built-in CPU demo model (kubeinfer serve --model demo) on one CPU thread, as fitted by
 # benchmarks/autoscale/calibrate.py on 2026-11-23 (4 runs on a shared 2-vCPU machine, load 4-6: decode
@@ -123,8 +125,10 @@ class Observation:
         lo, hi = bisect_right(tt, scrape_t - window_s), bisect_right(tt, scrape_t)
         values = self.sim.ttft_values[lo:hi]
         p95 = histogram_quantile(0.95, cumulative_counts(values, TTFT_BUCKETS)) if values else None
+        j = bisect_right(s.t, scrape_t - window_s) - 1   # the snapshot at the window's start (None: from zero)
+        usage = usage_between(s.usage[j] if j >= 0 else None, s.usage[i])
         return Signals(timestamp=scrape_t, queue_depth=s.waiting[i], num_running=s.running[i],
-                       ttft_p95_seconds=p95, request_rate=len(values) / window_s)
+                       ttft_p95_seconds=p95, request_rate=len(values) / window_s, usage=usage)
 
 
 class Policy(Protocol):
@@ -143,6 +147,7 @@ class Samples:
     ready: list[int] = field(default_factory=list)
     replicas: list[int] = field(default_factory=list)  # not draining (ready + pending)
     billed: list[int] = field(default_factory=list)  # everything alive, draining included
+    usage: list[tuple] = field(default_factory=list)  # the replicas' calibration series (UsageCounters.snapshot)
 
 
 _ARRIVE, _STEP, _READY, _TICK, _SAMPLE = range(5)
@@ -179,6 +184,7 @@ class Simulation:
         self.replicas: list[Replica] = []
         self.router: deque[Request] = deque()
         self.samples = Samples()
+        self.counters = UsageCounters()
         self.ttft_times: list[float] = []
         self.ttft_values: list[float] = []
         self.scale_events: list[tuple[float, int, int]] = []
@@ -260,21 +266,29 @@ class Simulation:
                 r.terminated = now
             return
         r.busy = True
-        self._push(now + m.step_seconds(len(r.running), tokens), _STEP, r)
+        dt = m.step_seconds(len(r.running), tokens)
+        self.counters.step(len(r.running), tokens, dt)
+        self._push(now + dt, _STEP, r)
 
     def _end_step(self, r: Replica, now: float) -> None:
         still = []
+        counters = self.counters
         for req in r.running:
             req.generated += 1
             if req.generated < req.output:
                 still.append(req)
+            else:
+                counters.finished(req.generated)
         for req in r.prefill:
             req.first_token = now
             req.generated = 1
             self.ttft_times.append(now)
             self.ttft_values.append(now - req.arrival)
+            counters.first_token(req.prompt)
             if req.output > 1:
                 still.append(req)
+            else:
+                counters.finished(1)
         r.running, r.prefill = still, []
         if self.router and r.ready(now):
             self._drain_router(now)
@@ -296,6 +310,7 @@ class Simulation:
         s.ready.append(sum(1 for r in alive if r.ready(now)))
         s.replicas.append(sum(1 for r in alive if not r.draining))
         s.billed.append(len(alive))
+        s.usage.append(self.counters.snapshot())
 
     def _tick(self, now: float) -> None:
         active = [r for r in self.replicas if r.terminated is None and not r.draining]

@@ -132,7 +132,9 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
     assert spec.autoscaling is not None
     st = body.get("status") or {}
     cold_start = ColdStartRecord.from_status(st).with_pods(pods)
-    config = PolicyConfig.from_spec(spec.autoscaling, learned_cold_start_seconds=cold_start.seconds)
+    config = PolicyConfig.from_spec(spec.autoscaling, learned_cold_start_seconds=cold_start.seconds,
+                                    max_num_seqs=spec.runtime.max_num_seqs,
+                                    max_num_batched_tokens=spec.runtime.max_num_batched_tokens)
     last = st.get("desiredReplicas") if st.get("scalingHistory") else None   # its own decision, or none yet
     manual = spec.replicas is not None and last is not None and spec.replicas != last
     current = last if manual else spec.desired_replicas

@@ -27,9 +27,12 @@ from dataclasses import dataclass, field, replace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeinfer.operator.autoscaling.calibration import usage_from
 from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
 from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.metric_names import ROUTER_QUEUE, RUNNING, TTFT, WAITING
+from kubeinfer.operator.metric_names import (
+    REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, ROUTER_QUEUE, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,20 +144,40 @@ class _PodSample:
     running: float
     buckets: dict[float, float]  # le -> cumulative count
     count: float
+    counters: dict[str, float] = field(default_factory=dict)   # the calibration's series (`_COUNTERS`), summed
+
+
+# Series of the predictive policy's calibration, by key: sample name -> (key, label whose value joins the key).
+_COUNTERS = {f"{STEP}_count": ("steps", None), f"{STEP}_sum": ("step_seconds", None),
+             STEP_MOMENTS: ("moment", "moment"), f"{REQUEST_PROMPT_TOKENS}_bucket": ("prompt", "le"),
+             f"{REQUEST_GENERATION_TOKENS}_bucket": ("generation", "le")}
+_FAMILIES = (WAITING, RUNNING, TTFT, STEP, STEP_MOMENTS.removesuffix("_total"), REQUEST_PROMPT_TOKENS,
+             REQUEST_GENERATION_TOKENS)
+
+
+def _usage(counters: dict[str, float]):
+    def by(key: str, convert=str) -> dict:
+        return {convert(k.split("/", 1)[1]): v for k, v in counters.items() if k.startswith(key + "/")}
+    return usage_from(counters.get("steps"), counters.get("step_seconds"), by("moment"), by("prompt", float),
+                      by("generation", float))
 
 
 def parse_pod_metrics(text: str, model_name: str | None, at: float) -> _PodSample:
     """Sum the kubeinfer series of one pod's exposition text (one model or all)."""
     waiting = running = count = 0.0
     buckets: dict[float, float] = defaultdict(float)
+    counters: dict[str, float] = defaultdict(float)
     seen_waiting = False
     for family in text_string_to_metric_families(text):
-        if family.name not in (WAITING, RUNNING, TTFT):
+        if family.name not in _FAMILIES:
             continue
         for s in family.samples:
             if model_name is not None and s.labels.get("model_name") != model_name:
                 continue
-            if s.name == WAITING:
+            if s.name in _COUNTERS:
+                key, label = _COUNTERS[s.name]
+                counters[key if label is None else f"{key}/{s.labels.get(label, '')}"] += s.value
+            elif s.name == WAITING:
                 waiting += s.value
                 seen_waiting = True
             elif s.name == RUNNING:
@@ -165,7 +188,7 @@ def parse_pod_metrics(text: str, model_name: str | None, at: float) -> _PodSampl
                 count += s.value
     if not seen_waiting:
         raise ValueError(f"no {WAITING} series" + (f" for model_name={model_name}" if model_name else ""))
-    return _PodSample(at, waiting, running, dict(buckets), count)
+    return _PodSample(at, waiting, running, dict(buckets), count, dict(counters))
 
 
 @dataclass
@@ -199,6 +222,7 @@ class ScrapeSource:
             log.warning("metrics scrape failed targets=%d errors=%s", len(errors), errors)
             return Signals.missing(f"scrape failed: {errors[0]}", now)
         total: dict[float, float] = defaultdict(float)
+        counters: dict[str, float] = defaultdict(float)
         observed = 0.0
         for url, sample in zip(targets, results):
             history = self._history.setdefault(url, deque(maxlen=self.max_snapshots))
@@ -208,6 +232,8 @@ class ScrapeSource:
             for le, c in sample.buckets.items():
                 total[le] += c - base.buckets.get(le, 0.0)
             observed += sample.count - base.count
+            for key, c in sample.counters.items():
+                counters[key] += c - base.counters.get(key, 0.0)
             history.append(sample)
             while len(history) > 1 and history[1].time <= now - window_s:
                 history.popleft()  # keep one snapshot older than the window, drop the rest
@@ -216,4 +242,4 @@ class ScrapeSource:
         return Signals(timestamp=now, queue_depth=sum(s.waiting for s in results),
                        num_running=sum(s.running for s in results),
                        ttft_p95_seconds=histogram_quantile(0.95, total.items()) if observed > 0 else None,
-                       request_rate=observed / window_s, num_pods_reporting=len(targets))
+                       request_rate=observed / window_s, num_pods_reporting=len(targets), usage=_usage(counters))

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubeinfer.operator.autoscaling.calibration import ReplicaUsage
 from kubeinfer.operator.times import rfc3339_precise, unix
 
 # camelCase key of `spec.autoscaling` (docs/contracts.md) -> PolicyConfig field.
@@ -79,6 +80,10 @@ class PolicyConfig:
     # Pod creation -> Ready as the operator measured it on this service's pods (cold_start);
     # replaces initialDelaySeconds as the horizon over which an overload's queue growth is projected.
     learned_cold_start_seconds: float | None = None
+    # A replica's batch cap and prefill token budget (spec.runtime maxNumSeqs, maxNumBatchedTokens), for the
+    # replica model the predictive policy calibrates (None: the model's defaults).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
         assert self.min_replicas >= 0, "minReplicas must be >= 0"
@@ -129,6 +134,7 @@ class Signals:
     request_rate: float | None = None  # first tokens per second over the window
     num_pods_reporting: int | None = None
     error: str | None = None  # why the source could not measure
+    usage: ReplicaUsage | None = None  # the replicas' steps and request lengths over the window (calibration)
 
     @property
     def available(self) -> bool:

@@ -5,8 +5,11 @@ reads: the queue samples that give the arrival rate, and the saturated throughpu
 owns the cases where a forecast has nothing to add: metrics missing or stale (hold: never scale down blind), the
 floor and the ceiling, scale to zero after idling and from zero on a waiting request. Everywhere else the
 forecaster (`forecast.py`) takes the arrival rate, and `predictive.decide` sizes the fleet one learned cold start
-ahead, with `StaffedSizing` over the learned throughput per replica. Its state is kept in `status.predictive`, so
-a restarted operator resumes the same forecast; `status.forecast` says what it saw and why it decided.
+ahead. The sizing is the replica model calibrated from the service's own metrics (`calibration`,
+`calibrated_sizing`: the fleet a steady rate needs within the TTFT target) once the calibration has enough data;
+until then `StaffedSizing` over the learned throughput per replica. Its state is kept in `status.predictive`
+(forecaster, calibration, the replica model in use), so a restarted operator resumes the same forecast and model;
+`status.predictive.forecast` says what it saw and why it decided.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kubeinfer.operator.autoscaling import calibrated_sizing
+from kubeinfer.operator.autoscaling.calibration import Calibration
 from kubeinfer.operator.autoscaling.observations import arrival_rate
 from kubeinfer.operator.autoscaling.policy import (
     ABOVE_MAX, BELOW_MIN, METRICS_STALE, METRICS_UNAVAILABLE, SCALE_FROM_ZERO, SCALE_TO_ZERO,
@@ -22,12 +27,14 @@ from kubeinfer.operator.autoscaling.policy import (
 from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig, ReplicaCounts, ScaleDecision, ScaleEvent, ScaleHistory, Signals,
 )
-from kubeinfer.operator.autoscaling.predictive import PredictiveConfig, PredictiveState, StaffedSizing, decide
+from kubeinfer.operator.autoscaling.predictive import PredictiveConfig, PredictiveState, Sizing, StaffedSizing, decide
+from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
 
 REACTIVE_OWNS = frozenset({METRICS_UNAVAILABLE, METRICS_STALE, ABOVE_MAX, BELOW_MIN, SCALE_FROM_ZERO, SCALE_TO_ZERO})
 PREDICTIVE_UP, PREDICTIVE_DOWN, PREDICTIVE_HOLD = "PredictiveScaleUp", "PredictiveScaleDown", "PredictiveHold"
-NO_THROUGHPUT = ("predictive: no saturated throughput per replica known yet (learned once the fleet is busy for a "
-                 "metric window; or set autoscaling.throughputPerReplica), so the reactive policy decides: ")
+NO_THROUGHPUT = ("predictive: no replica model calibrated yet (from the replicas' steps and requests) and no "
+                 "saturated throughput per replica known (learned once the fleet is busy for a metric window; or set "
+                 "autoscaling.throughputPerReplica), so the reactive policy decides: ")
 
 
 @dataclass(frozen=True)
@@ -49,21 +56,31 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
                       now: float) -> PredictiveOutcome:
     """The pass's decision under the predictive policy, from the reactive one (`reactive`, decided from
     `history_before`) and the predictive state kept in status (`stored`)."""
-    state = PredictiveState.from_dict((stored or {}).get("state"))
-    kept = {"state": state.to_dict(), "forecast": (stored or {}).get("forecast")}
+    stored = stored or {}
+    state = PredictiveState.from_dict(stored.get("state"))
+    window = float(config.metric_window_seconds)
+    calibration = Calibration.from_dict(stored.get("calibration")).observe(signals.usage, now, window)
+    base = base_model(config)
+    model = calibrated_sizing.in_use(calibrated_sizing.estimate(calibration), stored.get("replicaModel"), base,
+                                     config.target_ttft_p95_seconds)
+    kept = {"state": state.to_dict(), "forecast": stored.get("forecast"), "calibration": calibration.to_dict(),
+            "replicaModel": model}
     if reactive.reason in REACTIVE_OWNS:
         return PredictiveOutcome(reactive, kept)
+    sizing: Sizing | None = None
+    if model is not None:
+        sizing = calibrated_sizing.sizing(model, base, config.target_ttft_p95_seconds, config.max_replicas)
     per_replica = reactive.history.throughput_per_replica or config.assumed_throughput_per_replica
-    if not per_replica:
+    if sizing is None and per_replica:
+        sizing = StaffedSizing(per_replica, config.headroom)
+    if sizing is None:
         return PredictiveOutcome(replace(reactive, message=NO_THROUGHPUT + reactive.message), kept)
 
     current = counts.current
     rate = arrival_rate(reactive.history, signals)
     cold_start = config.learned_cold_start_seconds or float(config.initial_delay_seconds)
-    window = float(config.metric_window_seconds)
     predictive = PredictiveConfig(config.min_replicas, config.max_replicas,
                                   max_scale_down_step=config.max_scale_down_step)
-    sizing = StaffedSizing(per_replica, config.headroom)
     d = decide(rate, signals.queue_depth, current, state, predictive, cold_start, now, sizing, window)
     desired = d.desired_replicas
     reason = PREDICTIVE_UP if desired > current else PREDICTIVE_DOWN if desired < current else PREDICTIVE_HOLD
@@ -71,16 +88,25 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     if desired != current:
         history = history.with_event(ScaleEvent(now, current, desired, reason))
     decision = ScaleDecision(desired, reason, d.reason, history, recommendation=desired)
-    seen = _seen(rate, d, cold_start, window, per_replica, sizing, predictive)
-    return PredictiveOutcome(decision, {"state": d.state.to_dict(), "forecast": seen})
+    seen = _seen(rate, d, cold_start, window, sizing, predictive)
+    return PredictiveOutcome(decision, {**kept, "state": d.state.to_dict(), "forecast": seen})
 
 
-def _seen(rate: float, d, cold_start: float, window: float, per_replica: float, sizing: StaffedSizing,
+def base_model(config: PolicyConfig) -> ReplicaModel:
+    """The replica model before calibration: the batch cap and prefill budget of the spec's runtime."""
+    base = ReplicaModel()
+    return replace(base, max_batch=config.max_num_seqs or base.max_batch,
+                   prefill_token_budget=config.max_num_batched_tokens or base.prefill_token_budget)
+
+
+def _seen(rate: float, d, cold_start: float, window: float, sizing: Sizing,
           predictive: PredictiveConfig) -> dict[str, Any]:
     """status.predictive.forecast: what the pass saw and why it decided."""
     forecast = d.state.forecast
     high = forecast.high(cold_start, predictive.k_spread, math.sqrt(max(forecast.level, 0.0) / window))
     return {"arrivalRate": round(rate, 4), "rate": round(forecast.level, 4),
             "trendPerMinute": round(forecast.trend * 60, 4), "high": round(high, 4),
-            "horizonSeconds": round(cold_start, 1), "ratePerReplica": round(per_replica, 4),
-            "replicasNeeded": sizing.replicas_for(high), "reason": d.reason}
+            "horizonSeconds": round(cold_start, 1), "replicasNeeded": sizing.replicas_for(high),
+            "sizing": (f"throughput per replica {sizing.rate_per_replica:.4g}/s" if isinstance(sizing, StaffedSizing)
+                       else f"calibrated replica model, {100 * sizing.share:.1f}% within target"),
+            "reason": d.reason}

@@ -2,8 +2,8 @@
 
 Each object's daemon asks `FleetSignals.signals()` for its own service; the first to ask in an interval sends
 one query per signal for the whole fleet (`sum by (namespace, service, model_name) (...)`), and every daemon
-of that interval reads its service's row from that answer. 1,000 services make 6 queries per interval (per
-distinct metricWindowSeconds), not 6,000.
+of that interval reads its service's row from that answer. 1,000 services make 11 queries per interval (per
+distinct metricWindowSeconds), not 11,000.
 
 Policy: an answer serves for `max_age_s` (the autoscale interval), so a decision may read signals up to one
 interval older than its pass; Prometheus' own samples are a scrape interval old already. A failed round is kept
@@ -24,7 +24,10 @@ import httpx
 
 from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
 from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.metric_names import RUNNING, TTFT, WAITING
+from kubeinfer.operator.autoscaling.calibration import usage_from
+from kubeinfer.operator.metric_names import (
+    REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,23 @@ def fleet_queries(window_s: int) -> dict[str, str]:
         "rate": f"sum by ({by}) (rate({TTFT}_count[{w}]))",
         "pods": f"count by ({by}) ({WAITING})",
         "oldest": f"min by ({by}) (timestamp({WAITING}))",
+        # the replicas' steps and request lengths over the window: the predictive policy's calibration
+        "steps": f"sum by ({by}) (increase({STEP}_count[{w}]))",
+        "step_seconds": f"sum by ({by}) (increase({STEP}_sum[{w}]))",
+        "moment": f"sum by ({by}, moment) (increase({STEP_MOMENTS}[{w}]))",
+        "prompt": f"sum by ({by}, le) (increase({REQUEST_PROMPT_TOKENS}_bucket[{w}]))",
+        "generation": f"sum by ({by}, le) (increase({REQUEST_GENERATION_TOKENS}_bucket[{w}]))",
     }
+
+
+# Signals answered per value of one more label: the value is kept under "signal/label value".
+PER_LABEL = {"moment": "moment", "prompt": "le", "generation": "le"}
+
+
+def _usage(v: dict[str, float]):
+    def by(signal: str, key=str) -> dict:
+        return {key(name.split("/", 1)[1]): value for name, value in v.items() if name.startswith(signal + "/")}
+    return usage_from(v.get("steps"), v.get("step_seconds"), by("moment"), by("prompt", float), by("generation", float))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +80,7 @@ class Snapshot:
             return Signals.missing(f"no {WAITING} series for {selector.promql()}", self.taken_at)
         return Signals(timestamp=v.get("oldest", self.taken_at), queue_depth=v["queue"], num_running=v.get("running"),
                        ttft_p95_seconds=v.get("ttft_p95"), request_rate=v.get("rate"),
-                       num_pods_reporting=int(v.get("pods", 0)))
+                       num_pods_reporting=int(v.get("pods", 0)), usage=_usage(v))
 
 
 class FleetSignals:
@@ -96,5 +115,6 @@ class FleetSignals:
             for labels, value in answer:
                 if math.isfinite(value):
                     row = tuple(labels.get(k, "") for k in ROW_LABELS)
-                    values.setdefault(row, {})[signal] = value   # type: ignore[index]
+                    key = f"{signal}/{labels.get(PER_LABEL[signal], '')}" if signal in PER_LABEL else signal
+                    values.setdefault(row, {})[key] = value   # type: ignore[index]
         return Snapshot(now, values)

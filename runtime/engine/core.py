@@ -26,6 +26,18 @@ logger = logging.getLogger(__name__)
 EXPERT_LOAD_INTERVAL_S = 1.0
 
 
+def step_composition(batch) -> tuple[int, int]:
+    """(sequences decoding one token, with their drafts if any; prompt tokens prefilled) of a scheduled batch: what
+    the step's time is fitted against (kubeinfer_engine_step_moments_total)."""
+    decodes = prefill = 0
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        if num_new - len(seq.draft_token_ids) <= 1:
+            decodes += 1
+        else:
+            prefill += num_new
+    return decodes, prefill
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, eos_token_ids: tuple[int, ...]):
         self.config = config
@@ -36,6 +48,7 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}
         self.grammars = GrammarCache(config.model, config.model_config.vocab_size, eos_token_ids)
         self._expert_load_read: tuple[float, tuple] | None = None   # (when, figures) of the last MoE load read
+        self.last_step: tuple[int, int] = (0, 0)   # the last step's decoding sequences and prefill tokens
         self.lora_paths: dict[str, str] = {}   # adapters requests may name (docs/lora.md)
         for name, path in config.lora_modules.items():   # a bad one is logged and left out; the others serve
             try:
@@ -102,10 +115,12 @@ class EngineCore:
 
     def step(self) -> list[TokenDelta]:
         batch = self.scheduler.schedule()
+        self.last_step = (0, 0)
         if not batch.seqs:
             return []
         if self.model_runner.draft is not None:
             self.model_runner.draft.propose(batch, self.block_manager)
+        self.last_step = step_composition(batch)
         started = time.perf_counter()
         sampled, logprobs = self.model_runner.run(batch, self.block_manager)
         self.scheduler.observe_step(batch.num_tokens, time.perf_counter() - started)
@@ -146,7 +161,8 @@ class EngineCore:
         return EngineStats(len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
                            stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
                            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
-                           tuple(stats.accepted_per_position), *self._expert_load(fresh), *self._lora_load())
+                           tuple(stats.accepted_per_position), *self._expert_load(fresh), *self._lora_load(),
+                           *self.last_step)
 
     def _lora_load(self) -> tuple[dict[str, int], dict[str, int]]:
         """Running and waiting requests per adapter (empty with LoRA off)."""

@@ -43,6 +43,8 @@ class EngineStats:
     expert_imbalance: float = 0.0                     # MoE: the worst layer's busiest expert over its mean
     lora_running: dict[str, int] | None = None        # LoRA: running requests per adapter
     lora_waiting: dict[str, int] | None = None        # LoRA: waiting requests per adapter
+    step_decodes: int = 0                             # the last step: sequences decoding (one token, or drafts)
+    step_prefill_tokens: int = 0                      # the last step: prompt tokens computed
 
 
 @dataclass

@@ -15,6 +15,15 @@ TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25
                 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
                0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+# Tokens per request: prompts every 128 tokens up to 4,096 (the autoscaler prices each at its bucket's upper bound,
+# so the width is its error), then coarser; outputs by half octaves.
+PROMPT_TOKEN_BUCKETS = tuple(range(128, 4097, 128)) + (5120, 6144, 7168, 8192, 12288, 16384, 32768, 65536, 131072)
+GENERATION_TOKEN_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+                            4096, 8192, 16384, 32768)
+# Sums over engine steps of a step's decoding sequences n, prefill tokens p, seconds t, and their products: with
+# the step count and seconds (kubeinfer_engine_step_seconds), a least-squares fit t ~ a + b n + c p over any window
+# (the operator's predictive autoscaler calibrates its replica model so).
+STEP_MOMENTS = ("n", "p", "nn", "np", "pp", "nt", "pt")
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
                120.0, 180.0, 300.0, 600.0)
 
@@ -39,6 +48,13 @@ class EngineMetrics:
                           buckets=E2E_BUCKETS)
         self.step = metric(Histogram, "kubeinfer_engine_step_seconds", "Duration of one engine step",
                            buckets=ITL_BUCKETS)
+        self.step_moments = metric(Counter, "kubeinfer_engine_step_moments",
+                                   "Sums over engine steps of decoding sequences n, prefill tokens p, seconds t and "
+                                   "their products", ["moment"])
+        self.request_prompt_tokens = metric(Histogram, "kubeinfer_request_prompt_tokens", "Prompt tokens per request",
+                                            buckets=PROMPT_TOKEN_BUCKETS)
+        self.request_generation_tokens = metric(Histogram, "kubeinfer_request_generation_tokens",
+                                                "Tokens generated per finished request", buckets=GENERATION_TOKEN_BUCKETS)
         self.prompt_tokens = metric(Counter, "kubeinfer_prompt_tokens", "Prompt tokens prefilled")
         self.generation_tokens = metric(Counter, "kubeinfer_generation_tokens", "Tokens generated")
         self.prefix_hits = metric(Counter, "kubeinfer_prefix_cache_hits", "Prompt tokens served from the prefix cache")
@@ -99,8 +115,11 @@ class EngineMetrics:
         # Every series exists from start-up (at 0), so a fresh server is not read as "no data".
         for unlabelled in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.step,
                            self.prompt_tokens, self.generation_tokens, self.prefix_hits, self.prefix_queries,
-                           self.preemptions, self.spec["drafts"], self.spec["draft_tokens"], self.spec["accepted"]):
+                           self.preemptions, self.spec["drafts"], self.spec["draft_tokens"], self.spec["accepted"],
+                           self.request_prompt_tokens, self.request_generation_tokens):
             unlabelled.labels(model_name)
+        for moment in STEP_MOMENTS:
+            self.step_moments.labels(model_name, moment)
         for reason in ("stop", "length", "abort"):
             self.success.labels(model_name, reason)
         self._last_token_time: dict[str, float] = {}
@@ -129,6 +148,7 @@ class EngineMetrics:
         """The core's gauges and counters after a step (`step_seconds` None: no step ran, e.g. after aborts)."""
         if step_seconds is not None:
             self.labels(self.step).observe(step_seconds)
+            self._observe_moments(stats.step_decodes, stats.step_prefill_tokens, step_seconds)
         seen = (stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries)
         for counter, new, old in zip((self.preemptions, self.prefix_hits, self.prefix_queries), seen, self._seen):
             if new > old:
@@ -144,6 +164,12 @@ class EngineMetrics:
             self.labels(self.vllm["running"]).set(stats.num_running)
             self.labels(self.vllm["waiting"]).set(stats.num_waiting)
             self.labels(self.vllm["kv_usage"]).set(stats.kv_cache_usage)
+
+    def _observe_moments(self, n: int, p: int, t: float) -> None:
+        for moment, value in (("n", n), ("p", p), ("nn", n * n), ("np", n * p), ("pp", p * p), ("nt", n * t),
+                              ("pt", p * t)):
+            if value:
+                self.labels(self.step_moments, moment).inc(value)
 
     def _observe_experts(self, stats: EngineStats) -> None:
         if not stats.expert_tokens or stats.expert_tokens == self._seen_experts:
@@ -193,6 +219,7 @@ class EngineMetrics:
             if last is None:   # as the API side sees it: arrival here to the first token here
                 self.labels(self.ttft).observe(now - output.arrival_time)
                 self.labels(self.prompt_tokens).inc(len(output.prompt_token_ids))
+                self.labels(self.request_prompt_tokens).observe(len(output.prompt_token_ids))
                 tenant = output.tenant or "anonymous"
                 self.labels(self.tenant_ttft, tenant).observe(now - output.arrival_time)
                 self.labels(self.tenant_prompt_tokens, tenant).inc(len(output.prompt_token_ids))
@@ -205,6 +232,7 @@ class EngineMetrics:
         if output.finished:
             self._last_token_time.pop(request_id, None)
             self.labels(self.e2e).observe(now - output.arrival_time)
+            self.labels(self.request_generation_tokens).observe(len(output.token_ids))
             self.labels(self.success, output.finish_reason).inc()
             self.labels(self.tenant_requests, output.tenant or "anonymous", output.finish_reason).inc()
 

@@ -1,0 +1,79 @@
+"""The predictive policy's fleet sizing from the replica model calibrated on the service's metrics. Pure.
+
+`estimate` turns a `calibration.Calibration` into a replica model (step costs, and the request mix as 100
+(prompt, output) pairs: prompts at quantiles of the prompt histogram, priced at their bucket's upper bound; outputs
+interpolated; paired at random with a fixed seed). `in_use` keeps the model in use until a fresh estimate differs by
+more than 10% in a step cost or a mean length, or by a point in the attainable share: each model in use is one
+sizing table (`fleet_sizing.ModelSizing`, cached), so it must not change with every pass's noise. `sizing` is the
+`Sizing` the policy asks: the fleet a steady rate needs for 99% of first tokens within the TTFT target, or 2 points
+below the share an idle replica can attain where long prompts alone take longer.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from kubeinfer.operator.autoscaling.calibration import Calibration, quantiles, with_costs
+from kubeinfer.operator.autoscaling.fleet_sizing import ModelSizing, attainable_share, sizing_share
+from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
+
+NUM_LENGTHS = 100
+REFRESH = 0.10          # relative change of a step cost or a mean length that replaces the model in use
+REFRESH_SHARE = 0.01    # change of the attainable share that does
+COSTS = ("decodeBaseSeconds", "decodePerSequenceSeconds", "prefillSecondsPerToken")
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def estimate(calibration: Calibration) -> dict[str, Any] | None:
+    """The replica model the calibration supports now (status form), or None before it has enough data."""
+    costs = calibration.step_costs
+    if costs is None or not calibration.has_mix:
+        return None
+    return {**{name: _sig(c) for name, c in zip(COSTS, costs)},
+            "prompts": quantiles(calibration.prompt_tokens, NUM_LENGTHS, at_upper_bound=True),
+            "outputs": quantiles(calibration.generation_tokens, NUM_LENGTHS, at_upper_bound=False)}
+
+
+def replica_model(found: dict[str, Any], base: ReplicaModel) -> ReplicaModel:
+    return with_costs(base, tuple(found[name] for name in COSTS))
+
+
+def lengths(found: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    outputs = list(found["outputs"])
+    random.Random(0).shuffle(outputs)
+    return tuple(zip(found["prompts"], outputs))
+
+
+def _changed(old: float, new: float) -> bool:
+    return abs(new - old) > REFRESH * max(abs(old), abs(new), 1e-9)
+
+
+def in_use(fresh: dict[str, Any] | None, kept: dict[str, Any] | None, base: ReplicaModel,
+           ttft_target_s: float) -> dict[str, Any] | None:
+    """The model to size with: the kept one unless the fresh estimate moved beyond the refresh thresholds."""
+    if fresh is None or kept == fresh:
+        return kept
+    if kept is None:
+        return fresh
+    if any(_changed(kept[name], fresh[name]) for name in COSTS):
+        return fresh
+    for key in ("prompts", "outputs"):
+        if _changed(sum(kept[key]) / len(kept[key]), sum(fresh[key]) / len(fresh[key])):
+            return fresh
+    model = replica_model(fresh, base)
+    shares = [attainable_share(lengths(found), ttft_target_s, model) for found in (kept, fresh)]
+    return fresh if abs(shares[0] - shares[1]) > REFRESH_SHARE else kept
+
+
+def sizing(found: dict[str, Any], base: ReplicaModel, ttft_target_s: float, max_replicas: int) -> ModelSizing | None:
+    """The fleet sizing of a model in use; None when no share of requests is attainable within the target."""
+    model = replica_model(found, base)
+    pairs = lengths(found)
+    share = round(sizing_share(pairs, ttft_target_s, model), 4)
+    if share <= 0:
+        return None
+    return ModelSizing(model, pairs, ttft_target_s, share, max_replicas)

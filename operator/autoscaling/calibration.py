@@ -1,0 +1,190 @@
+"""The replica model calibrated from the service's own metrics. Pure.
+
+The runtime exports, per engine step, sums of the step's decoding sequences n, prefill tokens p, seconds t and
+their products (`kubeinfer_engine_step_moments_total{moment}`, with the step count and seconds of
+`kubeinfer_engine_step_seconds`): the sufficient statistics of the least-squares fit t ~ a + b n + c p, so a
+window's increase, summed over the pods, gives the fit over every step of the fleet in that window, which is the
+simulator's step cost (`replica_model.ReplicaModel`: decode base, per decoding sequence, per prefill token). The
+request mix is the histograms of prompt and generated tokens per request (`kubeinfer_request_prompt_tokens`,
+`kubeinfer_request_generation_tokens`).
+
+`Calibration` keeps both, each pass adding the window's increase weighted by the share of the window that is new
+and discounting the old by a half-life, so it follows a service that changes (a new model, a new mix). It is
+`ready` once it holds enough steps, requests and spread in n and p for the fit to say something.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+HALF_LIFE_S = 1800.0
+MIN_STEPS = 500.0       # steps (weighted) before the fit is used
+MIN_REQUESTS = 200.0    # requests (weighted) in each histogram before the mix is used
+MIN_SPREAD = 1e-3       # the fit's design must not be this close to singular (det of its correlation matrix)
+MOMENTS = ("n", "p", "nn", "np", "pp", "nt", "pt")   # the runtime's `moment` label values
+Buckets = tuple[tuple[float, float], ...]           # cumulative (upper bound, count), +Inf last
+
+
+@dataclass(frozen=True)
+class StepMoments:
+    steps: float = 0.0
+    t: float = 0.0
+    n: float = 0.0
+    p: float = 0.0
+    nn: float = 0.0
+    np: float = 0.0
+    pp: float = 0.0
+    nt: float = 0.0
+    pt: float = 0.0
+
+    def scaled(self, factor: float) -> StepMoments:
+        return StepMoments(*(getattr(self, f.name) * factor for f in fields(self)))
+
+    def plus(self, other: StepMoments) -> StepMoments:
+        return StepMoments(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def fit(self) -> tuple[float, float, float] | None:
+        """(seconds per step, per decoding sequence, per prefill token) by least squares; None when the steps
+        do not tell the three apart (too few, or n and p without spread)."""
+        if self.steps <= 0 or self.n <= 0 or self.p <= 0:
+            return None
+        s, mn, mp = self.steps, self.n / self.steps, self.p / self.steps
+        # normal equations in the scaled variables 1, n / mean n, p / mean p (all of order 1)
+        a = [[1.0, 1.0, 1.0],
+             [1.0, self.nn / (s * mn * mn), self.np / (s * mn * mp)],
+             [1.0, self.np / (s * mn * mp), self.pp / (s * mp * mp)]]
+        b = [self.t / s, self.nt / (s * mn), self.pt / (s * mp)]
+        if _det(a) / (a[1][1] * a[2][2]) < MIN_SPREAD:
+            return None
+        y = _solve(a, b)
+        return y[0], y[1] / mn, y[2] / mp
+
+
+def _det(a: list[list[float]]) -> float:
+    return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+            + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Cramer's rule (3 x 3, well conditioned once scaled)."""
+    d = _det(a)
+    out = []
+    for col in range(3):
+        m = [[b[r] if c == col else a[r][c] for c in range(3)] for r in range(3)]
+        out.append(_det(m) / d)
+    return out
+
+
+@dataclass(frozen=True)
+class ReplicaUsage:
+    """What the fleet's replicas did over a metric window (increases, summed over the pods)."""
+    moments: StepMoments
+    prompt_tokens: Buckets = ()       # per request, cumulative
+    generation_tokens: Buckets = ()
+
+
+def _decay_buckets(old: Buckets, new: Buckets, keep: float, weight: float) -> Buckets:
+    merged = {le: c * keep for le, c in old}
+    for le, c in new:
+        merged[le] = merged.get(le, 0.0) + c * weight
+    return tuple(sorted(merged.items()))
+
+
+def _total(buckets: Buckets) -> float:
+    return buckets[-1][1] if buckets and math.isinf(buckets[-1][0]) else 0.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    moments: StepMoments = StepMoments()
+    prompt_tokens: Buckets = ()
+    generation_tokens: Buckets = ()
+    updated_at: float | None = None
+
+    def observe(self, usage: ReplicaUsage | None, now: float, window_s: float,
+                half_life_s: float = HALF_LIFE_S) -> Calibration:
+        """Adds a window's usage, weighted by the part of it not seen at the last pass."""
+        if usage is None:
+            return self
+        dt = window_s if self.updated_at is None else min(max(now - self.updated_at, 0.0), window_s)
+        if dt <= 0:
+            return self
+        keep, weight = 0.5 ** (dt / half_life_s), dt / window_s
+        return Calibration(self.moments.scaled(keep).plus(usage.moments.scaled(weight)),
+                           _decay_buckets(self.prompt_tokens, usage.prompt_tokens, keep, weight),
+                           _decay_buckets(self.generation_tokens, usage.generation_tokens, keep, weight), now)
+
+    @property
+    def step_costs(self) -> tuple[float, float, float] | None:
+        """The fitted (decode base, per decoding sequence, per prefill token) seconds once there is enough data
+        and every cost is sensible (a per-token cost above zero, none below)."""
+        if self.moments.steps < MIN_STEPS:
+            return None
+        costs = self.moments.fit()
+        if costs is None or costs[2] <= 0 or min(costs) < -1e-4:
+            return None
+        return max(costs[0], 0.0), max(costs[1], 0.0), costs[2]
+
+    @property
+    def has_mix(self) -> bool:
+        return min(_total(self.prompt_tokens), _total(self.generation_tokens)) >= MIN_REQUESTS
+
+    def to_dict(self) -> dict:
+        return {"moments": {f.name: self.moments.__dict__[f.name] for f in fields(StepMoments)},
+                "promptTokens": [[_le(le), c] for le, c in self.prompt_tokens],
+                "generationTokens": [[_le(le), c] for le, c in self.generation_tokens],
+                "updatedAt": self.updated_at}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Calibration:
+        if not data:
+            return cls()
+        return cls(StepMoments(**data.get("moments", {})),
+                   tuple((float(le), c) for le, c in data.get("promptTokens", ())),
+                   tuple((float(le), c) for le, c in data.get("generationTokens", ())), data.get("updatedAt"))
+
+
+def _le(bound: float) -> float | str:
+    return "+Inf" if math.isinf(bound) else bound
+
+
+def quantiles(buckets: Buckets, count: int, at_upper_bound: bool) -> list[int]:
+    """`count` values at the probabilities (i + 0.5) / count of a cumulative histogram: at the upper bound of the
+    bucket that holds each (conservative: a prompt is priced as the longest of its bucket), or interpolated in
+    it as PromQL's histogram_quantile does. The +Inf bucket gives the highest finite bound."""
+    total = _total(buckets)
+    assert total > 0, "an empty histogram has no quantiles"
+    out, lower, below = [], 0.0, 0.0
+    i = 0
+    for k in range(count):
+        rank = (k + 0.5) / count * total
+        while buckets[i][1] < rank and i < len(buckets) - 1:
+            lower, below = buckets[i][0], buckets[i][1]
+            i += 1
+        upper, at = buckets[i]
+        if math.isinf(upper):
+            value = lower
+        elif at_upper_bound or at <= below:
+            value = upper
+        else:
+            value = lower + (upper - lower) * (rank - below) / (at - below)
+        out.append(max(1, math.ceil(value)))
+    return out
+
+
+def with_costs(model, costs: tuple[float, float, float]):
+    """`model` (a replica_model.ReplicaModel) with the calibrated step costs."""
+    base, per_seq, per_token = costs
+    return replace(model, decode_base_s=base, decode_per_seq_s=per_seq, prefill_s_per_token=per_token)
+
+
+def usage_from(steps: float | None, seconds: float | None, moments: dict[str, float], prompt: dict[float, float],
+               generation: dict[float, float]) -> ReplicaUsage | None:
+    """A window's usage from the increases of the step histogram's count and sum, the step moments by label, and
+    the two length histograms' buckets by bound; None without the step series (a runtime that does not export
+    them)."""
+    if steps is None or seconds is None or not moments:
+        return None
+    return ReplicaUsage(StepMoments(steps, seconds, *(moments.get(name, 0.0) for name in MOMENTS)),
+                        tuple(sorted(prompt.items())), tuple(sorted(generation.items())))
