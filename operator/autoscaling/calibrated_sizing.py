@@ -3,7 +3,7 @@
 `estimate` turns a `calibration.Calibration` into a replica model (step costs, and the request mix as 100
 (prompt, output) pairs: prompts at quantiles of the prompt histogram, priced at their bucket's upper bound; outputs
 interpolated; paired at random with a fixed seed). `in_use` keeps the model in use until a fresh estimate differs by
-more than 10% in a step cost or a mean length, or by a point in the attainable share: each model in use is one
+more than 10% in a step cost or a mean length, or by two points in the attainable share: each model in use is one
 sizing table (`fleet_sizing.ModelSizing`, cached), so it must not change with every pass's noise. `sizing` is the
 `Sizing` the policy asks: the fleet a steady rate needs for 99% of first tokens within the TTFT target, or 2 points
 below the share an idle replica can attain where long prompts alone take longer.
@@ -20,7 +20,7 @@ from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
 
 NUM_LENGTHS = 100
 REFRESH = 0.10          # relative change of a step cost or a mean length that replaces the model in use
-REFRESH_SHARE = 0.01    # change of the attainable share that does
+REFRESH_SHARE = 0.02    # change of the attainable share that does (two of the 100 lengths: one flips with noise)
 COSTS = ("decodeBaseSeconds", "decodePerSequenceSeconds", "prefillSecondsPerToken")
 
 

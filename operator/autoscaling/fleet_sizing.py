@@ -26,6 +26,7 @@ RATE_STEP = 0.25      # requests/s between the rates at which a fleet is measure
 DRAIN_CAP_S = 900.0   # a request not served this long after a run's end is a miss
 SHARE, MARGIN = 0.99, 0.02
 SEED = 7
+MAX_RATE = 1000.0     # requests/s: no fleet is walked further
 
 
 def run_seconds(rate: float, lengths: Lengths) -> float:
@@ -143,5 +144,7 @@ class ModelSizing:
         n = min(replicas, self.max_replicas)
         walk = self._walk()
         while len(walk.max_rates) < n:
-            walk.advance(float("inf"))
+            walk.advance(MAX_RATE)
+            if len(walk.max_rates) < n and walk.rate > MAX_RATE:   # served all the way: closed at the cap
+                walk.max_rates.append(walk.rate - RATE_STEP)
         return walk.max_rates[n - 1] * replicas / n

@@ -107,6 +107,6 @@ def _seen(rate: float, d, cold_start: float, window: float, sizing: Sizing,
     return {"arrivalRate": round(rate, 4), "rate": round(forecast.level, 4),
             "trendPerMinute": round(forecast.trend * 60, 4), "high": round(high, 4),
             "horizonSeconds": round(cold_start, 1), "replicasNeeded": sizing.replicas_for(high),
-            "sizing": (f"throughput per replica {sizing.rate_per_replica:.4g}/s" if isinstance(sizing, StaffedSizing)
-                       else f"calibrated replica model, {100 * sizing.share:.1f}% within target"),
+            **({"ratePerReplica": round(sizing.rate_per_replica, 4)} if isinstance(sizing, StaffedSizing)
+               else {"sizing": f"calibrated replica model, {100 * sizing.share:.1f}% within target"}),
             "reason": d.reason}

@@ -73,24 +73,28 @@ def steady_requests(rate: float, duration_s: float, lengths: Lengths, seed: int)
 
 
 class _Req:
-    __slots__ = ("arrival", "prompt", "output", "generated")
+    __slots__ = ("arrival", "prompt", "output")
 
     def __init__(self, arrival: float, prompt: int, output: int):
-        self.arrival, self.prompt, self.output, self.generated = arrival, prompt, output, 0
+        self.arrival, self.prompt, self.output = arrival, prompt, output
 
 
 class _Replica:
-    __slots__ = ("waiting", "running", "prefill", "busy")
+    """Running requests are counted, not listed: one admitted at step s decodes in steps s + 1 .. s + output - 1
+    (one token each), so it is kept only as a count due to leave after step s + output - 1."""
+    __slots__ = ("waiting", "running", "leaving", "steps", "prefill", "busy")
 
     def __init__(self):
         self.waiting: deque[_Req] = deque()
-        self.running: list[_Req] = []
+        self.running = 0
+        self.leaving: dict[int, int] = {}   # step index -> running requests that finish with it
+        self.steps = 0
         self.prefill: list[_Req] = []
         self.busy = False
 
     @property
     def outstanding(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.prefill)
+        return len(self.waiting) + self.running + len(self.prefill)
 
 
 def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft_target_s: float,
@@ -109,18 +113,17 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
     heapq.heapify(events)
     seq = len(reqs)
     within = 0
-    end = end_s
 
     def start(idx: int, now: float) -> None:
         nonlocal seq
         r = fleet[idx]
-        r.prefill, tokens = admit(r.waiting, len(r.running), model)
+        r.prefill, tokens = admit(r.waiting, r.running, model)
         if not r.running and not r.prefill:
             r.busy = False
             return
         r.busy = True
         seq += 1
-        heapq.heappush(events, (now + model.step_seconds(len(r.running), tokens), seq, idx))
+        heapq.heappush(events, (now + model.step_seconds(r.running, tokens), seq, idx))
 
     def assign(req: _Req, now: float) -> bool:
         best = min((i for i in range(replicas) if fleet[i].outstanding < limit), default=None,
@@ -134,7 +137,7 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
 
     while events:
         now, _, who = heapq.heappop(events)
-        if now > end:
+        if now > end_s:
             break
         if who < 0:
             req = reqs[-1 - who]
@@ -144,17 +147,16 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
                     held.popleft()
             continue
         r = fleet[who]
-        still = []
-        for req in r.running:
-            req.generated += 1
-            if req.generated < req.output:
-                still.append(req)
+        step = r.steps
+        r.steps += 1
+        r.running -= r.leaving.pop(step, 0)
         for req in r.prefill:
             within += now - req.arrival <= ttft_target_s
-            req.generated = 1
             if req.output > 1:
-                still.append(req)
-        r.running, r.prefill = still, []
+                r.running += 1
+                last = step + req.output - 1
+                r.leaving[last] = r.leaving.get(last, 0) + 1
+        r.prefill = []
         while held and assign(held[0], now):
             held.popleft()
         start(who, now)

@@ -37,8 +37,8 @@ class FleetPrometheus:
         self.queries: list[str] = []
         self.down = False
 
-    def sample(self, i: int, value: float) -> dict:
-        return {"metric": {"namespace": "ns", "service": f"svc-{i}", "model_name": f"model-{i}"},
+    def sample(self, i: int, value: float, **labels: str) -> dict:
+        return {"metric": {"namespace": "ns", "service": f"svc-{i}", "model_name": f"model-{i}", **labels},
                 "value": [0, repr(value)]}
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -48,12 +48,21 @@ class FleetPrometheus:
             return web.Response(status=503)
         values = {"queue": lambda i: float(i), "running": lambda i: 2.0 * i, "pods": lambda i: 1.0 + i % 3,
                   "rate": lambda i: 0.5, "ttft_p95": lambda i: float("nan") if i % 2 else 0.25,
-                  "oldest": lambda i: 999_990.0}
+                  "oldest": lambda i: 999_990.0, "steps": lambda i: 100.0 + i, "step_seconds": lambda i: 3.0}
+        # the calibration's series, one sample per service and label value
+        per_label = {"moment": ("moment", {"n": 400.0, "p": 9000.0, "nn": 1800.0, "np": 2e4, "pp": 2e6, "nt": 14.0,
+                                           "pt": 400.0}),
+                     "prompt": ("le", {"128.0": 10.0, "256.0": 30.0, "+Inf": 40.0}),
+                     "generation": ("le", {"16.0": 20.0, "+Inf": 40.0})}
         signal = next((name for window in (WINDOW_S, 60) for name, text in fleet_queries(window).items()
                        if text == query), None)
         if signal is None:
             return web.Response(status=400, text=f"unexpected query {query}")
-        result = [self.sample(i, values[signal](i)) for i in range(NUM_SERVICES)]
+        if signal in per_label:
+            label, answers = per_label[signal]
+            result = [self.sample(i, v, **{label: k}) for i in range(NUM_SERVICES) for k, v in answers.items()]
+        else:
+            result = [self.sample(i, values[signal](i)) for i in range(NUM_SERVICES)]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
 
@@ -74,7 +83,8 @@ async def test_a_thousand_daemons_make_one_query_per_signal_per_interval(prometh
     fleet = FleetSignals(PrometheusSource(url), max_age_s=MAX_AGE_S, clock=clock)
     try:
         first = await asyncio.gather(*(fleet.signals(selector(i), WINDOW_S) for i in range(NUM_SERVICES)))
-        per_interval = len(promql_queries(selector(0), WINDOW_S))
+        per_interval = len(fleet_queries(WINDOW_S))
+        assert per_interval == len(promql_queries(selector(0), WINDOW_S)) + 5   # + the calibration's series
         assert len(fake.queries) == per_interval, "one query per signal for the whole fleet"
 
         clock.now += MAX_AGE_S - 0.1   # later passes of the same interval read the same answer
@@ -91,6 +101,10 @@ async def test_a_thousand_daemons_make_one_query_per_signal_per_interval(prometh
         assert (s.queue_depth, s.num_running, s.num_pods_reporting, s.request_rate) == (i, 2 * i, 1 + i % 3, 0.5)
         assert s.ttft_p95_seconds == (None if i % 2 else 0.25)   # NaN (no first token) is no value
         assert s.timestamp == 999_990.0 and s.available
+        m = s.usage.moments   # the calibration's series: one StepMoments per row, the buckets by bound
+        assert (m.steps, m.t, m.n, m.p, m.nn, m.np, m.pp, m.nt, m.pt) == (100 + i, 3, 400, 9000, 1800, 2e4, 2e6, 14, 400)
+        assert s.usage.prompt_tokens == ((128.0, 10.0), (256.0, 30.0), (float("inf"), 40.0))
+        assert s.usage.generation_tokens == ((16.0, 20.0), (float("inf"), 40.0))
 
 
 async def test_a_service_without_series_and_a_prometheus_down_are_missing_signals(prometheus) -> None:

@@ -1,0 +1,55 @@
+"""The calibration's series as the runtime exports them (`EngineMetrics`), read by the direct-scrape source: the
+window's increase of the step moments and length histograms, summed over the pods, fits the step costs."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+
+from kubeinfer.operator.autoscaling.calibration import Calibration
+from kubeinfer.operator.autoscaling.metrics_source import ScrapeSource
+from kubeinfer.runtime.engine.messages import EngineStats
+from kubeinfer.runtime.engine.output_processor import RequestOutput
+from kubeinfer.runtime.server.metrics import EngineMetrics
+
+COSTS = (0.02, 0.0008, 0.00012)
+
+
+def run_steps(metrics: EngineMetrics, rng: random.Random, count: int) -> None:
+    for _ in range(count):
+        n, p = rng.randint(0, 32), rng.choice((0, 0, rng.randint(16, 4096)))
+        t = COSTS[0] + COSTS[1] * n + COSTS[2] * p
+        metrics.observe_stats(EngineStats(n, 0, 0.1, 0, 0, 0, step_decodes=n, step_prefill_tokens=p), t)
+
+
+def finish(metrics: EngineMetrics, prompt: int, generated: int) -> None:
+    metrics.record_output(RequestOutput("r", [1] * prompt, [1] * generated, "", [1], "", [], [], True, "length", None,
+                                        0, 0.0, 0.0), 1.0)
+
+
+async def test_the_scrape_source_reads_the_windows_usage_and_it_fits_the_step_costs():
+    pods = {f"http://10.0.0.{i}:8000/metrics": EngineMetrics("m") for i in (1, 2)}
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
+        pods[str(request.url)].registry)))
+    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    rng = random.Random(0)
+    for metrics in pods.values():   # before the window: not in its increase
+        run_steps(metrics, rng, 300)
+        finish(metrics, 5000, 3000)
+    first = await source.fetch(list(pods), 60, model_name="m", now=1000.0)
+    assert first.usage.moments.steps == 600   # a pod seen for the first time: its whole life
+    for metrics in pods.values():
+        run_steps(metrics, rng, 400)
+        for prompt, generated in ((100, 10), (700, 30), (3000, 200)):
+            finish(metrics, prompt, generated)
+    signals = await source.fetch(list(pods), 60, model_name="m", now=1060.0)
+    await source.aclose()
+    usage = signals.usage
+    assert usage.moments.steps == 800
+    assert dict(usage.prompt_tokens)[128.0] == 2 and dict(usage.prompt_tokens)[float("inf")] == 6
+    assert dict(usage.generation_tokens)[12.0] == 2 and dict(usage.generation_tokens)[float("inf")] == 6
+    assert usage.moments.fit() == pytest.approx(COSTS, rel=1e-6)
+    assert Calibration().observe(usage, 1060.0, 60.0).step_costs == pytest.approx(COSTS, rel=1e-6)

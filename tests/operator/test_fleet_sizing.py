@@ -1,0 +1,53 @@
+"""The fleet sizing on the replica model (`autoscaling.fleet_sizing`, `autoscaling.replica_model`): the table the
+simulator's clairvoyant limit uses, and the same walk done on demand for the operator's predictive policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeinfer.operator.autoscaling.fleet_sizing import (
+    ModelSizing, attainable_share, fleet_sizing, serves, sizing_share,
+)
+from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, steady_requests, steady_share
+
+CODE = tuple((p, o) for p in (800, 1500, 2000, 2600, 3300) for o in (10, 25, 60))   # long prompts, short outputs
+MODEL = ReplicaModel()
+
+
+def test_a_fleet_answers_in_time_at_a_light_load_and_not_when_overloaded():
+    light = steady_requests(0.5, 600, CODE, seed=1)
+    assert steady_share(1, light, 0.5, MODEL, 1500) > 0.9
+    heavy = steady_requests(8.0, 300, CODE, seed=1)
+    assert steady_share(1, heavy, 0.5, MODEL, 1200) < 0.2   # one replica prefills ~4 of these a second
+    assert steady_share(4, heavy, 0.5, MODEL, 1200) > steady_share(2, heavy, 0.5, MODEL, 1200)
+    # a slower prefill serves less
+    slow = ReplicaModel(prefill_s_per_token=0.0002)
+    assert steady_share(2, light, 0.5, slow, 1500) < steady_share(2, light, 0.5, MODEL, 1500)
+
+
+def test_the_sizing_share_is_the_attainable_one_less_two_points():
+    assert attainable_share(CODE, 0.5, MODEL) == 1.0   # 3,300 tokens: 0.42 s alone
+    assert attainable_share(CODE, 0.3, MODEL) == pytest.approx(9 / 15)
+    assert sizing_share(CODE, 0.3, MODEL) == pytest.approx(9 / 15 - 0.02)
+    assert sizing_share(CODE, 0.5, MODEL) == pytest.approx(0.98)   # a service's own lengths: always 2 below
+    assert sizing_share(None, 0.5, MODEL) == 0.99                   # the simulator's log-normal ones: 99%
+
+
+def test_the_on_demand_sizing_answers_as_the_whole_table():
+    share = sizing_share(CODE, 0.5, MODEL)
+    table = fleet_sizing(0.5, MODEL, 6, 6.0, share, lengths=CODE)
+    assert list(table.max_rates) == sorted(table.max_rates) and len(table.max_rates) >= 3
+    lazy = ModelSizing(MODEL, CODE, 0.5, share, 6)
+    rates = [0.1, 0.25, 0.5, 1.0, 1.3, 2.0, 2.6, 3.1, 4.0, 5.2]
+    assert [lazy.replicas_for(r) for r in rates] == [table.replicas_for(r) for r in rates]
+    assert [lazy.capacity(n) for n in range(1, 4)] == list(table.max_rates[:3])
+    # each fleet serves what the table says it does, and not a grid step more
+    for n, top in enumerate(table.max_rates[:3], start=1):
+        assert top == 0.0 or serves(n, top, 0.5, MODEL, share, lengths=CODE)
+        assert not serves(n, top + 0.25, 0.5, MODEL, share, lengths=CODE)
+
+
+def test_past_the_ceiling_the_sizing_asks_for_more_than_it():
+    lazy = ModelSizing(MODEL, CODE, 0.5, sizing_share(CODE, 0.5, MODEL), 2)
+    assert lazy.replicas_for(50.0) == 3
+    assert lazy.capacity(4) == pytest.approx(2 * lazy.capacity(2))
