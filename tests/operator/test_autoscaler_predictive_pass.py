@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -82,3 +83,50 @@ def test_missing_metrics_hold_and_keep_the_stored_forecast():
                  [pod("a"), pod("b")])
     assert (blind.decision.desired_replicas, blind.decision.reason) == (2, "MetricsUnavailable")
     assert blind.status["predictive"] == stored["predictive"]
+
+
+def calibrated_usage(seed: int = 0):
+    """A 60 s window of two replicas' steps, timed by the simulator's replica model, and their requests' lengths
+    (prompts of 2,000 tokens, outputs of 30): what the runtime's calibration series would show."""
+    from kubeinfer.operator.autoscaling.calibration import ReplicaUsage, StepMoments
+    import random
+    rng = random.Random(seed)
+    m = [0.0] * 9
+    for _ in range(2000):
+        n, p = rng.randint(0, 20), rng.choice((0, 0, 2000, 4000))
+        t = 0.02 + 0.0008 * n + 0.00012 * p
+        for k, v in enumerate((1, t, n, p, n * n, n * p, p * p, n * t, p * t)):
+            m[k] += v
+    inf = float("inf")
+    return ReplicaUsage(StepMoments(*m), ((1920.0, 0.0), (2048.0, 300.0), (inf, 300.0)),
+                        ((24.0, 0.0), (32.0, 300.0), (inf, 300.0)))
+
+
+def test_with_a_calibrated_replica_model_the_pass_sizes_by_it_not_by_the_throughput():
+    """2 req/s of 2,000-token prompts: 2 req/s is half of what a replica prefills at saturation (so square-root
+    staffing over 4 req/s asks for 1 replica), but 0.25 s of prefill each keeps TTFTs within 0.5 s only on a
+    fleet with room to spare: the calibrated model's sizing asks for more."""
+    signals = Signals(NOW, queue_depth=0, num_running=4, ttft_p95_seconds=0.2, request_rate=2.0,
+                      usage=calibrated_usage())
+    staffed = plan(predictive_body(settled_status(1), throughputPerReplica=4), replace(signals, usage=None),
+                   [pod("a")])
+    assert staffed.status["predictive"]["replicaModel"] is None
+    assert staffed.decision.desired_replicas == 1 and staffed.status["predictive"]["forecast"]["ratePerReplica"] == 4
+    p = plan(predictive_body(settled_status(1), throughputPerReplica=4, targetTTFTP95Seconds=0.5), signals, [pod("a")])
+    model = p.status["predictive"]["replicaModel"]
+    assert (model["decodeBaseSeconds"], model["decodePerSequenceSeconds"], model["prefillSecondsPerToken"]) == \
+        (0.02, 0.0008, 0.00012)
+    assert set(model["prompts"]) == {2048} and set(model["outputs"]) <= set(range(24, 33))
+    forecast = p.status["predictive"]["forecast"]
+    assert forecast["sizing"] == "calibrated replica model, 98.0% within target" and "ratePerReplica" not in forecast
+    assert p.decision.reason == PREDICTIVE_UP and p.decision.desired_replicas == forecast["replicasNeeded"] >= 3
+    # the next pass (its status through JSON) keeps the model and its sizing; no throughput is needed with it
+    stored = json.loads(json.dumps(p.status))
+    b = predictive_body(stored, targetTTFTP95Seconds=0.5)
+    b["spec"]["replicas"] = p.decision.desired_replicas
+    from kubeinfer.operator.autoscaling import autoscaler
+    from kubeinfer.operator.spec import parse_spec
+    again = autoscaler.plan_pass(b, parse_spec(b["spec"]), replace(signals, timestamp=NOW + 5),
+                                 [pod("a"), pod("b"), pod("c")], NOW + 5)
+    assert again.status["predictive"]["replicaModel"] == model
+    assert again.decision.reason == PREDICTIVE_HOLD
