@@ -14,6 +14,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from kubeinfer.operator.autoscaling import fleet_sizing
 from kubeinfer.operator.autoscaling import predictive as autoscale_predictive
 from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord
 from kubeinfer.operator.autoscaling.policy import decide
@@ -67,11 +68,18 @@ class KubeInferPolicy:
 @dataclass
 class OperatorPredictivePolicy(KubeInferPolicy):
     """Ours with `autoscaling.policy: predictive`, as the operator runs it (`predictive_pass`): the reactive pass
-    first, then the forecast over its arrival rate, sized by the learned throughput per replica (StaffedSizing),
-    one learned cold start ahead. Both states go through their JSON form at every tick, as through the status."""
+    first, then the forecast over its arrival rate, one learned cold start ahead, sized by the replica model it
+    calibrates from the replicas' series (`Observation.signals(...).usage`, what the runtime exports), and until
+    then by the throughput per replica (StaffedSizing). Both states go through their JSON form at every tick, as
+    through the status."""
 
     name: str = "kubeinfer predictive (operator)"
     stored: dict | None = None
+
+    def __post_init__(self) -> None:
+        # A fresh operator: its sizing tables (cached per calibrated model) start empty, so a run does not depend on
+        # the runs before it. The clairvoyant's tables read the same walks whatever their progress.
+        fleet_sizing._walk.cache_clear()
 
     def decide(self, obs: Observation) -> int:
         signals, config = self.observe(obs)

@@ -7,7 +7,8 @@ when the share of first tokens within the target reaches the sizing share.
 
 - `fleet_sizing`: the whole table up to a rate (the simulator's clairvoyant limit and fixed fleet).
 - `ModelSizing`: the same walk, done only as far as a question needs and cached per model (the operator's
-  predictive policy: its `Sizing`).
+  predictive policy: its `Sizing`); a question walks at most WALK_BUDGET new rates, and the
+  capacity of a fleet beyond the walk is extrapolated, not walked.
 - `sizing_share`: 99% of the requests, but 2 points below the share an idle replica can answer in time where
   long prompts alone take longer than the target (no fleet does better; sizing for 99% would bound nothing).
 """
@@ -27,6 +28,7 @@ DRAIN_CAP_S = 900.0   # a request not served this long after a run's end is a mi
 SHARE, MARGIN = 0.99, 0.02
 SEED = 7
 MAX_RATE = 1000.0     # requests/s: no fleet is walked further
+WALK_BUDGET = 8       # grid rates one question of the predictive policy may walk (each a run of 0.05-0.6 s CPU)
 
 
 def run_seconds(rate: float, lengths: Lengths) -> float:
@@ -76,10 +78,18 @@ def fleet_sizing(ttft_target_s: float, model: ReplicaModel, max_replicas: int, m
     it is left out of the model (and of the cache key)."""
     model = dataclasses.replace(model, cold_start_s=0.0)
     walk = _walk(ttft_target_s, model, share, seed, lengths, max_replicas)
-    while len(walk.max_rates) < max_replicas and walk.rate <= max_rate + RATE_STEP:
-        walk.advance(max_rate + RATE_STEP)
-    rates = walk.max_rates + ([walk.rate - RATE_STEP] if len(walk.max_rates) < max_replicas else [])
-    return FleetSizing(tuple(rates[:max_replicas]))
+    limit = max_rate + RATE_STEP
+    rates: list[float] = []
+    while len(rates) < max_replicas:   # read off the walk (which other questions may have taken further)
+        n = len(rates)
+        if n < len(walk.max_rates) and walk.max_rates[n] + RATE_STEP <= limit:
+            rates.append(walk.max_rates[n])   # failed within the limit
+        elif n == len(walk.max_rates) and walk.rate <= limit:
+            walk.advance(limit)
+        else:   # still serving past the limit: the table stops there, at the last grid rate within it
+            rates.append((math.floor(limit / RATE_STEP + 1e-9) + 1) * RATE_STEP - RATE_STEP)
+            break
+    return FleetSizing(tuple(rates))
 
 
 class _Walk:
@@ -100,6 +110,12 @@ class _Walk:
                 self.max_rates.append(self.rate - RATE_STEP)
                 return
             self.rate += RATE_STEP
+
+
+def _per_replica(walk: _Walk) -> float:
+    """The best rate per replica the walk has shown (the open fleet serves at least the rates it passed)."""
+    known = [*walk.max_rates, walk.rate - RATE_STEP]
+    return max(rate / n for n, rate in enumerate(known, start=1))
 
 
 @functools.lru_cache(maxsize=64)
@@ -124,10 +140,12 @@ class ModelSizing:
         return _walk(self.ttft_target_s, self.model, self.share, SEED, self.lengths, self.max_replicas)
 
     def replicas_for(self, rate: float) -> int:
+        """The table's answer; once a question has walked WALK_BUDGET new grid rates, the rest is extrapolated at
+        the best rate per replica known (the next questions walk on from there)."""
         if rate <= 0:
             return 1
         walk = self._walk()
-        grid = math.ceil(rate / RATE_STEP - 1e-9) * RATE_STEP   # the grid rate that must be shown served
+        budget = WALK_BUDGET
         while True:
             done = bisect_left(walk.max_rates, rate)
             if done < len(walk.max_rates):
@@ -136,15 +154,23 @@ class ModelSizing:
                 return self.max_replicas + 1
             if walk.rate - RATE_STEP >= rate:   # the open fleet serves it already
                 return done + 1
-            walk.advance(grid)
+            per_replica = _per_replica(walk)
+            if budget <= 0 and per_replica > 0:
+                return min(self.max_replicas + 1, max(done + 1, math.ceil(rate / per_replica - 1e-9)))
+            walk.advance(walk.rate)   # one grid rate
+            budget -= 1
 
     def capacity(self, replicas: int) -> float:
+        """The table's rate for a fleet walked already; beyond, the best rate per replica known so far times the
+        fleet (the policy asks it of the fleet at hand, which a burst makes large: walking the table that far
+        would cost minutes of CPU for one backlog estimate)."""
         if replicas <= 0:
             return 0.0
-        n = min(replicas, self.max_replicas)
         walk = self._walk()
-        while len(walk.max_rates) < n:
+        if replicas <= len(walk.max_rates):
+            return walk.max_rates[replicas - 1]
+        while True:
+            per_replica = _per_replica(walk)
+            if per_replica > 0 or len(walk.max_rates) >= self.max_replicas:
+                return per_replica * replicas
             walk.advance(MAX_RATE)
-            if len(walk.max_rates) < n and walk.rate > MAX_RATE:   # served all the way: closed at the cap
-                walk.max_rates.append(walk.rate - RATE_STEP)
-        return walk.max_rates[n - 1] * replicas / n

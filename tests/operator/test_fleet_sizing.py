@@ -51,3 +51,24 @@ def test_past_the_ceiling_the_sizing_asks_for_more_than_it():
     lazy = ModelSizing(MODEL, CODE, 0.5, sizing_share(CODE, 0.5, MODEL), 2)
     assert lazy.replicas_for(50.0) == 3
     assert lazy.capacity(4) == pytest.approx(2 * lazy.capacity(2))
+
+
+def test_the_capacity_of_a_fleet_not_walked_is_extrapolated_without_walking():
+    lazy = ModelSizing(MODEL, CODE, 0.5, sizing_share(CODE, 0.5, MODEL), 20)
+    assert lazy.replicas_for(1.0) == 2
+    walk = lazy._walk()
+    walked = (list(walk.max_rates), walk.rate)
+    per_replica = max(r / n for n, r in enumerate([*walk.max_rates, walk.rate - 0.25], start=1))
+    assert lazy.capacity(15) == pytest.approx(15 * per_replica) and per_replica > 0
+    assert (list(walk.max_rates), walk.rate) == walked   # nothing walked for it
+
+
+def test_a_table_is_the_same_whoever_walked_further_before():
+    from kubeinfer.operator.autoscaling import fleet_sizing as fs
+    share = sizing_share(CODE, 0.5, MODEL)
+    fs._walk.cache_clear()
+    fresh = [fs.fleet_sizing.__wrapped__(0.5, MODEL, 6, top, share, lengths=CODE) for top in (1.0, 2.6, 6.0)]
+    fs._walk.cache_clear()   # the walk is shared: a table up to 6 req/s first, then the smaller ones from it
+    assert [fs.fleet_sizing.__wrapped__(0.5, MODEL, 6, top, share, lengths=CODE) for top in (6.0, 2.6, 1.0)] \
+        == fresh[::-1]
+    assert fresh[0].max_rates[-1] <= 1.25 and len(fresh[2].max_rates) > len(fresh[0].max_rates)

@@ -27,14 +27,21 @@ WINDOW_S = 30
 # A process serving kubeinfer metrics; it reads JSON lines on stdin and exits at EOF.
 EXPORTER = textwrap.dedent(f"""
     import json, sys
-    from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
     reg = CollectorRegistry()
     waiting = Gauge("kubeinfer_num_requests_waiting", "w", ["model_name"], registry=reg)
     running = Gauge("kubeinfer_num_requests_running", "r", ["model_name"], registry=reg)
     ttft = Histogram("kubeinfer_time_to_first_token_seconds", "t", ["model_name"], registry=reg,
                      buckets={list(TTFT_BUCKETS[:-1])!r})
+    # the predictive autoscaler's calibration series (kubeinfer.runtime.server.metrics)
+    step = Histogram("kubeinfer_engine_step_seconds", "s", ["model_name"], registry=reg)
+    moments = Counter("kubeinfer_engine_step_moments", "m", ["model_name", "moment"], registry=reg)
+    prompt = Histogram("kubeinfer_request_prompt_tokens", "p", ["model_name"], registry=reg, buckets=[128, 256, 512])
     model = sys.argv[1]
-    waiting.labels(model).set(0); running.labels(model).set(0); ttft.labels(model)
+    waiting.labels(model).set(0); running.labels(model).set(0); ttft.labels(model); step.labels(model)
+    prompt.labels(model)
+    for name in ("n", "p", "nn", "np", "pp", "nt", "pt"):
+        moments.labels(model, name)
     server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
     print(server.server_port, flush=True)
     for line in sys.stdin:
@@ -42,6 +49,13 @@ EXPORTER = textwrap.dedent(f"""
         waiting.labels(model).set(cmd["waiting"]); running.labels(model).set(cmd["running"])
         for v in cmd["observe"]:
             ttft.labels(model).observe(v)
+        for n, p, t in cmd.get("steps", ()):
+            step.labels(model).observe(t)
+            for name, v in (("n", n), ("p", p), ("nn", n * n), ("np", n * p), ("pp", p * p), ("nt", n * t),
+                            ("pt", p * t)):
+                moments.labels(model, name).inc(v)
+        for v in cmd.get("prompts", ()):
+            prompt.labels(model).observe(v)
         print("ok", flush=True)
 """)
 
@@ -53,8 +67,9 @@ class Exporter:
         self.port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{self.port}/metrics"
 
-    def send(self, waiting: int, running: int, observe: list[float]) -> None:
-        self.proc.stdin.write(json.dumps({"waiting": waiting, "running": running, "observe": observe}) + "\n")
+    def send(self, waiting: int, running: int, observe: list[float], steps=(), prompts=()) -> None:
+        self.proc.stdin.write(json.dumps({"waiting": waiting, "running": running, "observe": observe,
+                                          "steps": list(steps), "prompts": list(prompts)}) + "\n")
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "ok"
 
@@ -93,6 +108,9 @@ def metrics_prometheus(tmp_path: Path, metrics_exporter_fleet):
 # Per pod: waiting, running, TTFT observations. Overall 255 at 0.12 s and 45 at 0.7 s: 85% / 15%,
 # so the 0.95 rank lies in the middle of the (0.6, 0.75] bucket, far from its edges.
 GIVEN = [(3, 10, [0.12] * 100), (5, 20, [0.12] * 70 + [0.7] * 30), (7, 30, [0.12] * 85 + [0.7] * 15)]
+# Engine steps (decoding sequences, prefill tokens, seconds) timed by a linear step model, spread over the pods.
+COSTS = (0.02, 0.0008, 0.00012)
+STEPS = [(n, p, COSTS[0] + COSTS[1] * n + COSTS[2] * p) for n in range(0, 30, 3) for p in (0, 0, 300, 2000)]
 
 
 async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given(metrics_prometheus,
@@ -105,8 +123,8 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         # Baseline: Prometheus and the scrape source have both seen the pods before any observation.
         await scrape.fetch([p.url for p in pods], WINDOW_S, model_name=MODEL)
         metrics_prometheus.wait_rounds(2)
-        for pod, (w, r, obs) in zip(pods, GIVEN):
-            pod.send(w, r, obs)
+        for k, (pod, (w, r, obs)) in enumerate(zip(pods, GIVEN)):
+            pod.send(w, r, obs, steps=STEPS[k::3], prompts=[100, 300, 300, 1000])
         decoy.send(100, 32, [5.0] * 50)
         all_obs = [v for _, _, obs in GIVEN for v in obs]
         true_p95 = histogram_quantile(0.95, cumulative_counts(all_obs))
@@ -141,6 +159,11 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         row = await fleet.signals(selector, WINDOW_S)
         assert (row.queue_depth, row.num_running, row.num_pods_reporting) == (15, 60, 3)
         assert lo < row.ttft_p95_seconds <= hi and row.request_rate and row.request_rate > 0
+        # the calibration's series: Prometheus' increase() of every pod's steps fits the step model they came from
+        assert row.usage.moments.fit() == pytest.approx(COSTS, rel=1e-3)
+        prompts = dict(row.usage.prompt_tokens)
+        assert prompts[256.0] / prompts[float("inf")] == pytest.approx(0.25, rel=1e-3)   # 100 of 100, 300, 300, 1000
+        assert prompts[512.0] / prompts[float("inf")] == pytest.approx(0.75, rel=1e-3)
         decoy_row = await fleet.signals(decoy_selector, WINDOW_S)
         assert (decoy_row.queue_depth, decoy_row.num_running, decoy_row.num_pods_reporting) == (100, 32, 1)
 
@@ -150,6 +173,7 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
         assert lo < direct.ttft_p95_seconds <= hi
         assert abs(direct.ttft_p95_seconds - sig.ttft_p95_seconds) <= hi - lo
         assert direct.request_rate == pytest.approx(300 / WINDOW_S)
+        assert direct.usage.moments.steps == len(STEPS) and direct.usage.moments.fit() == pytest.approx(COSTS)
 
         # A selector that matches nothing, and a dead Prometheus, are missing signals, not zeros.
         none = await prom.fetch(PodSelector({"namespace": "ns1", "service": "nope"}), WINDOW_S)
