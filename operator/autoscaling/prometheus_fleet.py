@@ -46,7 +46,7 @@ def fleet_queries(window_s: int) -> dict[str, str]:
         "rate": f"sum by ({by}) (rate({TTFT}_count[{w}]))",
         "pods": f"count by ({by}) ({WAITING})",
         "oldest": f"min by ({by}) (timestamp({WAITING}))",
-        # the replicas' steps and request lengths over the window: the predictive policy's calibration
+        # the replicas' steps and request lengths over the window: the predictive policy's calibration (OPTIONAL)
         "steps": f"sum by ({by}) (increase({STEP}_count[{w}]))",
         "step_seconds": f"sum by ({by}) (increase({STEP}_sum[{w}]))",
         "moment": f"sum by ({by}, moment) (increase({STEP_MOMENTS}[{w}]))",
@@ -57,6 +57,8 @@ def fleet_queries(window_s: int) -> dict[str, str]:
 
 # Signals answered per value of one more label: the value is kept under "signal/label value".
 PER_LABEL = {"moment": "moment", "prompt": "le", "generation": "le"}
+# Signals whose failure leaves the others standing (the calibration is then not fed for one interval).
+OPTIONAL = frozenset({"steps", "step_seconds", "moment", "prompt", "generation"})
 
 
 def _usage(v: dict[str, float]):
@@ -105,11 +107,20 @@ class FleetSignals:
     async def _take(self, window_s: int) -> Snapshot:
         now = self.clock()
         queries = fleet_queries(window_s)
-        try:
-            answers = await asyncio.gather(*(self.source.query_vector(q, now) for q in queries.values()))
-        except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-            log.warning("metrics prometheus failed url=%s error=%s", self.source.url, exc)
-            return Snapshot(now, {}, f"prometheus query failed: {exc}")
+        failures = (httpx.HTTPError, RuntimeError, KeyError, ValueError)
+        answers = await asyncio.gather(*(self.source.query_vector(q, now) for q in queries.values()),
+                                       return_exceptions=True)
+        failed = [(signal, a) for signal, a in zip(queries, answers) if isinstance(a, BaseException)]
+        for signal, exc in failed:
+            if not isinstance(exc, failures):
+                raise exc
+        required = [exc for signal, exc in failed if signal not in OPTIONAL]
+        if required:
+            log.warning("metrics prometheus failed url=%s error=%s", self.source.url, required[0])
+            return Snapshot(now, {}, f"prometheus query failed: {required[0]}")
+        if failed:
+            log.warning("metrics prometheus calibration queries failed url=%s error=%s", self.source.url, failed[0][1])
+        answers = [[] if isinstance(a, BaseException) else a for a in answers]
         values: dict[Row, dict[str, float]] = {}
         for signal, answer in zip(queries, answers):
             for labels, value in answer:

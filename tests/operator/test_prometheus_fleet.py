@@ -36,6 +36,7 @@ class FleetPrometheus:
     def __init__(self) -> None:
         self.queries: list[str] = []
         self.down = False
+        self.refuse_calibration = False
 
     def sample(self, i: int, value: float, **labels: str) -> dict:
         return {"metric": {"namespace": "ns", "service": f"svc-{i}", "model_name": f"model-{i}", **labels},
@@ -46,6 +47,8 @@ class FleetPrometheus:
         self.queries.append(query)
         if self.down:
             return web.Response(status=503)
+        if self.refuse_calibration and "increase(" in query:
+            return web.Response(status=422, text="bad_data")
         values = {"queue": lambda i: float(i), "running": lambda i: 2.0 * i, "pods": lambda i: 1.0 + i % 3,
                   "rate": lambda i: 0.5, "ttft_p95": lambda i: float("nan") if i % 2 else 0.25,
                   "oldest": lambda i: 999_990.0, "steps": lambda i: 100.0 + i, "step_seconds": lambda i: 3.0}
@@ -136,3 +139,14 @@ async def test_each_metric_window_has_its_own_round(prometheus) -> None:
         assert any("[60s]" in q for q in fake.queries[sent:])
     finally:
         await fleet.aclose()
+
+
+async def test_failing_calibration_queries_leave_the_other_signals_standing(prometheus) -> None:
+    fake, url = prometheus
+    fake.refuse_calibration = True
+    fleet = FleetSignals(PrometheusSource(url), max_age_s=MAX_AGE_S, clock=Clock())
+    try:
+        s = await fleet.signals(selector(3), WINDOW_S)
+    finally:
+        await fleet.aclose()
+    assert s.available and (s.queue_depth, s.num_running) == (3, 6) and s.usage is None
