@@ -62,3 +62,19 @@ def test_a_steps_composition_counts_decodes_with_their_drafts_and_prefill_chunks
     batch = SimpleNamespace(seqs=[seq(), seq(), seq(3), seq(), seq()], num_new_tokens=[1, 1, 4, 512, 37])
     assert step_composition(batch) == (3, 549)
     assert step_composition(SimpleNamespace(seqs=[], num_new_tokens=[])) == (0, 0)
+
+
+def test_the_engine_reports_each_steps_composition_in_its_stats(llama_dir):
+    from kubeinfer.runtime.llm import LLM
+    from kubeinfer.runtime.sampling_params import SamplingParams
+    llm = LLM(str(llama_dir), max_model_len=128, enable_prefix_caching=False)
+    core = llm.engine.core
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0)
+    core.add("a", [5] * 20, params)
+    core.step()
+    assert (core.stats().step_decodes, core.stats().step_prefill_tokens) == (0, 20)
+    core.add("b", [6] * 9, params)
+    core.step()   # a's decode beside b's prefill
+    assert (core.stats().step_decodes, core.stats().step_prefill_tokens) == (1, 9)
+    core.step()
+    assert (core.stats().step_decodes, core.stats().step_prefill_tokens) == (2, 0)
