@@ -1,12 +1,14 @@
 """The predictive policy's fleet sizing from the replica model calibrated on the service's metrics. Pure.
 
-`estimate` turns a `calibration.Calibration` into a replica model (step costs, and the request mix as 100
-(prompt, output) pairs: prompts at quantiles of the prompt histogram, priced at their bucket's upper bound; outputs
-interpolated; paired at random with a fixed seed). `in_use` keeps the model in use until a fresh estimate differs by
-more than 10% in a step cost or a mean length, or by two points in the attainable share: each model in use is one
-sizing table (`fleet_sizing.ModelSizing`, cached), so it must not change with every pass's noise. `sizing` is the
-`Sizing` the policy asks: the fleet a steady rate needs for 99% of first tokens within the TTFT target, or 2 points
-below the share an idle replica can attain where long prompts alone take longer.
+`estimate` turns a `calibration.Calibration` into a replica model: the step costs, the request mix as 100
+(prompt, output) pairs (quantiles of the two histograms, interpolated in their buckets as PromQL does, paired at
+random with a fixed seed), and the attainable share: the requests an idle replica answers within the target, each
+prompt counted at its bucket's upper bound (a point mass at a context limit, interpolated inside its bucket, would
+count prompts as answerable that are not). `in_use` keeps the model in use until a fresh estimate differs by more
+than 10% in a step cost or a mean length, or by two points in the attainable share: each model in use is one sizing
+table (`fleet_sizing.ModelSizing`, cached), so it must not change with every pass's noise. `sizing` is the `Sizing`
+the policy asks: the fleet a steady rate needs for 99% of first tokens within the TTFT target, or 2 points below the
+attainable share where long prompts alone take longer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import random
 from typing import Any
 
 from kubeinfer.operator.autoscaling.calibration import Calibration, quantiles, with_costs
-from kubeinfer.operator.autoscaling.fleet_sizing import ModelSizing, attainable_share, sizing_share
+from kubeinfer.operator.autoscaling.fleet_sizing import MARGIN, SHARE, ModelSizing, attainable_share
 from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
 
 NUM_LENGTHS = 100
@@ -28,14 +30,17 @@ def _sig(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def estimate(calibration: Calibration) -> dict[str, Any] | None:
+def estimate(calibration: Calibration, base: ReplicaModel, ttft_target_s: float) -> dict[str, Any] | None:
     """The replica model the calibration supports now (status form), or None before it has enough data."""
     costs = calibration.step_costs
     if costs is None or not calibration.has_mix:
         return None
-    return {**{name: _sig(c) for name, c in zip(COSTS, costs)},
-            "prompts": quantiles(calibration.prompt_tokens, NUM_LENGTHS, at_upper_bound=True),
-            "outputs": quantiles(calibration.generation_tokens, NUM_LENGTHS, at_upper_bound=False)}
+    found = {**{name: _sig(c) for name, c in zip(COSTS, costs)},
+             "prompts": quantiles(calibration.prompt_tokens, NUM_LENGTHS, at_upper_bound=False),
+             "outputs": quantiles(calibration.generation_tokens, NUM_LENGTHS, at_upper_bound=False)}
+    longest = [(p, 1) for p in quantiles(calibration.prompt_tokens, NUM_LENGTHS, at_upper_bound=True)]
+    found["attainableShare"] = round(attainable_share(tuple(longest), ttft_target_s, replica_model(found, base)), 4)
+    return found
 
 
 def replica_model(found: dict[str, Any], base: ReplicaModel) -> ReplicaModel:
@@ -52,28 +57,25 @@ def _changed(old: float, new: float) -> bool:
     return abs(new - old) > REFRESH * max(abs(old), abs(new), 1e-9)
 
 
-def in_use(fresh: dict[str, Any] | None, kept: dict[str, Any] | None, base: ReplicaModel,
-           ttft_target_s: float) -> dict[str, Any] | None:
+def in_use(fresh: dict[str, Any] | None, kept: dict[str, Any] | None) -> dict[str, Any] | None:
     """The model to size with: the kept one unless the fresh estimate moved beyond the refresh thresholds."""
     if fresh is None or kept == fresh:
         return kept
-    if kept is None:
+    if kept is None or "attainableShare" not in kept:   # none yet, or one an older operator wrote
         return fresh
     if any(_changed(kept[name], fresh[name]) for name in COSTS):
         return fresh
     for key in ("prompts", "outputs"):
         if _changed(sum(kept[key]) / len(kept[key]), sum(fresh[key]) / len(fresh[key])):
             return fresh
-    model = replica_model(fresh, base)
-    shares = [attainable_share(lengths(found), ttft_target_s, model) for found in (kept, fresh)]
-    return fresh if abs(shares[0] - shares[1]) > REFRESH_SHARE else kept
+    return fresh if abs(kept["attainableShare"] - fresh["attainableShare"]) > REFRESH_SHARE else kept
 
 
 def sizing(found: dict[str, Any], base: ReplicaModel, ttft_target_s: float, max_replicas: int) -> ModelSizing | None:
     """The fleet sizing of a model in use; None when no share of requests is attainable within the target."""
     model = replica_model(found, base)
     pairs = lengths(found)
-    share = round(sizing_share(pairs, ttft_target_s, model), 4)
+    share = round(min(SHARE, found["attainableShare"] - MARGIN), 4)
     if share <= 0:
         return None
     return ModelSizing(model, pairs, ttft_target_s, share, max_replicas)

@@ -61,8 +61,8 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     window = float(config.metric_window_seconds)
     calibration = Calibration.from_dict(stored.get("calibration")).observe(signals.usage, now, window)
     base = base_model(config)
-    model = calibrated_sizing.in_use(calibrated_sizing.estimate(calibration), stored.get("replicaModel"), base,
-                                     config.target_ttft_p95_seconds)
+    fresh = calibrated_sizing.estimate(calibration, base, config.target_ttft_p95_seconds)
+    model = calibrated_sizing.in_use(fresh, stored.get("replicaModel"))
     kept = {"state": state.to_dict(), "forecast": stored.get("forecast"), "calibration": calibration.to_dict(),
             "replicaModel": model}
     if reactive.reason in REACTIVE_OWNS:

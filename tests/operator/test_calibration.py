@@ -99,26 +99,45 @@ def test_usage_from_needs_the_step_series():
     assert u.prompt_tokens == ((128.0, 1.0), (INF, 3.0))
 
 
-def found(per_token=PER_TOKEN, prompts=(1000,) * 100, outputs=(50,) * 100):
+def found(per_token=PER_TOKEN, prompts=(1000,) * 100, outputs=(50,) * 100, share=1.0):
     return {"decodeBaseSeconds": BASE, "decodePerSequenceSeconds": PER_SEQ, "prefillSecondsPerToken": per_token,
-            "prompts": list(prompts), "outputs": list(outputs)}
+            "prompts": list(prompts), "outputs": list(outputs), "attainableShare": share}
 
 
 def test_the_model_in_use_changes_only_past_the_refresh_thresholds():
-    base, kept = ReplicaModel(), found()
-    assert calibrated_sizing.in_use(None, kept, base, 0.5) is kept
-    assert calibrated_sizing.in_use(found(), None, base, 0.5) == found()
-    assert calibrated_sizing.in_use(found(per_token=PER_TOKEN * 1.05), kept, base, 0.5) is kept
-    assert calibrated_sizing.in_use(found(per_token=PER_TOKEN * 1.2), kept, base, 0.5)["prefillSecondsPerToken"] \
-        == PER_TOKEN * 1.2
-    assert calibrated_sizing.in_use(found(outputs=(60,) * 100), kept, base, 0.5) is not kept
-    # the same mean prompt, but 5% of prompts now too long to answer within the target: the share moved
-    longer = (950,) * 95 + (1950,) * 5
-    assert calibrated_sizing.in_use(found(prompts=longer), kept, base, 0.2) is not kept
+    kept = found()
+    assert calibrated_sizing.in_use(None, kept) is kept
+    assert calibrated_sizing.in_use(found(), None) == found()
+    assert calibrated_sizing.in_use(found(per_token=PER_TOKEN * 1.05), kept) is kept
+    assert calibrated_sizing.in_use(found(per_token=PER_TOKEN * 1.2), kept)["prefillSecondsPerToken"] == PER_TOKEN * 1.2
+    assert calibrated_sizing.in_use(found(outputs=(60,) * 100), kept) is not kept
+    assert calibrated_sizing.in_use(found(share=0.99), kept) is kept       # one of the 100 lengths: noise
+    assert calibrated_sizing.in_use(found(share=0.95), kept) is not kept   # 5% of prompts now too long
+
+
+def test_the_estimate_prices_the_load_by_interpolation_and_attainability_by_the_bucket_bound():
+    """Prompts spread over 1,000-3,000 tokens, and 5% clipped at 4,096: 0.5 s allows 4,060 tokens at these costs,
+    so the clipped ones (interpolated inside (3968, 4096] to below 4,060) are not attainable."""
+    rng = random.Random(4)
+    prompts = [rng.randint(1000, 3000) for _ in range(950)] + [4096] * 50
+    steps = mixed_steps(2000)
+    cal = Calibration().observe(usage(steps, prompts, [30] * 1000), 0.0, 60.0)
+    cal = Calibration(cal.moments, tuple((le, c) for le, c in cal.prompt_tokens),
+                      cal.generation_tokens, 0.0)
+    est = calibrated_sizing.estimate(cal, ReplicaModel(), 0.5)
+    assert est["prefillSecondsPerToken"] == pytest.approx(PER_TOKEN, rel=1e-2)
+    assert est["attainableShare"] == pytest.approx(0.95)
+    assert abs(sum(est["prompts"]) / 100 - sum(prompts) / 1000) < 40   # the mean load, not biased up
+    assert sizing_share_of(est) == pytest.approx(0.93)
+
+
+def sizing_share_of(est):
+    return calibrated_sizing.sizing(est, ReplicaModel(), 0.5, 10).share
 
 
 def test_the_sizing_sizes_for_the_attainable_share_and_none_when_nothing_is():
-    sizing = calibrated_sizing.sizing(found(prompts=(1000,) * 90 + (4096,) * 10), ReplicaModel(), 0.5, 10)
+    sizing = calibrated_sizing.sizing(found(share=0.9), ReplicaModel(), 0.5, 10)
     assert sizing.share == pytest.approx(0.88)   # 90% attainable, less 2 points
     assert sizing.model.prefill_s_per_token == PER_TOKEN and sizing.model.decode_base_s == BASE
-    assert calibrated_sizing.sizing(found(prompts=(5000,) * 100), ReplicaModel(), 0.5, 10) is None
+    assert calibrated_sizing.sizing(found(share=1.0), ReplicaModel(), 0.5, 10).share == 0.98
+    assert calibrated_sizing.sizing(found(share=0.01), ReplicaModel(), 0.5, 10) is None
