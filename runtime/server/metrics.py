@@ -15,8 +15,8 @@ TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25
                 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
                0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
-# Tokens per request: prompts every 128 tokens up to 4,096 (the autoscaler prices each at its bucket's upper bound,
-# so the width is its error), then coarser; outputs by half octaves.
+# Tokens per request: prompts every 128 tokens up to 4,096 (the autoscaler counts a prompt as answerable within the
+# TTFT target only if its bucket's upper bound is, so the width is its error), then coarser; outputs by half octaves.
 PROMPT_TOKEN_BUCKETS = tuple(range(128, 4097, 128)) + (5120, 6144, 7168, 8192, 12288, 16384, 32768, 65536, 131072)
 GENERATION_TOKEN_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
                             4096, 8192, 16384, 32768)
