@@ -90,8 +90,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         default=_env_bool("enable_prefix_caching", True),
                         help="turn off prefix caching [env KUBEINFER_ENABLE_PREFIX_CACHING]")
     parser.add_argument("--no-priority-preemption", dest="priority_preemption", action="store_false",
-                        default=_env_bool("priority_preemption", True), help="fair policy: a higher class waits for "
-                        "room instead of preempting lower ones (still admitted first) [env KUBEINFER_PRIORITY_PREEMPTION]")
+                        default=_env_bool("priority_preemption", True),
+                        help="fair policy: a higher class waits for room instead of preempting lower ones (still "
+                             "admitted first) [env KUBEINFER_PRIORITY_PREEMPTION]")
     parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
                         default=_env_bool("enforce_eager", False),
                         help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")

@@ -43,6 +43,7 @@ __all__ = [
     "PLURAL", "PROGRESSING", "READY", "SCALING_ACTIVE", "SHORT_NAMES", "SINGULAR", "TENSOR_PARALLEL_SIZES", "VERSION",
     "Adapter", "Autoscaling", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
     "InferenceServiceSpec", "InferenceServiceStatus", "Lora", "ModelSource", "Parallelism", "Resources", "Rollout",
-    "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "TenantsSpec", "Toleration", "cel",
+    "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "TenantsSpec", "Toleration",
+    "cel",
     "checked_by", "parse_spec",
 ]

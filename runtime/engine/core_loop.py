@@ -5,8 +5,8 @@ Messages from the API side:   ("add", request_id, token_ids, params, arrival_tim
                               ("stop", request_id, stop_string), ("read", number of step messages read),
                               ("lora", number, "load" | "unload", name, folder), ("shutdown",)
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds,
-                              {tenant: tokens computed}) per step, ("rejected", request_id, message), ("lora_done", number, error or None),
-                              ("error", message) when it dies.
+                              {tenant: tokens computed}) per step, ("rejected", request_id, message),
+                              ("lora_done", number, error or None), ("error", message) when it dies.
 
 The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
 deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and

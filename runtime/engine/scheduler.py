@@ -169,9 +169,9 @@ class Scheduler:
     def _make_room_for(self, seq: Sequence) -> None:
         """Under `fair`: when the next waiting sequence cannot start (no KV blocks for its first chunk, or no room
         in the running set), running sequences give way: those of lower classes, the newest of the lowest first
-        (unless `priority_preemption` is off); and if its tenant has nothing running, the newest one of the tenant of its class that is furthest ahead of
-        it in tokens per weight (so a tenant's first request never waits for another's to end). They are
-        recomputed later, as any preempted sequence."""
+        (unless `priority_preemption` is off); and if its tenant has nothing running, the newest one of the tenant
+        of its class that is furthest ahead of it in tokens per weight (so a tenant's first request never waits for
+        another's to end). They are recomputed later, as any preempted sequence."""
         block_manager, running = self.block_manager, self.running
         starved = all(other.params.tenant != seq.params.tenant for other in running)
         hits = block_manager.find_cached_blocks(seq)   # preemptions free blocks but cache nothing new

@@ -34,7 +34,6 @@ def next_draft_limit(speculative_tokens: int, num_drafts: int, num_accepted: int
     return num_accepted + 1
 
 
-
 class TenantTokens:
     """Tokens a scheduled batch computes for each tenant (prompt, output and draft tokens alike; "" is anonymous):
     the shares of its step's time (the per-tenant busy seconds, docs/server.md). It remembers the count of the

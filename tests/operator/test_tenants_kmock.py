@@ -13,8 +13,8 @@ from kubeinfer.operator.reconcile import pod
 from support.operator_harness import NAMESPACE, child_path, isvc_path, settle
 
 NAME = "teams"
-SECRET_VOLUME = {"name": "api-keys", "secret": {"secretName": "tenant-keys", "items": [{"key": "lines", "path": "keys"}],
-                                                "defaultMode": 0o440}}
+SECRET_VOLUME = {"name": "api-keys", "secret": {"secretName": "tenant-keys", "defaultMode": 0o440,
+                                                "items": [{"key": "lines", "path": "keys"}]}}
 KEYS_MOUNT = {"name": "api-keys", "mountPath": pod.API_KEYS_DIR, "readOnly": True}
 
 
