@@ -4,10 +4,14 @@ Starts `kubeinfer serve` (the CPU demo model) with two API keys, tenants A and B
 (`--max-num-seqs`, so that requests wait and the queue's order decides). B sends Poisson arrivals at `--rate-b`;
 A sends `--flood` times as many. Three phases, each on a fresh server: B alone (fcfs), B under A's flood with
 fcfs, and the same with `--scheduling-policy fair`. Then the weighted phase: A and B both flooding, weights 3:1,
-and the share of output tokens each got against the 3:1 target. Prints B's TTFT P50/P95 per phase and A's
-output tokens/s (A keeps what B leaves).
+and the share of output tokens each got against the 3:1 target. Then the priority phases: B a class above A
+(`priority=0` against A's `priority=1`) under A's flood, fair, with priority preemption (the default: B's request
+takes the place of A's newest running ones) and with `--no-priority-preemption` (B waits for a running sequence
+to end, still ahead of A's waiting ones). Prints B's TTFT P50/P95 per phase and A's output tokens/s (A keeps what
+B leaves).
 
     python benchmarks/tenants.py [--seconds 40] [--rate-b 0.5] [--flood 10] [--max-num-seqs 8]
+                                 [--phases solo,fcfs,fair,weighted,priority]
 """
 import argparse
 import asyncio
@@ -27,6 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
 
+PHASES = ("solo", "fcfs", "fair", "weighted", "priority")
 WORDS = "pods nodes GPUs queues tokens replicas kernels caches routers batches prompts streams".split()
 
 
@@ -59,11 +64,11 @@ async def arrivals(session, url: str, key: str, rate: float, until: float, rng: 
     return tasks
 
 
-def start(policy: str, keys_file: str, args, port: int) -> subprocess.Popen:
+def start(policy: str, keys_file: str, args, port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     command = [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
                "demo", "--served-model-name", "demo", "--host", "127.0.0.1", "--port", str(port), "--api-keys-file", keys_file,
                "--max-num-seqs", str(args.max_num_seqs), "--max-waiting-requests", "4096",
-               "--scheduling-policy", policy]
+               "--scheduling-policy", policy, *extra]
     server = subprocess.Popen(command, env=os.environ.copy())
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and server.poll() is None:
@@ -77,10 +82,12 @@ def start(policy: str, keys_file: str, args, port: int) -> subprocess.Popen:
     sys.exit("the server did not become ready")
 
 
-def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args, finish: str | None) -> dict:
-    """One server, the tenants' arrivals for `args.seconds`; then `finish`'s requests run to their end and the rest
-    are cancelled (aborted on the server). Per tenant: its finished requests and its output tokens in the window."""
-    server = start(policy, keys_file, args, args.port)
+def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args, finish: str | None,
+          extra: tuple[str, ...] = ()) -> dict:
+    """One server (`extra`: more `serve` flags), the tenants' arrivals for `args.seconds`; then `finish`'s requests
+    run to their end and the rest are cancelled (aborted on the server). Per tenant: its finished requests and its
+    output tokens in the window."""
+    server = start(policy, keys_file, args, args.port, extra)
     url = f"http://127.0.0.1:{args.port}"
 
     async def load() -> dict:
@@ -124,25 +131,48 @@ def main() -> None:
     parser.add_argument("--flood", type=float, default=10, help="A's rate over B's")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--phases", default=",".join(PHASES), help="which phases to run, of " + ", ".join(PHASES))
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    if not phases or set(phases) - set(PHASES):
+        parser.error(f"--phases: expected a comma-separated list of {', '.join(PHASES)}, got {args.phases!r}")
     rate_a = args.rate_b * args.flood
     print(f"machine: {describe()}; model: the CPU demo model; running set {args.max_num_seqs}; B {args.rate_b} "
           f"req/s, A {rate_a} req/s; prompts 150-250 words, 64 tokens out; {args.seconds:.0f} s a phase")
+    both = {"A": rate_a, "B": args.rate_b}
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        equal, weighted = Path(tmp) / "equal", Path(tmp) / "weighted"
+        equal, weighted, ranked = Path(tmp) / "equal", Path(tmp) / "weighted", Path(tmp) / "ranked"
         equal.write_text("A-key tenant=A\nB-key tenant=B\n")
         weighted.write_text("A-key tenant=A weight=3\nB-key tenant=B weight=1\n")
-        solo = phase("B alone (fcfs)", "fcfs", {"B": args.rate_b}, str(equal), args, "B")
-        fcfs = phase("B under A's flood, fcfs", "fcfs", {"A": rate_a, "B": args.rate_b}, str(equal), args, "B")
-        fair = phase("B under A's flood, fair", "fair", {"A": rate_a, "B": args.rate_b}, str(equal), args, "B")
-        shares = phase("both flood, fair, weights 3:1", "fair", {"A": rate_a, "B": rate_a}, str(weighted), args, None)
+        ranked.write_text("A-key tenant=A priority=1\nB-key tenant=B priority=0\n")
+        runs = {
+            "solo": [("solo", "B alone (fcfs)", "fcfs", {"B": args.rate_b}, equal, "B", ())],
+            "fcfs": [("fcfs", "B under A's flood, fcfs", "fcfs", both, equal, "B", ())],
+            "fair": [("fair", "B under A's flood, fair", "fair", both, equal, "B", ())],
+            "weighted": [("weighted", "both flood, fair, weights 3:1", "fair", {"A": rate_a, "B": rate_a}, weighted,
+                          None, ())],
+            "priority": [("preempting", "B above A, fair, preemption", "fair", both, ranked, "B", ()),
+                         ("waiting", "B above A, fair, no preemption", "fair", both, ranked, "B",
+                          ("--no-priority-preemption",))],
+        }
+        for key in phases:
+            for name, title, policy, rates, keys, finish, extra in runs[key]:
+                results[name] = phase(title, policy, rates, str(keys), args, finish, extra)
     p95 = {name: quantile([r["ttft"] for r in result["B"]["done"]], 0.95)
-           for name, result in (("solo", solo), ("fcfs", fcfs), ("fair", fair))}
-    tokens = {tenant: result["window_tokens"] for tenant, result in shares.items()}
-    print(f"B's TTFT P95 over its solo P95: fcfs {p95['fcfs'] / p95['solo']:.2f}x, fair "
-          f"{p95['fair'] / p95['solo']:.2f}x (goal <= 1.5x); weighted share A:B = "
-          f"{tokens['A'] / max(1, tokens['B']):.2f} (target 3.00)")
-    print(json.dumps({"b_ttft_p95_s": p95, "weighted_window_tokens": tokens}))
+           for name, result in results.items() if name != "weighted"}
+    summary = {"b_ttft_p95_s": p95}
+    if "solo" in p95:
+        print("B's TTFT P95 over its solo P95: " + ", ".join(
+            f"{name} {value / p95['solo']:.2f}x" for name, value in p95.items() if name != "solo")
+            + " (goal for fair: <= 1.5x)")
+    if "weighted" in results:
+        tokens = summary["weighted_window_tokens"] = {t: r["window_tokens"] for t, r in results["weighted"].items()}
+        print(f"weighted share A:B = {tokens['A'] / max(1, tokens['B']):.2f} (target 3.00)")
+    if "preempting" in p95:
+        print(f"high-priority B's TTFT P95 under A's flood: {p95['preempting'] * 1e3:.0f} ms with priority "
+              f"preemption, {p95['waiting'] * 1e3:.0f} ms without")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
