@@ -40,6 +40,23 @@ def quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+def server_ttft_p95(metrics_text: str) -> dict[str, float]:
+    """Each tenant's TTFT P95 in ms as the server measured it (from the request's arrival in the API process, its
+    per-tenant histogram, interpolated as PromQL does): beside the client's, it splits the time to first token
+    into the server's part and what came before (the client, the connection, the API process reading the body).
+    Every request the server saw counts, finished or not."""
+    from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("kubeinfer_tenant_time_to_first_token_seconds_bucket{"):
+            labels, value = line.rsplit(" ", 1)
+            tenant = labels.split('tenant="', 1)[1].split('"', 1)[0]
+            bound = labels.split('le="', 1)[1].split('"', 1)[0]
+            buckets.setdefault(tenant, []).append((float(bound), float(value)))
+    return {tenant: (p95 or float("nan")) * 1e3 for tenant, pairs in buckets.items()
+            if (p95 := histogram_quantile(0.95, pairs)) is not None}
+
+
 async def one_request(session, url: str, key: str, prompt: str, max_tokens: int) -> dict:
     body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "temperature": 0}
@@ -111,6 +128,7 @@ def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args,
                     for tenant, group in outcomes.items()}
     try:
         results = asyncio.run(load())
+        server_p95 = server_ttft_p95(httpx.get(url + "/metrics", timeout=30).text)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -118,7 +136,8 @@ def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args,
     for tenant, result in results.items():
         ttft = [r["ttft"] * 1e3 for r in result["done"]]
         row.append(f"{tenant}: {len(result['done']):>3} of {result['sent']:<3} done, TTFT P50 "
-                   f"{quantile(ttft, 0.5):6.0f} P95 {quantile(ttft, 0.95):6.0f} ms, "
+                   f"{quantile(ttft, 0.5):6.0f} P95 {quantile(ttft, 0.95):6.0f} ms "
+                   f"(server {server_p95.get(tenant, float('nan')):6.0f}), "
                    f"{result['window_tokens'] / args.seconds:6.1f} tok/s")
     print("  ".join(row), flush=True)
     return results
