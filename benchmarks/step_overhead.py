@@ -1,5 +1,6 @@
-"""CPU cost of one engine step outside the model: scheduling, block accounting, input preparation and
-post-processing, at N running sequences (default 256), all decoding.
+"""CPU cost of one engine step outside the model: scheduling, the step's tokens by tenant (its time's shares,
+the per-tenant busy seconds), block accounting, input preparation and post-processing, at N running sequences
+(default 256), all decoding.
 
     python benchmarks/step_overhead.py [--num-seqs 256] [--steps 300] [--scheduling-policy fair]
 
@@ -14,6 +15,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.model_runner import ModelRunner
 from kubeinfer.runtime.engine.scheduler import Scheduler
+from kubeinfer.runtime.engine.scheduler_stats import TenantTokens
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.sampling_params import SamplingParams
 
@@ -41,17 +43,20 @@ def main() -> None:
         for i in range(64):
             scheduler.add(Sequence(f"w{i}", [5] * args.prompt_len, SamplingParams(max_tokens=4, tenant=f"t{i % 8}",
                                                                                   priority=1)))
-    timings = {"schedule": [], "prepare inputs": [], "postprocess": []}
+    tenant_tokens = TenantTokens()
+    timings = {"schedule": [], "tenant shares": [], "prepare inputs": [], "postprocess": []}
     for step in range(args.steps):
         t0 = time.perf_counter()
         batch = scheduler.schedule()
         t1 = time.perf_counter()
-        runner.prepare(batch, manager)
+        tenant_tokens.count(batch)   # as EngineCore.step does
         t2 = time.perf_counter()
-        scheduler.postprocess(batch, [[step % 400 + 1]] * len(batch))
+        runner.prepare(batch, manager)
         t3 = time.perf_counter()
+        scheduler.postprocess(batch, [[step % 400 + 1]] * len(batch))
+        t4 = time.perf_counter()
         assert len(batch) == args.num_seqs and batch.num_tokens == args.num_seqs
-        for name, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2)):
+        for name, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             timings[name].append(value * 1e6)
     totals = [sum(parts) for parts in zip(*timings.values())]
     print(f"{args.num_seqs} running sequences, all decoding, context {args.prompt_len}..{args.prompt_len + args.steps}")

@@ -4,10 +4,14 @@ Starts `kubeinfer serve` (the CPU demo model) with two API keys, tenants A and B
 (`--max-num-seqs`, so that requests wait and the queue's order decides). B sends Poisson arrivals at `--rate-b`;
 A sends `--flood` times as many. Three phases, each on a fresh server: B alone (fcfs), B under A's flood with
 fcfs, and the same with `--scheduling-policy fair`. Then the weighted phase: A and B both flooding, weights 3:1,
-and the share of output tokens each got against the 3:1 target. Prints B's TTFT P50/P95 per phase and A's
-output tokens/s (A keeps what B leaves).
+and the share of output tokens each got against the 3:1 target. Then the priority phases: B a class above A
+(`priority=0` against A's `priority=1`) under A's flood, fair, with priority preemption (the default: B's request
+takes the place of A's newest running ones) and with `--no-priority-preemption` (B waits for a running sequence
+to end, still ahead of A's waiting ones). Prints B's TTFT P50/P95 per phase and A's output tokens/s (A keeps what
+B leaves).
 
     python benchmarks/tenants.py [--seconds 40] [--rate-b 0.5] [--flood 10] [--max-num-seqs 8]
+                                 [--phases solo,fcfs,fair,weighted,priority]
 """
 import argparse
 import asyncio
@@ -27,12 +31,30 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
 
+PHASES = ("solo", "fcfs", "fair", "weighted", "priority")
 WORDS = "pods nodes GPUs queues tokens replicas kernels caches routers batches prompts streams".split()
 
 
 def quantile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def server_ttft_p95(metrics_text: str) -> dict[str, float]:
+    """Each tenant's TTFT P95 in ms as the server measured it (from the request's arrival in the API process, its
+    per-tenant histogram, interpolated as PromQL does): beside the client's, it splits the time to first token
+    into the server's part and what came before (the client, the connection, the API process reading the body).
+    Every request the server saw counts, finished or not."""
+    from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("kubeinfer_tenant_time_to_first_token_seconds_bucket{"):
+            labels, value = line.rsplit(" ", 1)
+            tenant = labels.split('tenant="', 1)[1].split('"', 1)[0]
+            bound = labels.split('le="', 1)[1].split('"', 1)[0]
+            buckets.setdefault(tenant, []).append((float(bound), float(value)))
+    return {tenant: (p95 or float("nan")) * 1e3 for tenant, pairs in buckets.items()
+            if (p95 := histogram_quantile(0.95, pairs)) is not None}
 
 
 async def one_request(session, url: str, key: str, prompt: str, max_tokens: int) -> dict:
@@ -59,11 +81,11 @@ async def arrivals(session, url: str, key: str, rate: float, until: float, rng: 
     return tasks
 
 
-def start(policy: str, keys_file: str, args, port: int) -> subprocess.Popen:
+def start(policy: str, keys_file: str, args, port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     command = [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
                "demo", "--served-model-name", "demo", "--host", "127.0.0.1", "--port", str(port), "--api-keys-file", keys_file,
                "--max-num-seqs", str(args.max_num_seqs), "--max-waiting-requests", "4096",
-               "--scheduling-policy", policy]
+               "--scheduling-policy", policy, *extra]
     server = subprocess.Popen(command, env=os.environ.copy())
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and server.poll() is None:
@@ -77,10 +99,12 @@ def start(policy: str, keys_file: str, args, port: int) -> subprocess.Popen:
     sys.exit("the server did not become ready")
 
 
-def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args, finish: str | None) -> dict:
-    """One server, the tenants' arrivals for `args.seconds`; then `finish`'s requests run to their end and the rest
-    are cancelled (aborted on the server). Per tenant: its finished requests and its output tokens in the window."""
-    server = start(policy, keys_file, args, args.port)
+def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args, finish: str | None,
+          extra: tuple[str, ...] = ()) -> dict:
+    """One server (`extra`: more `serve` flags), the tenants' arrivals for `args.seconds`; then `finish`'s requests
+    run to their end and the rest are cancelled (aborted on the server). Per tenant: its finished requests and its
+    output tokens in the window."""
+    server = start(policy, keys_file, args, args.port, extra)
     url = f"http://127.0.0.1:{args.port}"
 
     async def load() -> dict:
@@ -104,6 +128,7 @@ def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args,
                     for tenant, group in outcomes.items()}
     try:
         results = asyncio.run(load())
+        server_p95 = server_ttft_p95(httpx.get(url + "/metrics", timeout=30).text)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -111,7 +136,8 @@ def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args,
     for tenant, result in results.items():
         ttft = [r["ttft"] * 1e3 for r in result["done"]]
         row.append(f"{tenant}: {len(result['done']):>3} of {result['sent']:<3} done, TTFT P50 "
-                   f"{quantile(ttft, 0.5):6.0f} P95 {quantile(ttft, 0.95):6.0f} ms, "
+                   f"{quantile(ttft, 0.5):6.0f} P95 {quantile(ttft, 0.95):6.0f} ms "
+                   f"(server {server_p95.get(tenant, float('nan')):6.0f}), "
                    f"{result['window_tokens'] / args.seconds:6.1f} tok/s")
     print("  ".join(row), flush=True)
     return results
@@ -124,25 +150,48 @@ def main() -> None:
     parser.add_argument("--flood", type=float, default=10, help="A's rate over B's")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--phases", default=",".join(PHASES), help="which phases to run, of " + ", ".join(PHASES))
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    if not phases or set(phases) - set(PHASES):
+        parser.error(f"--phases: expected a comma-separated list of {', '.join(PHASES)}, got {args.phases!r}")
     rate_a = args.rate_b * args.flood
     print(f"machine: {describe()}; model: the CPU demo model; running set {args.max_num_seqs}; B {args.rate_b} "
           f"req/s, A {rate_a} req/s; prompts 150-250 words, 64 tokens out; {args.seconds:.0f} s a phase")
+    both = {"A": rate_a, "B": args.rate_b}
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        equal, weighted = Path(tmp) / "equal", Path(tmp) / "weighted"
+        equal, weighted, ranked = Path(tmp) / "equal", Path(tmp) / "weighted", Path(tmp) / "ranked"
         equal.write_text("A-key tenant=A\nB-key tenant=B\n")
         weighted.write_text("A-key tenant=A weight=3\nB-key tenant=B weight=1\n")
-        solo = phase("B alone (fcfs)", "fcfs", {"B": args.rate_b}, str(equal), args, "B")
-        fcfs = phase("B under A's flood, fcfs", "fcfs", {"A": rate_a, "B": args.rate_b}, str(equal), args, "B")
-        fair = phase("B under A's flood, fair", "fair", {"A": rate_a, "B": args.rate_b}, str(equal), args, "B")
-        shares = phase("both flood, fair, weights 3:1", "fair", {"A": rate_a, "B": rate_a}, str(weighted), args, None)
+        ranked.write_text("A-key tenant=A priority=1\nB-key tenant=B priority=0\n")
+        runs = {
+            "solo": [("solo", "B alone (fcfs)", "fcfs", {"B": args.rate_b}, equal, "B", ())],
+            "fcfs": [("fcfs", "B under A's flood, fcfs", "fcfs", both, equal, "B", ())],
+            "fair": [("fair", "B under A's flood, fair", "fair", both, equal, "B", ())],
+            "weighted": [("weighted", "both flood, fair, weights 3:1", "fair", {"A": rate_a, "B": rate_a}, weighted,
+                          None, ())],
+            "priority": [("preempting", "B above A, fair, preemption", "fair", both, ranked, "B", ()),
+                         ("waiting", "B above A, fair, no preemption", "fair", both, ranked, "B",
+                          ("--no-priority-preemption",))],
+        }
+        for key in phases:
+            for name, title, policy, rates, keys, finish, extra in runs[key]:
+                results[name] = phase(title, policy, rates, str(keys), args, finish, extra)
     p95 = {name: quantile([r["ttft"] for r in result["B"]["done"]], 0.95)
-           for name, result in (("solo", solo), ("fcfs", fcfs), ("fair", fair))}
-    tokens = {tenant: result["window_tokens"] for tenant, result in shares.items()}
-    print(f"B's TTFT P95 over its solo P95: fcfs {p95['fcfs'] / p95['solo']:.2f}x, fair "
-          f"{p95['fair'] / p95['solo']:.2f}x (goal <= 1.5x); weighted share A:B = "
-          f"{tokens['A'] / max(1, tokens['B']):.2f} (target 3.00)")
-    print(json.dumps({"b_ttft_p95_s": p95, "weighted_window_tokens": tokens}))
+           for name, result in results.items() if name != "weighted"}
+    summary = {"b_ttft_p95_s": p95}
+    if "solo" in p95:
+        print("B's TTFT P95 over its solo P95: " + ", ".join(
+            f"{name} {value / p95['solo']:.2f}x" for name, value in p95.items() if name != "solo")
+            + " (goal for fair: <= 1.5x)")
+    if "weighted" in results:
+        tokens = summary["weighted_window_tokens"] = {t: r["window_tokens"] for t, r in results["weighted"].items()}
+        print(f"weighted share A:B = {tokens['A'] / max(1, tokens['B']):.2f} (target 3.00)")
+    if "preempting" in p95:
+        print(f"high-priority B's TTFT P95 under A's flood: {p95['preempting'] * 1e3:.0f} ms with priority "
+              f"preemption, {p95['waiting'] * 1e3:.0f} ms without")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ ENGINE_FLAGS = [
     ("max_lora_rank", int, "the largest LoRA rank served"),
     ("max_cpu_loras", int, "LoRA adapters kept in host memory (none: max(max_loras, 8))"),
 ]
-BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel"]
+BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel", "priority_preemption"]
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -89,6 +89,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
                         default=_env_bool("enable_prefix_caching", True),
                         help="turn off prefix caching [env KUBEINFER_ENABLE_PREFIX_CACHING]")
+    parser.add_argument("--no-priority-preemption", dest="priority_preemption", action="store_false",
+                        default=_env_bool("priority_preemption", True),
+                        help="fair policy: a higher class waits for room instead of preempting lower ones (still "
+                             "admitted first) [env KUBEINFER_PRIORITY_PREEMPTION]")
     parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
                         default=_env_bool("enforce_eager", False),
                         help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")

@@ -36,6 +36,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_waiting_requests: int = 1024
     scheduling_policy: str = "fcfs"        # or shortest-first (docs/runtime.md, Scheduling)
+    priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks

@@ -70,6 +70,19 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
 }
 
 #if defined(VEC16) && TILE_Q == 16
+/* Register blocking: what is live in the inner loops must fit the vector registers, or the accumulators spill
+   to the stack on every FMA. AVX-512 has 32 registers of 16 lanes: 2 heads x 4 keys of scores, or 16 value
+   accumulators. AVX2 has 16 of 8 lanes, so 8 vec16 at most: 2 heads x 2 keys (+ 2 queries, 2 broadcasts), and
+   4 value accumulators (+ 2 probabilities, a broadcast). Measured on a Zen 3 (2 vCPUs, 1 thread): prefill
+   attention 18 / 26 / 27 GFLOP/s at 128 / 512 / 2,048 tokens with the AVX-512 blocking spilled, after: see
+   docs/benchmarks.md. */
+#if defined(__AVX512F__)
+#define TILE_KEYS 4
+#define TILE_VALUE_REGS 16
+#else
+#define TILE_KEYS 2
+#define TILE_VALUE_REGS 4
+#endif
 #define TILE_HEADS CONCAT(TILE_NAME, _heads)
 /* A prefill tile: one KV head, up to 16 query tokens, one vector lane per token throughout; its query heads two
    at a time (P = 2; P = 1 for the last of an odd group), so that each key or value element, broadcast once,
@@ -110,24 +123,20 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
         chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d, start, n,
                    k_rows, v_rows);
         int32_t j = 0;
-        for (; j + 4 <= n; j += 4) {   /* four keys in flight per head: independent FMA chains */
-            const kv_t *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
-            vec16 s[2][4];
+        for (; j + TILE_KEYS <= n; j += TILE_KEYS) {   /* TILE_KEYS keys in flight per head: independent FMA chains */
+            vec16 s[2][TILE_KEYS];
             for (int32_t p = 0; p < P; p++)
-                for (int32_t c = 0; c < 4; c++) s[p][c] = v16_zero();
+                for (int32_t c = 0; c < TILE_KEYS; c++) s[p][c] = v16_zero();
             for (int32_t x = 0; x < d; x++) {
-                const vec16 b0 = v16_set1(kv_f32(k0[x])), b1 = v16_set1(kv_f32(k1[x]));
-                const vec16 b2 = v16_set1(kv_f32(k2[x])), b3 = v16_set1(kv_f32(k3[x]));
+                vec16 b[TILE_KEYS];
+                for (int32_t c = 0; c < TILE_KEYS; c++) b[c] = v16_set1(kv_f32(k_rows[j + c][x]));
                 for (int32_t p = 0; p < P; p++) {
                     const vec16 qx = v16_load(q_t[p][x]);
-                    s[p][0] = v16_fmadd(qx, b0, s[p][0]);
-                    s[p][1] = v16_fmadd(qx, b1, s[p][1]);
-                    s[p][2] = v16_fmadd(qx, b2, s[p][2]);
-                    s[p][3] = v16_fmadd(qx, b3, s[p][3]);
+                    for (int32_t c = 0; c < TILE_KEYS; c++) s[p][c] = v16_fmadd(qx, b[c], s[p][c]);
                 }
             }
             for (int32_t p = 0; p < P; p++)
-                for (int32_t c = 0; c < 4; c++) v16_store(by_key[p][j + c], s[p][c]);
+                for (int32_t c = 0; c < TILE_KEYS; c++) v16_store(by_key[p][j + c], s[p][c]);
         }
         for (; j < n; j++)
             for (int32_t p = 0; p < P; p++) {
@@ -166,10 +175,10 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
                 v16_store(by_key[p][j], probs);
             }
         }
-        const int32_t block = 16 / P;   /* value dimensions per register pass */
+        const int32_t block = TILE_VALUE_REGS / P;   /* value dimensions per register pass */
         for (int32_t x0 = 0; x0 < d; x0 += block) {
             const int32_t width = d - x0 < block ? d - x0 : block;
-            vec16 a[2][16];
+            vec16 a[2][TILE_VALUE_REGS];
             for (int32_t p = 0; p < P; p++)
                 for (int32_t i = 0; i < width; i++) a[p][i] = v16_load(acc_t[p][x0 + i]);
             for (int32_t j = 0; j < n; j++) {

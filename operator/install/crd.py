@@ -13,6 +13,7 @@ and drops what a structural schema forbids (titles, ``additionalProperties: fals
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
 from pathlib import Path
@@ -55,7 +56,8 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
         return node
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
-        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        # A copy: a model used in two places would share its lists, which YAML writes as anchors and aliases.
+        merged = copy.deepcopy({**target, **{k: v for k, v in node.items() if k != "$ref"}})
         return structural(merged, defs)
     out: dict[str, Any] = {}
     for key, value in node.items():

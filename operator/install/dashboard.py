@@ -13,16 +13,20 @@ from kubeinfer.operator.install.monitoring import (
     ISVC_ARRIVAL_RATE, ISVC_FORECAST_HIGH, ISVC_MAX_REPLICAS, ISVC_READY_REPLICAS, ISVC_SPEC_REPLICAS,
 )
 from kubeinfer.operator.metric_names import (
-    E2E, ERRORS, GENERATION_TOKENS, ITL, KV_USAGE, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS,
-    ROUTER_ADDED, ROUTER_PICKS, ROUTER_QUEUE, ROUTER_RESUMES, ROUTER_UPSTREAM_ERRORS, RUNNING, SPEC_ACCEPTED,
-    SPEC_DRAFT_TOKENS, SPEC_DRAFTS, SUCCESS, TENANT_GENERATION_TOKENS, TENANT_PROMPT_TOKENS, TENANT_TTFT, TTFT,
-    WAITING,
+    ACCELERATORS, E2E, ERRORS, GENERATION_TOKENS, ITL, KV_USAGE, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
+    PROMPT_TOKENS, ROUTER_ADDED, ROUTER_PICKS, ROUTER_QUEUE, ROUTER_RESUMES, ROUTER_UPSTREAM_ERRORS, RUNNING,
+    SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, SUCCESS, TENANT_BUSY_SECONDS, TENANT_GENERATION_TOKENS,
+    TENANT_PROMPT_TOKENS, TENANT_TTFT, TTFT, WAITING,
 )
 
 SEL = 'namespace=~"$namespace", service=~"$service", model_name=~"$model"'
 ISVC_SEL = 'namespace=~"$namespace", inferenceservice=~"$service"'
 ROUTER_SEL = 'namespace=~"$namespace", service=~"($service)-router"'
 RATE = "$__rate_interval"
+GPU_HOUR_PRICE = "2.5"   # the default of the dashboard's $gpu_hour_price (USD per GPU-hour)
+# Per pod: a tenant's busy seconds per second times the pod's GPUs (a CPU replica counts as one: replica-seconds).
+_TENANT_GPUS = (f"sum by (tenant) (rate({TENANT_BUSY_SECONDS}{{{SEL}}}[{RATE}]) * on (namespace, service, pod, "
+                f"model_name) group_left () clamp_min({ACCELERATORS}{{{SEL}}}, 1))")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ PANELS: list[Panel] = [
           "The replicas serving the selection, shared out by the tokens each tenant had computed: its cost in "
           "replica-seconds per second (times resources.gpus for GPU-seconds). Tokens stand for compute; a "
           "prompt token costs less than a generated one on a GPU, so this favours long-prompt tenants."),
+    Panel("Estimated cost by tenant", "currencyUSD", [(f"{_TENANT_GPUS} * $gpu_hour_price", "{{tenant}}")],
+          "USD per hour: each engine step's time shared out by the tokens each tenant computed in it "
+          "(kubeinfer_tenant_busy_seconds_total), times the replica's GPUs, times $gpu_hour_price. Busy time only: "
+          "idle replicas are nobody's. A CPU replica counts as one GPU: read the price as a replica-hour's."),
     Panel("Errors by status code", "reqps", [(_rate(ERRORS, "status_code"), "{{status_code}}")]),
     Panel("Finished requests by reason", "reqps", [(_rate(SUCCESS, "finished_reason"), "{{finished_reason}}")]),
     # The router of an InferenceService (spec.router): its Service is NAME-router, its series carry no model_name.
@@ -167,6 +175,8 @@ def dashboard() -> dict[str, Any]:
             _variable("namespace", "Namespace", f"label_values({WAITING}, namespace)"),
             _variable("service", "InferenceService", f'label_values({WAITING}{{namespace=~"$namespace"}}, service)'),
             _variable("model", "Model", f'label_values({WAITING}{{service=~"$service"}}, model_name)'),
+            {"name": "gpu_hour_price", "label": "GPU-hour price (USD)", "type": "textbox", "query": GPU_HOUR_PRICE,
+             "current": {"selected": False, "text": GPU_HOUR_PRICE, "value": GPU_HOUR_PRICE}, "hide": 0},
         ]},
         "panels": panels,
     }

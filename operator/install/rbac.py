@@ -33,8 +33,8 @@ RULES: list[dict[str, Any]] = [
     # annotation of router pods that lists the ready replicas (reconcile.router).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     # LoRA: the adapters' list each InferenceService's pods mount (a child, applied as the others are); the API
-    # keys Secret named by spec.apiKeySecretRef, read only with spec.runtime.lora, to call the runtime's
-    # adapter endpoints (reconcile.lora.sync).
+    # keys Secret named by spec.apiKeySecretRef (or spec.tenants.secretRef), read only with spec.runtime.lora, to
+    # call the runtime's adapter endpoints (reconcile.lora.sync).
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     # Events: ours (condition changes, scaling; patch: a repeat raises the count of the first, operator.events)

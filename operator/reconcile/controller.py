@@ -142,7 +142,7 @@ def sync_adapters(ctx: Context, spec: InferenceServiceSpec, owner: builders.Owne
     """Loads and unloads adapters in the ready replicas (reconcile.lora.sync); its report for the status."""
     if spec.runtime.lora is None:
         return lora_status.LORA_OFF
-    ref = spec.api_key_secret_ref
+    ref = spec.keys_secret_ref
     key = lora_sync.api_key(ctx.kube, owner.namespace, ref.name, ref.key) if ref is not None else None
     ready = lora_sync.ready_pods(pods)
     outcomes = lora_sync.sync(ready, lora_fetch.desired_paths(spec), key)

@@ -74,8 +74,8 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args += ["--gpu-memory-utilization", str(rt.gpu_memory_utilization)]
     if rt.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", rt.kv_cache_dtype]
-    if rt.scheduling_policy != "fcfs":
-        args += ["--scheduling-policy", rt.scheduling_policy]
+    if spec.scheduling_policy != "fcfs":
+        args += ["--scheduling-policy", spec.scheduling_policy]
     if (spec_decode := rt.speculative) is not None:
         args += ["--speculative-method", spec_decode.method, "--speculative-tokens", str(spec_decode.num_tokens)]
         if spec_decode.method == "ngram":
@@ -91,7 +91,7 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
             args += ["--cpu-threads", str(threads)]
     if not rt.enable_prefix_caching:
         args.append("--no-enable-prefix-caching")
-    if spec.api_key_secret_ref is not None:
+    if spec.keys_secret_ref is not None:
         args += ["--api-keys-file", API_KEYS_FILE]
     if rt.lora is not None:
         args += lora_fetch.runtime_args(rt.lora)
@@ -163,7 +163,7 @@ def volumes(spec: InferenceServiceSpec,
     if (model := model_volume(spec.model)) is not None:
         vols.append(model)
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
-    if (ref := spec.api_key_secret_ref) is not None:
+    if (ref := spec.keys_secret_ref) is not None:
         vols.append({"name": "api-keys", "secret": {
             "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
         mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})

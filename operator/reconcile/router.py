@@ -79,9 +79,9 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
         # Streams through the router last as long as the replicas' own: drain as long as they do.
         "--drain-timeout-seconds", str(spec.runtime.drain_timeout_seconds),
         # The replicas' keys file tells the router each request's tenant (it checks no key itself).
-        *(["--api-keys-file", pod.API_KEYS_FILE] if spec.api_key_secret_ref is not None else []),
-        *(["--max-in-flight-per-tenant", str(r.max_in_flight_per_tenant)]
-          if r.max_in_flight_per_tenant is not None else []),
+        *(["--api-keys-file", pod.API_KEYS_FILE] if spec.keys_secret_ref is not None else []),
+        *(["--max-in-flight-per-tenant", str(spec.max_in_flight_per_tenant)]
+          if spec.max_in_flight_per_tenant is not None else []),
     ]
 
 
@@ -108,7 +108,7 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
         container["imagePullPolicy"] = spec.runtime.image_pull_policy
     volumes = [{"name": "endpoints", "downwardAPI": {"items": [{
         "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}]
-    if (ref := spec.api_key_secret_ref) is not None:   # the same Secret as the replicas'
+    if (ref := spec.keys_secret_ref) is not None:   # the same Secret as the replicas'
         volumes.append({"name": "api-keys", "secret": {
             "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
         container["volumeMounts"].append({"name": "api-keys", "mountPath": pod.API_KEYS_DIR, "readOnly": True})

@@ -15,6 +15,7 @@ than the object itself live in :mod:`kubeinfer.operator.reconcile.validation`.
     autoscaling.py  spec.autoscaling
     routing.py      spec.router, spec.inferencePool
     adapters.py     spec.adapters and spec.runtime.lora (LoRA)
+    tenants.py      spec.apiKeySecretRef's Secret reference, spec.tenants
     service.py      the whole spec and its cross-section rules; parse_spec
     status.py       status and its condition types
 """
@@ -30,7 +31,8 @@ from kubeinfer.operator.spec.runtime import MANAGED_ENV, MANAGED_FLAGS, CompileC
 from kubeinfer.operator.spec.schema import (
     API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, SpecModel, cel, checked_by,
 )
-from kubeinfer.operator.spec.service import InferenceServiceSpec, SecretKeyRef, parse_spec
+from kubeinfer.operator.spec.service import InferenceServiceSpec, parse_spec
+from kubeinfer.operator.spec.tenants import SecretKeyRef, TenantsSpec
 from kubeinfer.operator.spec.status import (
     ADAPTERS_READY, DEGRADED, METRICS_AVAILABLE, PROGRESSING, READY, SCALING_ACTIVE, ColdStartObservation, Condition,
     InferenceServiceStatus,
@@ -41,6 +43,7 @@ __all__ = [
     "PLURAL", "PROGRESSING", "READY", "SCALING_ACTIVE", "SHORT_NAMES", "SINGULAR", "TENSOR_PARALLEL_SIZES", "VERSION",
     "Adapter", "Autoscaling", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
     "InferenceServiceSpec", "InferenceServiceStatus", "Lora", "ModelSource", "Parallelism", "Resources", "Rollout",
-    "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "Toleration", "cel",
+    "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "TenantsSpec", "Toleration",
+    "cel",
     "checked_by", "parse_spec",
 ]

@@ -30,7 +30,8 @@ class RouterSpec(SpecModel):
                                          description="How long a request may wait for a ready replica before 503.")
     max_in_flight_per_tenant: int | None = Field(
         default=None, ge=1, description="Requests one tenant (an API key of apiKeySecretRef's Secret, or anonymous) "
-                                        "may hold open at the router; more get 429. No cap when unset.")
+                                        "may hold open at the router; more get 429. No cap when unset. With "
+                                        "spec.tenants, set tenants.maxInFlightPerTenant instead.")
     image: str | None = Field(default=None, description="Router image; the runtime's image when unset.")
     cpu: int | str = Field(default="250m", json_schema_extra=INT_OR_STRING, description="CPU request of a router pod.")
     memory: int | str = Field(default="512Mi", json_schema_extra=INT_OR_STRING,

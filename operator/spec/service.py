@@ -15,11 +15,8 @@ from kubeinfer.operator.spec.placement import Parallelism, Resources, Rollout, S
 from kubeinfer.operator.spec.routing import InferencePoolSpec, RouterSpec
 from kubeinfer.operator.spec.runtime import RuntimeSpec
 from kubeinfer.operator.spec.schema import SpecModel, cel, checked_by
-
-
-class SecretKeyRef(SpecModel):
-    name: str = Field(max_length=253)
-    key: str = Field(default="api-keys", description="Key holding one API key per line.")
+from kubeinfer.operator.spec.tenants import RULES as TENANT_RULES
+from kubeinfer.operator.spec.tenants import SecretKeyRef, TenantsSpec, tenant_errors
 
 
 _TENSOR = "(has(self.parallelism) && has(self.parallelism.tensor) ? self.parallelism.tensor : 1)"
@@ -59,7 +56,8 @@ REPLICAS_IN_BOUNDS = cel(
 
 class InferenceServiceSpec(SpecModel):
     model_config = checked_by(REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
-                              DRAFT_WITHOUT_TENSOR_PARALLELISM, ADAPTERS_NEED_LORA, ADAPTER_NOT_SERVED_NAME)
+                              DRAFT_WITHOUT_TENSOR_PARALLELISM, ADAPTERS_NEED_LORA, ADAPTER_NOT_SERVED_NAME,
+                              *TENANT_RULES)
 
     model: ModelSource
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
@@ -81,8 +79,13 @@ class InferenceServiceSpec(SpecModel):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     rollout: Rollout = Field(default_factory=Rollout)
     api_key_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret with the API keys; mounted as a file for --api-keys-file.",
+        default=None, description="Secret with the API keys; mounted as a file for --api-keys-file. With tenants, "
+                                  "weights and priorities in it, use spec.tenants instead.",
     )
+    tenants: TenantsSpec | None = Field(
+        default=None, description="Tenants (API keys naming tenants, weights and priorities): the Secret is mounted "
+                                  "in the replicas and the router, the replicas' queue is fair between them "
+                                  "(docs/operator.md). Replaces apiKeySecretRef.")
     adapters: list[Adapter] = Field(
         default_factory=list, max_length=MAX_ADAPTERS,
         description="LoRA adapters served beside the model (needs runtime.lora). Adding or removing one loads or "
@@ -120,6 +123,30 @@ class InferenceServiceSpec(SpecModel):
         if self.model.served_name is not None and self.model.served_name in names:
             raise ValueError(ADAPTER_NOT_SERVED_NAME["message"])
         return self
+
+    @model_validator(mode="after")
+    def _tenants(self) -> InferenceServiceSpec:
+        errors = tenant_errors(self.tenants, self.api_key_secret_ref, self.runtime.scheduling_policy, self.router)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    @property
+    def keys_secret_ref(self) -> SecretKeyRef | None:
+        """The Secret with the API keys (mounted in the replicas and the router): tenants' or apiKeySecretRef."""
+        return self.tenants.secret_ref if self.tenants is not None else self.api_key_secret_ref
+
+    @property
+    def scheduling_policy(self) -> str:
+        """The replicas' waiting queue: tenants.schedulingPolicy with tenants, else runtime.schedulingPolicy."""
+        return self.tenants.scheduling_policy if self.tenants is not None else self.runtime.scheduling_policy
+
+    @property
+    def max_in_flight_per_tenant(self) -> int | None:
+        """The router's cap on a tenant's open requests, from spec.tenants or spec.router."""
+        if self.tenants is not None and self.tenants.max_in_flight_per_tenant is not None:
+            return self.tenants.max_in_flight_per_tenant
+        return self.router.max_in_flight_per_tenant if self.router is not None else None
 
     @property
     def num_gpus(self) -> int:

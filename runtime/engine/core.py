@@ -15,6 +15,7 @@ from kubeinfer.runtime.engine.messages import (EngineInfo, EngineStats, TokenDel
                                                check_token_ids)
 from kubeinfer.runtime.engine.model_runner import ModelRunner
 from kubeinfer.runtime.engine.scheduler import Scheduler
+from kubeinfer.runtime.engine.scheduler_stats import TenantTokens
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.layers.fused_moe import expert_load_summary
@@ -46,6 +47,8 @@ class EngineCore:
                                           config.max_blocks_per_seq, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
+        self.tenant_tokens = TenantTokens()
+        self.step_tenant_tokens: dict[str, int] = {}   # tokens the last step computed, by tenant ("" anonymous)
         self.grammars = GrammarCache(config.model, config.model_config.vocab_size, eos_token_ids)
         self._expert_load_read: tuple[float, tuple] | None = None   # (when, figures) of the last MoE load read
         self.last_step: tuple[int, int] = (0, 0)   # the last step's decoding sequences and prefill tokens
@@ -58,7 +61,8 @@ class EngineCore:
         self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
                                config.model_config.vocab_size, eos_token_ids,
                                dict(self.model_runner.startup_phases),
-                               config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths))
+                               config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths),
+                               config.world_size if config.device.startswith("cuda") else 0)
 
     def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
             arrival_time: float | None = None, output_token_ids: list[int] = ()) -> None:
@@ -116,6 +120,7 @@ class EngineCore:
     def step(self) -> list[TokenDelta]:
         batch = self.scheduler.schedule()
         self.last_step = (0, 0)
+        self.step_tenant_tokens = self.tenant_tokens.count(batch)
         if not batch.seqs:
             return []
         if self.model_runner.draft is not None:

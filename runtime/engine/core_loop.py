@@ -4,9 +4,9 @@ Messages from the API side:   ("add", request_id, token_ids, params, arrival_tim
                               ("abort", [request_id]),
                               ("stop", request_id, stop_string), ("read", number of step messages read),
                               ("lora", number, "load" | "unload", name, folder), ("shutdown",)
-Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds)
-                              per step, ("rejected", request_id, message), ("lora_done", number, error or None),
-                              ("error", message) when it dies.
+Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds,
+                              {tenant: tokens computed}) per step, ("rejected", request_id, message),
+                              ("lora_done", number, error or None), ("error", message) when it dies.
 
 The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
 deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and
@@ -60,10 +60,10 @@ def serve_core(core, channel) -> None:
             started = time.perf_counter()
             deltas = core.step()
             stats = core.stats(fresh=not core.has_unfinished())   # the last step before idling: exact counts
-            channel.send(("step", deltas, stats, time.perf_counter() - started))
+            channel.send(("step", deltas, stats, time.perf_counter() - started, core.step_tenant_tokens))
             unread += 1
         elif touched:   # the gauges, after aborts or stops with no step to follow
-            channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None))
+            channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None, {}))
 
 
 def lora_operation(core, operation: str, name: str, path: str | None) -> str | None:

@@ -58,6 +58,7 @@ class EngineInfo:
     startup_phases: dict[str, float]
     speculative_tokens: int = 0     # draft tokens per step at most (0: speculation off)
     loras: dict[str, str] | None = None   # LoRA adapters loaded at start (--lora-modules), name -> folder
+    num_gpus: int = 0               # GPUs the engine computes on (one per process); 0 on CPU
 
 
 def check_token_ids(params, info: EngineInfo) -> None:

@@ -19,8 +19,9 @@ The queue order (`scheduling_policy`): preempted sequences first, then
   prompt's prefix-cached tokens as if they were to be computed (docs/runtime.md: the router's load test had
   a higher TTFT P95 with it).
 - `fair`: strict priority classes, then a weighted fair share of computed tokens between tenants (API keys);
-  a waiting sequence that cannot start preempts running ones of lower classes, and, when its tenant has
-  nothing running, one of the tenant of its class furthest ahead of it (runtime/engine/waiting_queue.py).
+  a waiting sequence that cannot start preempts running ones of lower classes (unless `priority_preemption` is
+  off: it then waits for room, still ahead of them), and, when its tenant has nothing running, one of the tenant
+  of its class furthest ahead of it (runtime/engine/waiting_queue.py).
 A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
@@ -74,6 +75,7 @@ class Scheduler:
         self.ngram_range = (config.speculative_ngram_min, config.speculative_ngram_max)
         self.shortest_first = config.scheduling_policy == "shortest-first"
         self.fair = config.scheduling_policy == "fair"
+        self.priority_preemption = config.priority_preemption
         self.prefill_rate: float | None = None   # tokens/s of steps of at least half the budget (observe_step)
         self.waiting = waiting_queue(config.scheduling_policy)   # preempted first, then by the policy
         self.running: list[Sequence] = []
@@ -166,10 +168,10 @@ class Scheduler:
 
     def _make_room_for(self, seq: Sequence) -> None:
         """Under `fair`: when the next waiting sequence cannot start (no KV blocks for its first chunk, or no room
-        in the running set), running sequences give way: those of lower classes, the newest of the lowest first;
-        and if its tenant has nothing running, the newest one of the tenant of its class that is furthest ahead of
-        it in tokens per weight (so a tenant's first request never waits for another's to end). They are
-        recomputed later, as any preempted sequence."""
+        in the running set), running sequences give way: those of lower classes, the newest of the lowest first
+        (unless `priority_preemption` is off); and if its tenant has nothing running, the newest one of the tenant
+        of its class that is furthest ahead of it in tokens per weight (so a tenant's first request never waits for
+        another's to end). They are recomputed later, as any preempted sequence."""
         block_manager, running = self.block_manager, self.running
         starved = all(other.params.tenant != seq.params.tenant for other in running)
         hits = block_manager.find_cached_blocks(seq)   # preemptions free blocks but cache nothing new
@@ -186,7 +188,7 @@ class Scheduler:
         """The index in `running` of the sequence that gives way to `seq` (see `_make_room_for`), or None."""
         running, priority = self.running, seq.params.priority
         lower = [i for i, other in enumerate(running) if other.params.priority > priority]
-        if lower:
+        if lower and self.priority_preemption:
             return max(lower, key=lambda i: (running[i].params.priority, i))
         if not starved:
             return None

@@ -1,5 +1,10 @@
-"""The scheduler's counters since start-up, and how many drafts a sequence gets next under speculation."""
+"""The scheduler's counters since start-up, the tokens a step computes per tenant, and how many drafts a sequence
+gets next under speculation."""
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
+
+_tenant = attrgetter("params.tenant")
 
 
 @dataclass
@@ -27,3 +32,24 @@ def next_draft_limit(speculative_tokens: int, num_drafts: int, num_accepted: int
     if num_accepted == num_drafts:
         return min(speculative_tokens, 2 * num_drafts)
     return num_accepted + 1
+
+
+class TenantTokens:
+    """Tokens a scheduled batch computes for each tenant (prompt, output and draft tokens alike; "" is anonymous):
+    the shares of its step's time (the per-tenant busy seconds, docs/server.md). It remembers the count of the
+    last batch's decodes (one token each): in a run of decode steps the running set seldom changes, and telling
+    that it did not costs about a microsecond at 256 sequences, against some 30 to count them again."""
+
+    def __init__(self):
+        self._decodes: list = []
+        self._decode_counts: dict[str, int] = {}
+
+    def count(self, batch) -> dict[str, int]:
+        decodes = batch.num_decodes
+        head = batch.seqs[:decodes]
+        if head != self._decodes:   # compares identities first: the same sequences in the same order
+            self._decodes, self._decode_counts = head, dict(Counter(map(_tenant, head)))
+        counts = dict(self._decode_counts)
+        for seq, num_new in zip(batch.seqs[decodes:], batch.num_new_tokens[decodes:]):
+            counts[seq.params.tenant] = counts.get(seq.params.tenant, 0) + num_new
+        return counts

@@ -72,7 +72,7 @@ class Router:
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.stop()
-        for task in (self._scraper, self._file_watch):
+        for task in (self._scraper, self._file_watch, self.room.releasing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -142,12 +142,12 @@ class Router:
     async def _forward(self, scope, body: bytes, send, received_at: float) -> None:
         tenant = self.tenants.tenant(scope["headers"])
         try:
-            self.tenants.enter(tenant)
+            self.tenants.enter(tenant.name)
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
             return await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
         try:
-            await self.proxy.forward(scope, body, send, received_at)
+            await self.proxy.forward(scope, body, send, received_at, tenant)
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
             await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after,
@@ -159,7 +159,7 @@ class Router:
             self.metrics.refused.labels("502").inc()
             await respond_error(send, 502, str(failed), "replica_failed")
         finally:
-            self.tenants.leave(tenant)
+            self.tenants.leave(tenant.name)
 
     def _models(self) -> dict:
         """The base model, then each adapter with its parent, as a replica lists them (docs/lora.md)."""

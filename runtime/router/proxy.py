@@ -30,6 +30,7 @@ from kubeinfer.runtime.router.resume import MAX_RESUMES, RESUMABLE_HEADER, Strea
 from kubeinfer.runtime.router.response_owners import ResponseOwners
 from kubeinfer.runtime.router.upstream import ConnectFailed, Response, UpstreamError
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
+from kubeinfer.runtime.server.auth import ANONYMOUS, Tenant
 
 logger = logging.getLogger(__name__)
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
@@ -69,9 +70,10 @@ class Proxy:
         self.queue_timeout = queue_timeout
         self.response_owners = ResponseOwners()
 
-    async def forward(self, scope: dict, body: bytes, send, received_at: float) -> None:
+    async def forward(self, scope: dict, body: bytes, send, received_at: float, tenant: Tenant = ANONYMOUS) -> None:
         """Sends the request to a replica and relays the response to `send`, resuming it elsewhere if the replica
-        dies. Raises `Refused`/`UpstreamFailed`/`LoadFailed` before anything was sent to the client."""
+        dies. Raises `Refused`/`UpstreamFailed`/`LoadFailed` before anything was sent to the client. `tenant`: its
+        place in the waiting room's order."""
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -87,7 +89,8 @@ class Proxy:
         for attempt in range(MAX_RESUMES + 1):
             try:
                 replica, response, prefetched = await self._open(scope["path"], headers, body, parsed, text,
-                                                                 adapter, received_at if attempt == 0 else None)
+                                                                 adapter, received_at if attempt == 0 else None,
+                                                                 tenant)
             except UpstreamFailed as failed:
                 if attempt == MAX_RESUMES:
                     if not started:
@@ -120,7 +123,7 @@ class Proxy:
             body = progress.resume_body(parsed)
 
     async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, adapter: str | None,
-                    received_at: float | None):
+                    received_at: float | None, tenant: Tenant = ANONYMOUS):
         """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas
         are tried again elsewhere within the queue timeout; a replica that fails before answering is marked down
         and raises `UpstreamFailed`. `adapter`: the LoRA adapter the request names, loaded first where none is.
@@ -129,7 +132,7 @@ class Proxy:
         waited = loading = 0.0
         not_loaded = 0   # replicas that turned out to have dropped the adapter
         while True:
-            waited += await self.room.wait_until_up(len(body), deadline)
+            waited += await self.room.wait_until_up(len(body), deadline, tenant)
             if adapter is not None and not self.adapters.holders(adapter):
                 started = time.monotonic()
                 try:

@@ -1,8 +1,9 @@
 """Tenants at the router: whose request it is (the key in its `Authorization` header, read from the same keys file
 as the replicas'), and a cap on each tenant's requests open here (waiting for a replica or in flight on one), so
 that one tenant's flood cannot take the router's waiting room or every replica slot. The replicas still check the
-keys, quotas and their own fair queue; the router only counts."""
-from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
+keys, quotas and their own fair queue; the router counts, and lets requests out of its waiting room in a tenant-fair
+order (router/waiting_room.py)."""
+from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, Tenant, load_api_keys
 from kubeinfer.runtime.router.waiting_room import Refused
 
 RETRY_AFTER_SECONDS = 1.0
@@ -14,12 +15,13 @@ class TenantGate:
         self.max_in_flight = max_in_flight
         self.open: dict[str, int] = {}   # tenant -> its requests open here
 
-    def tenant(self, headers: list[tuple[bytes, bytes]]) -> str:
-        """The tenant of a request: its key's, or anonymous (no key, or a key the replicas will refuse)."""
+    def tenant(self, headers: list[tuple[bytes, bytes]]) -> Tenant:
+        """The tenant of a request (name, weight, priority): its key's, or anonymous (no key, or a key the replicas
+        will refuse)."""
         if not self.keys.enabled:
-            return ANONYMOUS.name
+            return ANONYMOUS
         authorization = next((v for k, v in headers if k.lower() == b"authorization"), b"")
-        return self.keys.tenant(self.keys.authenticate(authorization.decode(errors="replace"))).name
+        return self.keys.tenant(self.keys.authenticate(authorization.decode(errors="replace")))
 
     def enter(self, tenant: str) -> None:
         """Counts the request in, or refuses it (429) when its tenant is at its cap."""

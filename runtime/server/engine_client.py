@@ -120,7 +120,7 @@ class EngineClient:
                     spent = time.monotonic() - started - sum(self.info.startup_phases.values())
                     self.info.startup_phases = {"engine_spawn": max(spent, 0.0), **self.info.startup_phases}
                     self.metrics.observe_engine(self.info.block_size, self.info.num_blocks,
-                                                self.info.speculative_tokens)
+                                                self.info.speculative_tokens, self.info.num_gpus)
                     return self.info
             if not worker.is_alive():
                 raise EngineStartError(f"the engine {self.mode} ended while starting (exit code "
@@ -248,7 +248,7 @@ class EngineClient:
         if steps:
             self._send(("read", steps))   # lets the core run ahead again (core_loop.MAX_STEPS_AHEAD)
 
-    def _on_step(self, deltas, stats, step_seconds: float | None) -> None:
+    def _on_step(self, deltas, stats, step_seconds: float | None, tenant_tokens: dict[str, int]) -> None:
         outputs, stopped = self.processor.process(deltas)
         for request_id, stop in stopped:
             self._send(("stop", request_id, stop))
@@ -256,7 +256,7 @@ class EngineClient:
         for output in outputs:
             self.metrics.record_output(output, now)
             self._deliver(output.request_id, output)
-        self.metrics.observe_stats(stats, step_seconds)
+        self.metrics.observe_stats(stats, step_seconds, tenant_tokens)
 
     def _on_process_exit(self) -> None:
         self._loop.remove_reader(self._process.sentinel)

@@ -75,6 +75,13 @@ class EngineMetrics:
         self.tenant_ttft = metric(Histogram, "kubeinfer_tenant_time_to_first_token_seconds",
                                   "Time to first token (queue and prefill), by tenant", ["tenant"],
                                   buckets=TTFT_BUCKETS)
+        # Each engine step's time shared out by the tokens each tenant had computed in it: they add up to
+        # kubeinfer_engine_step_seconds_sum. Times the replica's accelerators, its estimated cost (docs/server.md).
+        self.tenant_busy = metric(Counter, "kubeinfer_tenant_busy_seconds",
+                                  "Engine step time, shared out by the tokens each tenant computed in the step",
+                                  ["tenant"])
+        self.accelerators = metric(Gauge, "kubeinfer_replica_accelerators",
+                                   "GPUs this replica computes on (0: a CPU replica)")
         # Speculative decoding, under vLLM's names (with our prefix); acceptance rate = accepted / draft tokens.
         self.spec = {
             "drafts": metric(Counter, "kubeinfer_spec_decode_num_drafts", "Sequence-steps that verified drafts"),
@@ -130,7 +137,7 @@ class EngineMetrics:
         """The per-tenant series of every tenant the keys file names (and `anonymous`) exist from start-up, at 0."""
         for name in names:
             for counter in (self.tenant_prompt_tokens, self.tenant_cached_tokens, self.tenant_generation_tokens,
-                            self.tenant_ttft):
+                            self.tenant_ttft, self.tenant_busy):
                 self.labels(counter, name)
             for reason in ("stop", "length", "abort"):
                 self.labels(self.tenant_requests, name, reason)
@@ -144,11 +151,17 @@ class EngineMetrics:
             child = self._children[key] = metric.labels(self.model_name, *values)
         return child
 
-    def observe_stats(self, stats: EngineStats, step_seconds: float | None) -> None:
-        """The core's gauges and counters after a step (`step_seconds` None: no step ran, e.g. after aborts)."""
+    def observe_stats(self, stats: EngineStats, step_seconds: float | None,
+                      tenant_tokens: dict[str, int] | None = None) -> None:
+        """The core's gauges and counters after a step (`step_seconds` None: no step ran, e.g. after aborts);
+        `tenant_tokens`: the tokens the step computed for each tenant ("" anonymous), its time's shares."""
         if step_seconds is not None:
             self.labels(self.step).observe(step_seconds)
             self._observe_moments(stats.step_decodes, stats.step_prefill_tokens, step_seconds)
+            if tenant_tokens:
+                per_token = step_seconds / sum(tenant_tokens.values())
+                for tenant, tokens in tenant_tokens.items():
+                    self.labels(self.tenant_busy, tenant or "anonymous").inc(tokens * per_token)
         seen = (stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries)
         for counter, new, old in zip((self.preemptions, self.prefix_hits, self.prefix_queries), seen, self._seen):
             if new > old:
@@ -198,8 +211,10 @@ class EngineMetrics:
                     self.labels(family["per_position"], str(position)).inc(new - old)
         self._seen_spec = seen
 
-    def observe_engine(self, block_size: int, num_blocks: int, speculative_tokens: int = 0) -> None:
-        """The KV cache's settings, once the engine is up; the per-position acceptance series at 0."""
+    def observe_engine(self, block_size: int, num_blocks: int, speculative_tokens: int = 0,
+                       num_gpus: int = 0) -> None:
+        """The KV cache's settings and the GPUs, once the engine is up; the per-position acceptance series at 0."""
+        self.labels(self.accelerators).set(num_gpus)
         for position in range(speculative_tokens):
             for family in self.spec_families:
                 self.labels(family["per_position"], str(position))

@@ -111,8 +111,19 @@ def test_dashboard_shows_what_a_serving_team_watches() -> None:
                    "kubeinfer_num_requests_waiting", "kubeinfer_kv_cache_usage_ratio",
                    "kubeinfer_prefix_cache_hits_total", "kubeinfer_num_preemptions_total",
                    "kubeinfer_inferenceservice_spec_replicas", "kubeinfer_inferenceservice_status_ready_replicas",
-                   "sum by (status_code) (rate(kubeinfer_request_errors_total"):
+                   "sum by (status_code) (rate(kubeinfer_request_errors_total",
+                   "sum by (tenant) (rate(kubeinfer_tenant_busy_seconds_total"):
         assert needed in exprs, needed
+
+
+def test_the_cost_by_tenant_multiplies_busy_time_by_gpus_and_the_price_variable() -> None:
+    board = dashboard.dashboard()
+    [panel] = [p for p in board["panels"] if p["title"] == "Estimated cost by tenant"]
+    [target] = panel["targets"]
+    assert "kubeinfer_replica_accelerators" in target["expr"] and target["expr"].endswith("* $gpu_hour_price")
+    [price] = [v for v in board["templating"]["list"] if v["name"] == "gpu_hour_price"]
+    assert price["type"] == "textbox" and float(price["query"]) > 0 and panel["fieldConfig"]["defaults"]["unit"] == \
+        "currencyUSD"
 
 
 def test_every_alert_has_a_runbook_in_the_guide() -> None:

@@ -212,7 +212,7 @@ def test_prometheus_evaluates_every_rule_without_error(loaded: dict[str, Any]) -
 
 def _dashboard_promql(expr: str) -> str:
     return (expr.replace("$__rate_interval", "1m").replace("$namespace", ".*").replace("$service", ".*")
-            .replace("$model", ".*"))
+            .replace("$model", ".*").replace("$gpu_hour_price", dashboard.GPU_HOUR_PRICE))
 
 
 PANEL_TARGETS = [(p["title"], t["refId"], t["expr"]) for p in dashboard.dashboard()["panels"] for t in p["targets"]]
@@ -247,3 +247,14 @@ def test_per_tenant_token_counters_add_up_to_the_totals(loaded: dict[str, Any], 
     gaps = query(url, f"sum by (pod) (kubeinfer_tenant_{name}_total{{{sel}}}) - "
                       f"sum by (pod) (kubeinfer_{name}_total{{{sel}}})")
     assert len(gaps) == 2 and all(float(series["value"][1]) == 0 for series in gaps), gaps
+
+
+def test_per_tenant_busy_seconds_add_up_to_the_engines_step_time(loaded: dict[str, Any]) -> None:
+    """At one evaluation, per pod: each engine step's time, shared out by the tokens each tenant computed in it, sums
+    to the step-time histogram's sum (floating point aside: the shares are added in another order)."""
+    url, sel = loaded["prometheus"].url, f'namespace="{NAMESPACE}", service="{SERVICE}"'
+    pairs = query(url, f"sum by (pod) (kubeinfer_tenant_busy_seconds_total{{{sel}}}) / "
+                       f"sum by (pod) (kubeinfer_engine_step_seconds_sum{{{sel}}})")
+    assert len(pairs) == 2 and all(abs(float(series["value"][1]) - 1) < 1e-9 for series in pairs), pairs
+    busy = query(url, f"sum by (pod) (kubeinfer_tenant_busy_seconds_total{{{sel}}})")
+    assert len(busy) == 2 and all(float(series["value"][1]) > 0 for series in busy), busy

@@ -79,6 +79,15 @@ def create(kube: Any, ns: str, **spec: Any) -> dict[str, Any]:
      "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive"),
     ({"runtime": {"extraArgs": ["--port", "9000"]}}, "runtime.extraArgs must not set --model"),
     ({"runtime": {"env": [{"name": "KUBEINFER_DEVICE", "value": "cuda"}]}}, "runtime.env must not set KUBEINFER_MODEL"),
+    ({"tenants": {"secretRef": {"name": "t"}}, "apiKeySecretRef": {"name": "k"}},
+     "tenants.secretRef and apiKeySecretRef both name the API keys' Secret: give one"),
+    ({"tenants": {"secretRef": {"name": "t"}}, "runtime": {"schedulingPolicy": "shortest-first"}},
+     "with spec.tenants the replicas' waiting queue follows tenants.schedulingPolicy"),
+    ({"tenants": {"secretRef": {"name": "t"}, "maxInFlightPerTenant": 2}},
+     "tenants.maxInFlightPerTenant is enforced by the router"),
+    ({"tenants": {"secretRef": {"name": "t"}, "maxInFlightPerTenant": 2}, "router": {"maxInFlightPerTenant": 3}},
+     "set maxInFlightPerTenant once"),
+    ({"tenants": {"schedulingPolicy": "fair"}}, "spec.tenants.secretRef: Required value"),
 ])
 def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str, Any], message: str) -> None:
     from kubernetes.client import ApiException
@@ -86,6 +95,16 @@ def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str,
         create(kube, namespace, **spec)
     assert info.value.status == 422
     assert message in (info.value.body or "")
+
+
+def test_api_server_accepts_tenants_beside_the_runtime_policys_default(kube: Any, namespace: str) -> None:
+    """The schema's default runtime.schedulingPolicy (fcfs) does not trip the one-policy rule; tenants' own
+    defaults (fair, the Secret's key) are filled in by the API server."""
+    made = create(kube, namespace, runtime={"maxNumSeqs": 8}, router={},
+                  tenants={"secretRef": {"name": "t"}, "maxInFlightPerTenant": 2})
+    assert made["spec"]["runtime"]["schedulingPolicy"] == "fcfs"
+    assert made["spec"]["tenants"] == {"secretRef": {"name": "t", "key": "api-keys"}, "schedulingPolicy": "fair",
+                                       "maxInFlightPerTenant": 2}
 
 
 def test_lifecycle(kube: Any, operator: str) -> None:

@@ -307,6 +307,18 @@ def test_api_key_secret_is_mounted_as_a_file() -> None:
     assert flag(dep, "--api-keys-file") == f"{mount(dep, pod.API_KEYS_DIR)['mountPath']}/keys"
 
 
+def test_tenants_mount_their_secret_and_turn_the_fair_queue_on() -> None:
+    dep = build(tenants={"secretRef": {"name": "teams", "key": "keys.txt"}})
+    assert volume(dep, "api-keys")["secret"]["secretName"] == "teams"
+    assert volume(dep, "api-keys")["secret"]["items"] == [{"key": "keys.txt", "path": "keys"}]
+    assert flag(dep, "--api-keys-file") == f"{mount(dep, pod.API_KEYS_DIR)['mountPath']}/keys"
+    assert flag(dep, "--scheduling-policy") == "fair"
+    fcfs = build(tenants={"secretRef": {"name": "teams"}, "schedulingPolicy": "fcfs"})
+    assert flag(fcfs, "--scheduling-policy") is None and flag(fcfs, "--api-keys-file") is not None
+    assert volume(fcfs, "api-keys")["secret"]["items"] == [{"key": "api-keys", "path": "keys"}]
+    assert flag(build(), "--scheduling-policy") is None and volume(build(), "api-keys") is None
+
+
 def test_scheduling_fields() -> None:
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
     dep = build(scheduling={"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",

@@ -152,6 +152,10 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "model.cacheHostPath and model.cacheVolumeClaim are exclusive" in messages
     assert "model.cacheHostPath caches downloads" in messages
     assert "runtime.compileCache.hostPath and runtime.compileCache.volumeClaim are exclusive" in messages
+    assert "tenants.secretRef and apiKeySecretRef both name the API keys' Secret: give one" in messages
+    assert "with spec.tenants the replicas' waiting queue follows tenants.schedulingPolicy" in messages
+    assert "tenants.maxInFlightPerTenant is enforced by the router" in messages
+    assert "set maxInFlightPerTenant once: in tenants or in router, not both" in messages
     for rule in _rules(_schema()):
         assert rule["rule"] and rule["message"]
 
@@ -197,6 +201,20 @@ BAD_SPECS = {
                                          "runtime.extraArgs must not set"),
     "a variable the operator sets": ({"runtime": {"env": [{"name": "KUBEINFER_DEVICE", "value": "cuda"}]}},
                                      "runtime.env must not set KUBEINFER_MODEL"),
+    "tenants and apiKeySecretRef": ({"tenants": {"secretRef": {"name": "t"}}, "apiKeySecretRef": {"name": "k"}},
+                                    "tenants.secretRef and apiKeySecretRef both name the API keys' Secret"),
+    "tenants with another policy": ({"tenants": {"secretRef": {"name": "t"}},
+                                     "runtime": {"schedulingPolicy": "shortest-first"}},
+                                    "the replicas' waiting queue follows tenants.schedulingPolicy"),
+    "tenants fcfs, runtime fair": ({"tenants": {"secretRef": {"name": "t"}, "schedulingPolicy": "fcfs"},
+                                    "runtime": {"schedulingPolicy": "fair"}}, "leave runtime.schedulingPolicy unset"),
+    "a tenant cap without a router": ({"tenants": {"secretRef": {"name": "t"}, "maxInFlightPerTenant": 4}},
+                                      "tenants.maxInFlightPerTenant is enforced by the router"),
+    "a tenant cap, router off": ({"tenants": {"secretRef": {"name": "t"}, "maxInFlightPerTenant": 4},
+                                  "router": {"enabled": False}}, "enforced by the router"),
+    "two tenant caps": ({"tenants": {"secretRef": {"name": "t"}, "maxInFlightPerTenant": 4},
+                         "router": {"maxInFlightPerTenant": 8}}, "set maxInFlightPerTenant once"),
+    "tenants without a secret": ({"tenants": {"schedulingPolicy": "fair"}}, "tenants.secretRef"),
 }
 
 
@@ -229,7 +247,20 @@ def test_unknown_fields_are_refused() -> None:
 def test_wire_names_are_camel_case() -> None:
     props = _schema()["properties"]["spec"]["properties"]
     assert {"model", "runtime", "parallelism", "resources", "replicas", "autoscaling", "router", "inferencePool",
-            "scheduling", "rollout", "apiKeySecretRef", "adapters"} == set(props)
+            "scheduling", "rollout", "apiKeySecretRef", "tenants", "adapters"} == set(props)
     assert "queueTimeoutSeconds" in props["router"]["properties"]
     assert "maxNumBatchedTokens" in props["runtime"]["properties"]
     assert props["rollout"]["properties"]["maxSurge"]["x-kubernetes-int-or-string"] is True
+
+
+@pytest.mark.parametrize("patch", [
+    {"tenants": {"secretRef": {"name": "t"}}},
+    {"tenants": {"secretRef": {"name": "t"}}, "runtime": {"schedulingPolicy": "fcfs"}},   # the schema's default
+    {"tenants": {"secretRef": {"name": "t"}}, "runtime": {"schedulingPolicy": "fair"}},
+    {"tenants": {"secretRef": {"name": "t"}, "schedulingPolicy": "fcfs", "maxInFlightPerTenant": 2}, "router": {}},
+    {"apiKeySecretRef": {"name": "k"}, "router": {"maxInFlightPerTenant": 2}},
+])
+def test_tenants_specs_that_are_accepted(patch: dict[str, Any]) -> None:
+    raw = {"model": {"uri": "hf://org/model"}, **patch}
+    jsonschema.Draft4Validator(_schema()).validate({"apiVersion": spec.API_VERSION, "kind": spec.KIND, "spec": raw})
+    spec.parse_spec(raw)

@@ -93,3 +93,15 @@ def test_with_api_keys_the_router_reads_the_same_secret_for_tenants_and_caps_the
         pod_spec["containers"][0]["volumeMounts"]
     plain = build_parser().parse_args(["router", *router.router_args(spec(router={}), OWNER)])
     assert (plain.api_keys_file, plain.max_in_flight_per_tenant) == (None, None)
+
+
+def test_with_tenants_the_router_reads_their_secret_and_takes_their_cap():
+    s = spec(router={}, tenants={"secretRef": {"name": "teams"}, "maxInFlightPerTenant": 3})
+    args = build_parser().parse_args(["router", *router.router_args(s, OWNER)])
+    assert (args.api_keys_file, args.max_in_flight_per_tenant) == ("/etc/kubeinfer/api-keys/keys", 3)
+    pod_spec = router.pod_spec(s, OWNER, OperatorConfig())
+    assert {"name": "api-keys", "secret": {"secretName": "teams", "items": [{"key": "api-keys", "path": "keys"}],
+                                           "defaultMode": 0o440}} in pod_spec["volumes"]
+    uncapped = spec(router={"maxInFlightPerTenant": 5}, tenants={"secretRef": {"name": "teams"}})
+    args = build_parser().parse_args(["router", *router.router_args(uncapped, OWNER)])
+    assert (args.api_keys_file, args.max_in_flight_per_tenant) == ("/etc/kubeinfer/api-keys/keys", 5)

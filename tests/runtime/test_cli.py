@@ -61,3 +61,12 @@ def test_os_errors_read_as_what_failed_on_which_path():
     assert os_error_line(PermissionError(13, "Permission denied", "/models/m/config.json")) == \
         "cannot access /models/m/config.json: Permission denied"
     assert os_error_line(OSError("disk on fire")) == "cannot access: OSError: disk on fire"
+
+
+def test_no_priority_preemption_reaches_the_engine_settings(monkeypatch):
+    from kubeinfer.runtime.cli import build_parser, engine_settings
+    parse = lambda *flags: engine_settings(build_parser().parse_args(["serve", "--model", "m", *flags]))  # noqa: E731
+    assert parse()["priority_preemption"] is True
+    assert parse("--no-priority-preemption")["priority_preemption"] is False
+    monkeypatch.setenv("KUBEINFER_PRIORITY_PREEMPTION", "false")
+    assert parse()["priority_preemption"] is False

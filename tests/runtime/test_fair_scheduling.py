@@ -112,6 +112,36 @@ def test_a_higher_class_goes_first_and_preempts_lower_ones_when_the_pool_is_full
     assert urgent.is_finished and manager.num_free_blocks == manager.num_blocks
 
 
+def test_without_priority_preemption_a_higher_class_waits_for_room_but_is_still_admitted_first(llama_dir):
+    """The pool full of low-priority requests, two more of them waiting, then a high-priority one: it preempts no
+    one (the step after it came runs without it), and once room frees it starts before the low ones that waited
+    longer."""
+    scheduler, manager = make(llama_dir, num_blocks=24, max_num_seqs=8, max_num_batched_tokens=256,
+                              priority_preemption=False)
+    for i in range(6):
+        scheduler.add(request(f"low{i}", "batch", 12, 40, priority=1))
+    run(scheduler, 3)
+    assert len(scheduler.running) == 6 and manager.num_free_blocks < 4
+    late = [request(f"late{i}", "batch", 12, 4, priority=1) for i in range(2)]
+    for seq in late:
+        scheduler.add(seq)
+    urgent = request("urgent", "web", 16, 4, priority=0)
+    scheduler.add(urgent)
+    preempted = scheduler.stats.num_preemptions
+    run(scheduler, 1)
+    assert urgent.num_computed_tokens == 0 and scheduler.stats.num_preemptions == preempted
+    started = {}
+    for step in range(400):
+        run(scheduler, 1)
+        for seq in (urgent, *late):
+            if seq.num_computed_tokens or seq.is_finished:
+                started.setdefault(seq.request_id, step)
+        if not scheduler.num_unfinished:
+            break
+    assert started["urgent"] <= min(started["late0"], started["late1"]), started
+    assert urgent.is_finished and manager.num_free_blocks == manager.num_blocks
+
+
 def test_greedy_outputs_do_not_depend_on_tenants_priorities_or_preemption(llama_dir):
     """The same prompts under fcfs and under fair with tenants, weights, priorities and a pool small enough to
     preempt: every request's greedy tokens are the same."""
@@ -128,10 +158,13 @@ def test_greedy_outputs_do_not_depend_on_tenants_priorities_or_preemption(llama_
     assert fair.engine.block_manager.num_free_blocks == fair.engine.block_manager.num_blocks
 
 
-def test_a_tenant_with_nothing_running_takes_the_place_of_the_tenant_furthest_ahead(llama_dir):
+@pytest.mark.parametrize("priority_preemption", [True, False])
+def test_a_tenant_with_nothing_running_takes_the_place_of_the_tenant_furthest_ahead(llama_dir, priority_preemption):
     """The running set is full of A's long requests: B's first request starts at the next step (A's newest gives
-    way and is recomputed later); B's second takes no one's place while B has one running."""
-    scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=256)
+    way and is recomputed later); B's second takes no one's place while B has one running. Within a class: the
+    same without priority preemption."""
+    scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=256,
+                              priority_preemption=priority_preemption)
     for i in range(8):
         scheduler.add(request(f"A{i}", "A", 16, 200))
     run(scheduler, 5)

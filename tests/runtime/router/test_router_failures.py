@@ -4,6 +4,7 @@ import json
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -246,3 +247,34 @@ def test_a_tenant_at_its_cap_gets_429_while_another_tenant_goes_through(replicas
              30, "the router to see both streams closed")   # (it counts a tenant out in the same step)
     assert post("key-a").status_code == 200   # room again
     assert router.metric("kubeinfer_router_refused_total", status_code="429") == 1
+
+
+def test_from_zero_a_small_tenants_requests_leave_the_waiting_room_before_a_floods(llama_dir, start_router, tmp_path):
+    """A queues 20 requests at the router while no replica is up, then B 2. The replica that comes up runs one
+    sequence at a time in arrival order (fcfs): B's finish among the first, not behind A's 20
+    (tests/runtime/router/test_waiting_room.py: the order itself)."""
+    keys = tmp_path / "keys"
+    keys.write_text("key-a tenant=a\nkey-b tenant=b\n")
+    port = free_port()
+    router = start_router([f"http://127.0.0.1:{port}"], "--api-keys-file", str(keys), "--queue-timeout", "120"
+                          ).wait_up(0)
+    finished: list[str] = []
+
+    def post(key: str) -> int:
+        status = httpx.post(router.url + "/v1/completions", json=BODY, timeout=150,
+                            headers={"Authorization": f"Bearer {key}"}).status_code
+        finished.append(key)
+        return status
+    with ThreadPoolExecutor(22) as pool:
+        statuses = [pool.submit(post, "key-a") for _ in range(20)]
+        wait_for(lambda: router.metric("kubeinfer_router_queue_requests") == 20, 10, "A's requests to wait")
+        statuses += [pool.submit(post, "key-b") for _ in range(2)]
+        wait_for(lambda: router.metric("kubeinfer_router_queue_requests") == 22, 10, "B's requests to wait")
+        replica = RuntimeServer(llama_dir, tmp_path / "late.log", "--max-model-len", "512", "--port", str(port),
+                                "--max-num-seqs", "1", "--api-keys-file", str(keys))
+        try:
+            assert [future.result() for future in statuses] == [200] * 22
+        finally:
+            replica.stop()
+    assert sorted(finished) == ["key-a"] * 20 + ["key-b"] * 2
+    assert max(i for i, key in enumerate(finished) if key == "key-b") < 6, finished   # arrival order: 20 and 21

@@ -1,5 +1,5 @@
 """Tenants: the keys file names them (with weights and priorities), each request's tenant comes from its key alone,
-and the per-tenant counters add up to the totals."""
+and the per-tenant counters add up to the totals (the per-tenant busy seconds to the engine's step time)."""
 import httpx
 import pytest
 
@@ -57,3 +57,8 @@ def test_per_tenant_counters_come_from_the_key_and_add_up_to_the_totals(llama_di
         assert total(f"kubeinfer_{name}_total") == sum(
             total(f"kubeinfer_tenant_{name}_total", tenant=t) for t in ("alpha", "beta", "anonymous"))
     assert total("kubeinfer_tenant_generation_tokens_total", tenant="beta") == 10
+    # The engine's step time, shared out by the tokens each tenant computed: all of it, to the tenants that sent
+    busy = {t: total("kubeinfer_tenant_busy_seconds_total", tenant=t) for t in ("alpha", "beta", "anonymous")}
+    assert busy["alpha"] > 0 and busy["beta"] > 0 and busy["anonymous"] == 0
+    assert sum(busy.values()) == pytest.approx(total("kubeinfer_engine_step_seconds_sum"), rel=1e-9)
+    assert total("kubeinfer_replica_accelerators") == 0   # a CPU replica
