@@ -134,7 +134,7 @@ def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
     from kubeinfer.runtime.engine.core_loop import serve_core
 
     class Core:
-        unfinished, reads = 0, []
+        unfinished, reads, step_tenant_tokens = 0, [], {}
 
         def add(self, *_):
             self.unfinished = 3   # three steps to run
