@@ -256,7 +256,8 @@ def compare_with_vllm(args) -> None:
                     print(f"\n{name}, {level} concurrent streams")
                     cpu_before, client_before = cpu_time.process_tree(server.pid), time.process_time()
                     figures[name][level] = asyncio.run(run(args, url, model))
-                    print(f"CPU time: {cpu_time.spent(cpu_before, cpu_time.process_tree(server.pid), server.pid)}; "
+                    spent = cpu_time.spent(cpu_before, cpu_time.process_tree(server.pid), server.pid)
+                    print(f"CPU time: {spent}; "
                           f"the benchmark's client {time.process_time() - client_before:.1f} s")
             finally:
                 server.terminate()

@@ -16,6 +16,7 @@ B leaves).
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -60,21 +61,21 @@ def server_ttft_p95(metrics_text: str) -> dict[str, float]:
 async def one_request(session, url: str, key: str, prompt: str, max_tokens: int) -> dict:
     body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "temperature": 0}
-    start, times, finished = time.perf_counter(), [], False
+    start, times, finished = time.monotonic(), [], False
     async with session.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
         if r.status != 200:
             return {"status": r.status, "times": [], "finished": False}
         async for raw in r.content:
             if raw.startswith(b"data: {"):
-                times.append(time.perf_counter())   # one event per token (a token of no text yet: none)
+                times.append(time.monotonic())   # one event per token (a token of no text yet: none)
             finished = finished or raw.startswith(b"data: [DONE]")
     return {"status": 200, "ttft": times[0] - start, "times": times, "finished": finished}
 
 
 async def arrivals(session, url: str, key: str, rate: float, until: float, rng: random.Random) -> list:
-    """Poisson arrivals at `rate` until `until` (perf_counter); prompts of 150-250 words, 64 tokens out."""
+    """Poisson arrivals at `rate` until `until` (time.monotonic()); prompts of 150-250 words, 64 tokens out."""
     tasks = []
-    while time.perf_counter() < until:
+    while time.monotonic() < until:
         prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(150, 250)))
         tasks.append(asyncio.ensure_future(one_request(session, url, key, prompt, 64)))
         await asyncio.sleep(rng.expovariate(rate))
@@ -99,6 +100,25 @@ def start(policy: str, keys_file: str, args, port: int, extra: tuple[str, ...] =
     sys.exit("the server did not become ready")
 
 
+def tenant_client(url: str, tenant: str, rate: float, until: float, finish: bool, stop, queue) -> None:
+    """One tenant's load (a process of its own): Poisson arrivals until `until` (time.monotonic()); then, with
+    `finish`, every request runs to its end, else they are cancelled once `stop` is set. Puts (tenant, outcomes) on
+    `queue`: per request its status, first-token time, token times (time.monotonic()) and whether it finished."""
+    async def run() -> list[dict]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            tasks = await arrivals(session, url, f"{tenant}-key", rate, until, random.Random(tenant))
+            if finish:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            else:
+                while not stop.is_set() and not all(t.done() for t in tasks):
+                    await asyncio.sleep(0.1)
+            for task in tasks:
+                task.cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            return [r if isinstance(r, dict) else {"status": 200, "times": [], "finished": False} for r in outcomes]
+    queue.put((tenant, asyncio.run(run())))
+
+
 def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args, finish: str | None,
           extra: tuple[str, ...] = ()) -> dict:
     """One server (`extra`: more `serve` flags), the tenants' arrivals for `args.seconds`; then `finish`'s requests
@@ -107,27 +127,33 @@ def phase(name: str, policy: str, rates: dict[str, float], keys_file: str, args,
     server = start(policy, keys_file, args, args.port, extra)
     url = f"http://127.0.0.1:{args.port}"
 
-    async def load() -> dict:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-            until = time.perf_counter() + args.seconds
-            tasks = dict(zip(rates, await asyncio.gather(*(
-                arrivals(session, url, f"{tenant}-key", rate, until, random.Random(tenant))
-                for tenant, rate in rates.items()))))
-            if finish is not None:
-                await asyncio.gather(*tasks[finish])
-            for task in (t for group in tasks.values() for t in group):
-                task.cancel()
-            outcomes = {tenant: await asyncio.gather(*group, return_exceptions=True) for tenant, group in tasks.items()}
-            refused = [r["status"] for group in outcomes.values() for r in group
-                       if isinstance(r, dict) and r["status"] != 200]
-            if refused:
-                print(f"  refused: {len(refused)} requests, statuses {sorted(set(refused))}", flush=True)
-            return {tenant: {"sent": len(group), "done": [r for r in group if isinstance(r, dict) and r["finished"]],
-                             "window_tokens": sum(sum(t < until for t in r["times"]) for r in group
-                                                  if isinstance(r, dict))}
-                    for tenant, group in outcomes.items()}
+    def load() -> dict:
+        """Each tenant's client in its own process, as tenants are apart in life: in one event loop, A's hundreds
+        of streams delayed the reading of B's first token by seconds."""
+        context = multiprocessing.get_context("spawn")
+        until = time.monotonic() + args.seconds
+        stop, queue = context.Event(), context.Queue()
+        clients = {tenant: context.Process(target=tenant_client, args=(url, tenant, rate, until, finish == tenant,
+                                                                       stop, queue))
+                   for tenant, rate in rates.items()}
+        for client in clients.values():
+            client.start()
+        outcomes = {}
+        while len(outcomes) < len(clients):
+            tenant, outcome = queue.get()
+            outcomes[tenant] = outcome
+            if tenant == finish or finish is None:
+                stop.set()   # the others cancel what they have open
+        for client in clients.values():
+            client.join()
+        refused = [r["status"] for group in outcomes.values() for r in group if r["status"] != 200]
+        if refused:
+            print(f"  refused: {len(refused)} requests, statuses {sorted(set(refused))}", flush=True)
+        return {tenant: {"sent": len(outcomes[tenant]), "done": [r for r in outcomes[tenant] if r["finished"]],
+                         "window_tokens": sum(sum(t < until for t in r["times"]) for r in outcomes[tenant])}
+                for tenant in rates}
     try:
-        results = asyncio.run(load())
+        results = load()
         server_p95 = server_ttft_p95(httpx.get(url + "/metrics", timeout=30).text)
     finally:
         server.terminate()
