@@ -8,7 +8,8 @@ and the share of output tokens each got against the 3:1 target. Then the priorit
 (`priority=0` against A's `priority=1`) under A's flood, fair, with priority preemption (the default: B's request
 takes the place of A's newest running ones) and with `--no-priority-preemption` (B waits for a running sequence
 to end, still ahead of A's waiting ones). Prints B's TTFT P50/P95 per phase and A's output tokens/s (A keeps what
-B leaves).
+B leaves). Each tenant's client runs in its own process (in one event loop, A's hundreds of streams delayed the
+reading of B's first tokens by seconds), and each phase also prints the TTFT P95 the server measured per tenant.
 
     python benchmarks/tenants.py [--seconds 40] [--rate-b 0.5] [--flood 10] [--max-num-seqs 8]
                                  [--phases solo,fcfs,fair,weighted,priority]
