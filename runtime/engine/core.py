@@ -30,8 +30,8 @@ EXPERT_LOAD_INTERVAL_S = 1.0
 def step_composition(batch) -> tuple[int, int]:
     """(sequences decoding one token, with their drafts if any; prompt tokens prefilled) of a scheduled batch: what
     the step's time is fitted against (kubeinfer_engine_step_moments_total)."""
-    decodes = prefill = 0
-    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+    decodes, prefill = batch.num_decodes, 0   # the bulk decodes come first: one token each, no drafts
+    for seq, num_new in zip(batch.seqs[decodes:], batch.num_new_tokens[decodes:]):
         if num_new - len(seq.draft_token_ids) <= 1:
             decodes += 1
         else:

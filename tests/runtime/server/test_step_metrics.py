@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 
 from kubeinfer.runtime.engine.core import step_composition
+from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.metrics import EngineMetrics
@@ -59,9 +60,11 @@ def test_a_request_counts_its_prompt_at_the_first_token_and_its_output_when_it_f
 
 def test_a_steps_composition_counts_decodes_with_their_drafts_and_prefill_chunks():
     seq = lambda drafts=0: SimpleNamespace(draft_token_ids=[0] * drafts)   # noqa: E731
-    batch = SimpleNamespace(seqs=[seq(), seq(), seq(3), seq(), seq()], num_new_tokens=[1, 1, 4, 512, 37])
+    batch = ScheduledBatch(seqs=[seq(), seq(), seq(3), seq(), seq()], num_new_tokens=[1, 1, 4, 512, 37])
     assert step_composition(batch) == (3, 549)
-    assert step_composition(SimpleNamespace(seqs=[], num_new_tokens=[])) == (0, 0)
+    batch.num_decodes = 2   # the same two decodes, scheduled by the bulk path: counted without a look
+    assert step_composition(batch) == (3, 549)
+    assert step_composition(ScheduledBatch()) == (0, 0)
 
 
 def test_the_engine_reports_each_steps_composition_in_its_stats(llama_dir):
