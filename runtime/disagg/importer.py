@@ -52,6 +52,8 @@ class KVImporter:
         self.progress = progress
         self.failures: list[tuple[str, str]] = []   # (request id, why) of requests whose transfer failed
         self.num_transferred = 0
+        self.num_blocks_pulled = 0   # blocks received from prefill replicas
+        self.num_blocks_reused = 0   # prompt blocks this replica's own prefix cache held (not asked for)
 
     @property
     def busy(self) -> bool:
@@ -129,6 +131,8 @@ class KVImporter:
             seq.status = SequenceStatus.RUNNING
             scheduler.running.append(seq)
         self.num_transferred += 1
+        self.num_blocks_pulled += item.handle.num_received
+        self.num_blocks_reused += num_cached // self.block_manager.block_size
         logger.debug("KV pull of %s from %s: %d blocks (%d cached here) in %.3f s", seq.request_id, item.source,
                      item.handle.num_received, num_cached // self.block_manager.block_size,
                      seq.first_token_time - item.started)
