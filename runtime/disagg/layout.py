@@ -40,9 +40,9 @@ class KVLayout:
     def from_json(cls, fields: dict) -> "KVLayout":
         return cls(**{name: fields.get(name) for name in cls.__dataclass_fields__})
 
-    def mismatch(self, other: "KVLayout") -> str | None:
-        """What differs between this side's layout and the peer's, in words, or None."""
-        differences = [f"{name} {theirs!r} (here {ours!r})" for name, ours, theirs in
+    def mismatch(self, other: "KVLayout", this_side: str, other_side: str) -> str | None:
+        """What differs between this side's layout and the peer's, in words (sides named by role), or None."""
+        differences = [f"{name} {ours!r} on {this_side}, {theirs!r} on {other_side}" for name, ours, theirs in
                        ((name, getattr(self, name), getattr(other, name)) for name in self.__dataclass_fields__)
                        if ours != theirs]
         return "; ".join(differences) or None

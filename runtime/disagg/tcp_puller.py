@@ -131,9 +131,9 @@ class _TcpPull:
                 error = LayoutMismatchError if body.get("code") == "layout" else TransferError
                 raise error(body.get("message", "the prefill replica refused the transfer"))
             if kind is Kind.ACCEPT:
-                mismatch = layout.mismatch(KVLayout.from_json(body["layout"]))
+                mismatch = layout.mismatch(KVLayout.from_json(body["layout"]), "decode", "prefill")
                 if mismatch is not None:
-                    raise LayoutMismatchError(f"the prefill replica at {self.address} has another KV layout: "
+                    raise LayoutMismatchError(f"the prefill replica at {self.address} serves another KV layout: "
                                               f"{mismatch}")
             elif kind is Kind.DONE:
                 if self.handle.num_received != num_blocks:

@@ -163,9 +163,9 @@ class TcpKVSource(KVSource):
         if kind is not Kind.HELLO:
             raise ProtocolVersionError(f"the decode replica at {peer} opened with {kind.name}, not HELLO")
         hello = read_json(conn, length, crc)
-        mismatch = self.layout.mismatch(KVLayout.from_json(hello["layout"]))
+        mismatch = self.layout.mismatch(KVLayout.from_json(hello["layout"]), "prefill", "decode")
         if mismatch is not None:
-            message = f"the prefill replica at {self.address} has another KV layout: {mismatch}"
+            message = f"the prefill replica at {self.address} serves another KV layout: {mismatch}"
             logger.warning("KV pull from %s refused: %s", peer, message)
             send_json(conn, Kind.ERROR, {"code": "layout", "message": message})
             return None

@@ -1,6 +1,7 @@
 """A prefill replica's engine stepping on a thread of the test process, and a decode engine driven to the end of its
 requests: the two roles of disaggregated serving, with real sockets on 127.0.0.1 between them."""
 import contextlib
+import socket
 import threading
 import time
 
@@ -66,3 +67,16 @@ def wait_until_drained(prefill_llm, idle_s: float) -> None:
     while core.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not core.has_unfinished(), f"the prefill replica still has transfers after {2 * idle_s} s"
+
+
+def fake_prefill(behave) -> str:
+    """A one-connection server on 127.0.0.1 whose side of the protocol is `behave(conn)`; its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run():
+        conn, _ = listener.accept()
+        with conn:
+            behave(conn)
+        listener.close()
+    threading.Thread(target=run, daemon=True).start()
+    return "127.0.0.1:%d" % listener.getsockname()[1]

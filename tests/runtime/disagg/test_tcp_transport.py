@@ -15,6 +15,7 @@ from kubeinfer.runtime.disagg.tcp_puller import TcpKVPuller
 from kubeinfer.runtime.disagg.tcp_source import TcpKVSource
 from kubeinfer.runtime.disagg.wire import (BLOCK_INDEX, FRAME_HEADER, Kind, check_preamble, read_header, read_json,
                                            send_json, send_preamble)
+from support.disagg import fake_prefill
 
 pytestmark = pytest.mark.timeout(60)
 IDLE = TransferTimeouts(connect_s=2.0, idle_s=0.5)
@@ -63,7 +64,8 @@ def test_another_layout_is_refused_with_the_difference_named():
     serve_blocks(source, [0, 1])
     other = KVLayout("other-model", "float16", 4, 3, 2, 8)
     puller = TcpKVPuller(other, cache(other, 2, seed=None), IDLE)
-    with pytest.raises(LayoutMismatchError, match=r"model 'other-model' \(here 'm'\); dtype 'float16'"):
+    with pytest.raises(LayoutMismatchError, match=r"model 'm' on prefill, 'other-model' on decode; "
+                                                  r"dtype 'bfloat16' on prefill, 'float16' on decode"):
         puller.pull(source.address, PullRequest([1] * 5, {}), [0, 1])
     source.close()
 
@@ -75,19 +77,6 @@ def test_a_closed_port_is_refused_at_once():
     puller = TcpKVPuller(LAYOUT, cache(LAYOUT, 2, seed=None), IDLE)
     with pytest.raises(TransferError, match="connection refused"):
         puller.pull(address, PullRequest([1, 2], {}), [0])
-
-
-def fake_prefill(behave) -> str:
-    """A one-connection server on 127.0.0.1 whose side of the protocol is `behave(conn)`; its address."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def run():
-        conn, _ = listener.accept()
-        with conn:
-            behave(conn)
-        listener.close()
-    threading.Thread(target=run, daemon=True).start()
-    return "127.0.0.1:%d" % listener.getsockname()[1]
 
 
 def test_a_protocol_version_mismatch_is_named():
