@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from kubeinfer.runtime.disagg.block_io import block_destination
+from kubeinfer.runtime.disagg.block_io import BlockBuffers
 from kubeinfer.runtime.disagg.connector import KVPuller, PullHandle, PullRequest, TransferTimeouts
 from kubeinfer.runtime.disagg.errors import (LayoutMismatchError, PeerClosedError, ProtocolVersionError,
                                              TransferError)
@@ -31,7 +31,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 class TcpKVPuller(KVPuller):
     def __init__(self, layout: KVLayout, kv_cache: torch.Tensor, timeouts: TransferTimeouts = TransferTimeouts()):
-        self.layout, self.kv_cache, self.timeouts = layout, kv_cache, timeouts
+        self.layout, self.blocks, self.timeouts = layout, BlockBuffers(kv_cache), timeouts
 
     def start(self, address: str, request: PullRequest, block_ids: list[int],
               on_done: Callable[[], None]) -> PullHandle:
@@ -117,7 +117,7 @@ class _TcpPull:
                 position = index - request.num_skip_blocks
                 if position != self.handle.num_received or position >= num_blocks:
                     raise ProtocolVersionError(f"block {index} arrived out of order from {self.address}")
-                buffers, filled = block_destination(self.puller.kv_cache, self.block_ids[position])
+                buffers, filled = self.puller.blocks.destination(self.block_ids[position])
                 if length != BLOCK_INDEX.size + sum(b.nbytes for b in buffers):
                     raise ProtocolVersionError(f"a block of {length} bytes from {self.address}: layouts differ")
                 for buffer in buffers:

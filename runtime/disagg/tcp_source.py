@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from kubeinfer.runtime.disagg.block_io import block_buffers
+from kubeinfer.runtime.disagg.block_io import BlockBuffers
 from kubeinfer.runtime.disagg.connector import ExportStream, KVSource, PullRequest, TransferTimeouts
 from kubeinfer.runtime.disagg.errors import ProtocolVersionError, TransferError
 from kubeinfer.runtime.disagg.layout import KVLayout
@@ -24,9 +24,9 @@ DEFAULT_BLOCKS_IN_FLIGHT = 16
 
 
 class TcpExportStream(ExportStream):
-    def __init__(self, sock: socket.socket, kv_cache: torch.Tensor, capacity: int, keepalive_s: float,
+    def __init__(self, sock: socket.socket, blocks: BlockBuffers, capacity: int, keepalive_s: float,
                  on_progress: Callable[[], None]):
-        self._sock, self._kv_cache, self._capacity = sock, kv_cache, capacity
+        self._sock, self._blocks, self._capacity = sock, blocks, capacity
         self._keepalive_s, self._on_progress = keepalive_s, on_progress
         self._items: collections.deque = collections.deque()
         self._ready = threading.Condition()
@@ -80,7 +80,7 @@ class TcpExportStream(ExportStream):
                 kind, value, block_id = item
                 if kind is Kind.BLOCK:
                     send_frame(self._sock, Kind.BLOCK,
-                               [BLOCK_INDEX.pack(value), *block_buffers(self._kv_cache, block_id)])
+                               [BLOCK_INDEX.pack(value), *self._blocks.read(block_id)])
                     self._num_sent += 1
                     self._on_progress()
                 elif kind is Kind.DONE:
@@ -101,7 +101,7 @@ class TcpKVSource(KVSource):
     def __init__(self, layout: KVLayout, kv_cache: torch.Tensor, host: str = "0.0.0.0", port: int = 0,
                  timeouts: TransferTimeouts = TransferTimeouts(),
                  max_blocks_in_flight: int = DEFAULT_BLOCKS_IN_FLIGHT):
-        self.layout, self.kv_cache, self.timeouts = layout, kv_cache, timeouts
+        self.layout, self.blocks, self.timeouts = layout, BlockBuffers(kv_cache), timeouts
         self.max_blocks_in_flight = max_blocks_in_flight
         self._listener = socket.create_server((host, port))
         self._host = host
@@ -144,7 +144,7 @@ class TcpKVSource(KVSource):
             request = self._handshake(conn, peer)
             if request is None:
                 return
-            stream = TcpExportStream(conn, self.kv_cache, self.max_blocks_in_flight, self.timeouts.keepalive_s,
+            stream = TcpExportStream(conn, self.blocks, self.max_blocks_in_flight, self.timeouts.keepalive_s,
                                      on_progress)
             on_pull(request, stream)
             stream.run()

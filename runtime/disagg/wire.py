@@ -12,12 +12,18 @@ a port that is not a KV endpoint) is named before any frame is parsed. Then fram
                         ERROR      JSON: code and message; the connection then closes
 
 Blocks are sent in index order as the prefill computes them. A decode side that gives up closes the connection.
+The checksum is the standard CRC-32 (zlib's); ISA-L's implementation of it, when installed, computes the same values
+about four times faster (benchmarks/kv_transfer.py), so either side may have it or not.
 """
 import enum
 import json
 import socket
 import struct
-import zlib
+
+try:
+    from isal.isal_zlib import crc32
+except ImportError:   # the same checksum, slower
+    from zlib import crc32
 
 from kubeinfer.runtime.disagg.errors import PeerClosedError, ProtocolVersionError, TransferTimeoutError, ChecksumError
 
@@ -40,7 +46,7 @@ class Kind(enum.IntEnum):
 
 def checksum(buffers, value: int = 0) -> int:
     for buffer in buffers:
-        value = zlib.crc32(buffer, value)
+        value = crc32(buffer, value)
     return value
 
 
