@@ -103,7 +103,8 @@ class KVImporter:
             return False
         hits = manager.find_cached_blocks(seq)
         num_new = seq.num_tokens - len(hits) * manager.block_size
-        if not manager.can_allocate(seq, hits, num_new, reserve=True):
+        # The watermark is kept while others run (as for a local request), so a prompt that fits the pool starts.
+        if not manager.can_allocate(seq, hits, num_new, reserve=bool(self.scheduler.running or self.pulling)):
             return False
         manager.allocate(seq, hits, num_new)
         request = PullRequest(list(seq.token_ids), first_token_settings(seq.params), len(hits))
