@@ -9,6 +9,7 @@ from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
 from support.disagg import generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.models import perturbed_copy
 
 BLOCK = 8
 IDLE_S = 2.0
@@ -72,11 +73,11 @@ def test_prefix_cache_hits_on_both_sides_are_not_recomputed_nor_resent(llama_dir
 
 
 def test_preemption_on_the_decode_side_recomputes_to_the_same_tokens(llama_dir):
-    prompts = mixed_prompts(3, 8)
+    prompts = mixed_prompts(3, 6)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     reference = colocated(llama_dir, prompts, params)
     with prefill_replica(llama_dir, block_size=BLOCK, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, num_kvcache_blocks=40, kv_role="decode",
+        decode = LLM(str(llama_dir), block_size=BLOCK, num_kvcache_blocks=30, kv_role="decode",
                      kv_idle_timeout_s=IDLE_S)
         finals = generate_remote(decode, prompts, params, kv_address(prefill))
         wait_until_drained(prefill, IDLE_S)
@@ -86,14 +87,47 @@ def test_preemption_on_the_decode_side_recomputes_to_the_same_tokens(llama_dir):
         assert_no_leak(prefill)
 
 
-def test_speculative_decoding_on_the_decode_side_keeps_the_tokens(llama_dir):
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_a_prefill_request_preempted_mid_prompt_still_sends_the_right_blocks(llama_dir, prefix_caching):
+    """Both engines stepped here, in turn; the prefill request is preempted after two chunks, then recomputed from
+    its cached blocks (or from scratch, with the prefix cache off) while its stream holds what it sent."""
+    prompt = mixed_prompts(5, 5)[-1]   # 97 tokens: 12 full blocks and a partial one
+    reference = colocated(llama_dir, [prompt], GREEDY)
+    prefill = LLM(str(llama_dir), block_size=BLOCK, max_num_batched_tokens=2 * BLOCK, kv_role="prefill",
+                  kv_host="127.0.0.1", kv_idle_timeout_s=IDLE_S, enable_prefix_caching=prefix_caching)
+    decode = LLM(str(llama_dir), block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
+    decode.engine.add_remote_request("0", prompt, GREEDY, kv_address(prefill))
+    decode.engine.step()   # starts the pull
+    exporter = prefill.engine.core.kv_exporter
+    assert exporter.progress.wait(IDLE_S) and exporter.busy   # the pull has arrived
+    prefill.engine.step()
+    prefill.engine.step()
+    scheduler = prefill.engine.scheduler
+    (seq,) = scheduler.running
+    assert 0 < seq.num_computed_tokens < len(prompt)
+    scheduler.running.remove(seq)
+    scheduler._preempt(seq)
+    finals = {}
+    while decode.engine.has_unfinished_requests() or prefill.engine.has_unfinished_requests():
+        prefill.engine.step()
+        finals.update((o.request_id, o) for o in decode.engine.step() if o.finished)
+    assert_same_tokens(finals, reference)
+    assert scheduler.stats.num_preemptions == 1
+    assert_no_leak(decode)
+    assert_no_leak(prefill)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_decoding_on_the_decode_side_keeps_the_tokens(llama_dir, tmp_path, method):
     rng = random.Random(4)
     passage = [rng.randrange(1, 300) for _ in range(17)]
     prompts = [passage * 3, passage[:5] * 6 + [3], [rng.randrange(1, 300) for _ in range(40)]]
     reference = colocated(llama_dir, prompts, GREEDY)
+    draft = {"speculative_model": str(perturbed_copy(llama_dir, tmp_path / "draft", noise=0.5))} \
+        if method == "draft" else {}
     with prefill_replica(llama_dir, block_size=BLOCK, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, speculative_method="ngram", kv_role="decode",
-                     kv_idle_timeout_s=IDLE_S)
+        decode = LLM(str(llama_dir), block_size=BLOCK, speculative_method=method, kv_role="decode",
+                     kv_idle_timeout_s=IDLE_S, **draft)
         finals = generate_remote(decode, prompts, GREEDY, kv_address(prefill))
         wait_until_drained(prefill, IDLE_S)
         assert_same_tokens(finals, reference)
