@@ -55,7 +55,6 @@ class KVExporter:
     def __init__(self, core, source: KVSource, progress: threading.Event):
         self.core = core
         self.source = source
-        self.kv_cache = core.model_runner.kv_cache
         self.block_manager = core.block_manager
         self.exports: dict[str, Export] = {}
         self.pulls: queue.SimpleQueue = queue.SimpleQueue()
@@ -85,7 +84,7 @@ class KVExporter:
                     raise InvalidRequestError(f"cannot skip {request.num_skip_blocks} blocks of a "
                                               f"{len(request.token_ids)}-token prompt")
                 self.core.add(request_id, request.token_ids, first_token_params(request.params))
-            except (InvalidRequestError, TypeError) as error:
+            except (InvalidRequestError, TypeError, ValueError) as error:   # what a peer sent, refused
                 stream.fail(f"the prefill replica refused the prompt: {error}")
                 continue
             self.exports[request_id] = Export(request_id, self.core.seqs[request_id], stream,

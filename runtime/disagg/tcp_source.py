@@ -148,8 +148,8 @@ class TcpKVSource(KVSource):
                                      on_progress)
             on_pull(request, stream)
             stream.run()
-        except (TransferError, OSError) as error:
-            logger.warning("KV transfer to %s refused or broken: %s", peer, error)
+        except (TransferError, OSError, KeyError, TypeError, ValueError) as error:   # the last three: a bad HELLO
+            logger.warning("KV transfer to %s refused or broken: %r", peer, error)
         finally:
             conn.close()
             with self._lock:

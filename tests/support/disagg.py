@@ -8,20 +8,26 @@ import time
 from kubeinfer.runtime.llm import LLM
 
 
+def engine(model_dir, **settings) -> LLM:
+    """An engine with one torch thread: the tests run two or three in one process on a box of two cores, where two
+    threads each oversubscribe it (a tiny model's step measured 20x slower so on a busy 2-vCPU box)."""
+    return LLM(str(model_dir), **{"cpu_threads": 1, **settings})
+
+
 @contextlib.contextmanager
 def prefill_replica(model_dir, **settings):
     """Yields the prefill engine (`LLM`) while a thread steps it; its KV endpoint is `kv_address(llm)`."""
-    llm = LLM(str(model_dir), kv_role="prefill", kv_host="127.0.0.1", **settings)
+    llm = engine(model_dir, kv_role="prefill", kv_host="127.0.0.1", **settings)
     stop, failure = threading.Event(), []
-    engine = llm.engine
+    steps = llm.engine
 
     def loop():
         try:
             while not stop.is_set():
-                if engine.has_unfinished_requests():
-                    engine.step()
+                if steps.has_unfinished_requests():
+                    steps.step()
                 else:
-                    engine.core.transfer_progress.wait(engine.core.idle_wait_s)
+                    steps.core.transfer_progress.wait(steps.core.idle_wait_s)
         except BaseException as error:   # surfaced by the test, not lost on a thread
             failure.append(error)
 
@@ -44,18 +50,18 @@ def kv_address(llm) -> str:
 def generate_remote(llm, prompts, params, source: str, on_step=None) -> dict:
     """Runs `prompts` on the decode engine `llm` with their KV pulled from `source`; the final outputs by request id
     (`str(index)`). `on_step(step_number, engine)` runs after every step (cancellations)."""
-    engine = llm.engine
+    decode = llm.engine
     params = params if isinstance(params, list) else [params] * len(prompts)
     for index, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_remote_request(str(index), prompt, p, source)
+        decode.add_remote_request(str(index), prompt, p, source)
     finals, number = {}, 0
-    while engine.has_unfinished_requests():
-        for output in engine.step():
+    while decode.has_unfinished_requests():
+        for output in decode.step():
             if output.finished:
                 finals[output.request_id] = output
         number += 1
         if on_step is not None:
-            on_step(number, engine)
+            on_step(number, decode)
     return finals
 
 

@@ -5,10 +5,9 @@ import random
 
 import pytest
 
-from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
-from support.disagg import generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.disagg import engine, generate_remote, kv_address, prefill_replica, wait_until_drained
 from support.models import perturbed_copy
 
 BLOCK = 8
@@ -25,7 +24,7 @@ def mixed_prompts(seed: int, count: int, vocab: int = 300) -> list[list[int]]:
 
 
 def colocated(model_dir, prompts, params, **settings) -> list[list[int]]:
-    llm = LLM(str(model_dir), block_size=BLOCK, **settings)
+    llm = engine(model_dir, block_size=BLOCK, **settings)
     return [output.token_ids for output in llm.generate(prompts, params)]
 
 
@@ -37,11 +36,14 @@ def assert_same_tokens(finals: dict, reference: list[list[int]]) -> None:
         assert output.token_ids == tokens, f"request {index} differs"
 
 
-def test_disaggregated_equals_colocated_through_chunked_prefill(llama_dir):
+@pytest.mark.parametrize("blocks_in_flight", [16, 1])
+def test_disaggregated_equals_colocated_through_chunked_prefill(llama_dir, blocks_in_flight):
+    """With one block in flight per stream, the prefill replica's blocks wait in its cache for room (backpressure)."""
     prompts = mixed_prompts(1, 10)
     reference = colocated(llama_dir, prompts, GREEDY)
     with prefill_replica(llama_dir, block_size=BLOCK, max_num_batched_tokens=24, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
+        prefill.engine.core.kv_exporter.source.max_blocks_in_flight = blocks_in_flight
+        decode = engine(llama_dir, block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
         finals = generate_remote(decode, prompts, GREEDY, kv_address(prefill))
         wait_until_drained(prefill, IDLE_S)
         assert_same_tokens(finals, reference)
@@ -56,7 +58,7 @@ def test_prefix_cache_hits_on_both_sides_are_not_recomputed_nor_resent(llama_dir
     prompts = [shared + [rng.randrange(1, 300) for _ in range(n)] for n in (1, 9, 30)]
     reference = colocated(llama_dir, prompts, GREEDY)
     with prefill_replica(llama_dir, block_size=BLOCK, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
+        decode = engine(llama_dir, block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
         importer = decode.engine.core.kv_importer
         first = generate_remote(decode, prompts[:1], GREEDY, kv_address(prefill))
         assert importer.num_blocks_reused == 0
@@ -77,7 +79,7 @@ def test_preemption_on_the_decode_side_recomputes_to_the_same_tokens(llama_dir):
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     reference = colocated(llama_dir, prompts, params)
     with prefill_replica(llama_dir, block_size=BLOCK, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, num_kvcache_blocks=30, kv_role="decode",
+        decode = engine(llama_dir, block_size=BLOCK, num_kvcache_blocks=30, kv_role="decode",
                      kv_idle_timeout_s=IDLE_S)
         finals = generate_remote(decode, prompts, params, kv_address(prefill))
         wait_until_drained(prefill, IDLE_S)
@@ -93,9 +95,9 @@ def test_a_prefill_request_preempted_mid_prompt_still_sends_the_right_blocks(lla
     its cached blocks (or from scratch, with the prefix cache off) while its stream holds what it sent."""
     prompt = mixed_prompts(5, 5)[-1]   # 97 tokens: 12 full blocks and a partial one
     reference = colocated(llama_dir, [prompt], GREEDY)
-    prefill = LLM(str(llama_dir), block_size=BLOCK, max_num_batched_tokens=2 * BLOCK, kv_role="prefill",
+    prefill = engine(llama_dir, block_size=BLOCK, max_num_batched_tokens=2 * BLOCK, kv_role="prefill",
                   kv_host="127.0.0.1", kv_idle_timeout_s=IDLE_S, enable_prefix_caching=prefix_caching)
-    decode = LLM(str(llama_dir), block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
+    decode = engine(llama_dir, block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
     decode.engine.add_remote_request("0", prompt, GREEDY, kv_address(prefill))
     decode.engine.step()   # starts the pull
     exporter = prefill.engine.core.kv_exporter
@@ -126,7 +128,7 @@ def test_speculative_decoding_on_the_decode_side_keeps_the_tokens(llama_dir, tmp
     draft = {"speculative_model": str(perturbed_copy(llama_dir, tmp_path / "draft", noise=0.5))} \
         if method == "draft" else {}
     with prefill_replica(llama_dir, block_size=BLOCK, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, speculative_method=method, kv_role="decode",
+        decode = engine(llama_dir, block_size=BLOCK, speculative_method=method, kv_role="decode",
                      kv_idle_timeout_s=IDLE_S, **draft)
         finals = generate_remote(decode, prompts, GREEDY, kv_address(prefill))
         wait_until_drained(prefill, IDLE_S)

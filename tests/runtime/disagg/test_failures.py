@@ -8,10 +8,9 @@ import pytest
 from kubeinfer.runtime.disagg.layout import KVLayout
 from kubeinfer.runtime.disagg.wire import BLOCK_INDEX, Kind, check_preamble, read_header, read_json, send_frame, \
     send_json, send_preamble
-from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
-from support.disagg import fake_prefill, generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.disagg import engine, fake_prefill, generate_remote, kv_address, prefill_replica, wait_until_drained
 
 BLOCK = 8
 IDLE_S = 1.0
@@ -20,8 +19,8 @@ PROMPT = list(range(1, 40))
 pytestmark = pytest.mark.timeout(60)
 
 
-def decode_engine(model_dir, **settings) -> LLM:
-    return LLM(str(model_dir), block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S, **settings)
+def decode_engine(model_dir, **settings):
+    return engine(model_dir, block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S, **settings)
 
 
 def the_error(finals: dict) -> str:
@@ -82,3 +81,13 @@ def test_a_prefill_replica_that_dies_mid_transfer_frees_the_decode_blocks(llama_
     error = the_error(generate_remote(decode, [PROMPT], PARAMS, fake_prefill(one_block_then_gone)))
     assert "closed the connection" in error
     assert_no_leak(decode)
+
+
+def test_a_prompt_the_prefill_replica_cannot_take_is_refused_with_its_reason(llama_dir):
+    with prefill_replica(llama_dir, block_size=BLOCK, max_model_len=32, kv_idle_timeout_s=IDLE_S) as prefill:
+        decode = decode_engine(llama_dir)
+        error = the_error(generate_remote(decode, [PROMPT], PARAMS, kv_address(prefill)))
+        assert error.startswith("the prefill replica refused the prompt:") and "32" in error
+        wait_until_drained(prefill, IDLE_S)
+        assert_no_leak(decode)
+        assert_no_leak(prefill)

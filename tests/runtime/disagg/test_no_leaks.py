@@ -5,10 +5,9 @@ import random
 import pytest
 
 from kubeinfer.runtime.engine.sequence import SequenceStatus
-from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
-from support.disagg import generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.disagg import engine, generate_remote, kv_address, prefill_replica, wait_until_drained
 
 BLOCK = 8
 IDLE_S = 2.0
@@ -25,7 +24,7 @@ def test_no_block_leaks_with_a_quarter_cancelled(llama_dir, num_requests):
     cancel_at: dict[int, list[str]] = {}   # decode step -> requests cancelled after it
     for index in rng.sample(range(num_requests), num_requests // 4):
         cancel_at.setdefault(rng.randint(0, 8 + num_requests // 4), []).append(str(index))
-    reference = LLM(str(llama_dir), block_size=BLOCK).generate(prompts, params)
+    reference = engine(llama_dir, block_size=BLOCK).generate(prompts, params)
     cancelled_in: dict[SequenceStatus, int] = {}
 
     def cancel(step: int, engine) -> None:
@@ -36,7 +35,7 @@ def test_no_block_leaks_with_a_quarter_cancelled(llama_dir, num_requests):
             engine.abort_request(request_id)
 
     with prefill_replica(llama_dir, block_size=BLOCK, max_num_batched_tokens=64, kv_idle_timeout_s=IDLE_S) as prefill:
-        decode = LLM(str(llama_dir), block_size=BLOCK, num_kvcache_blocks=160, kv_role="decode",
+        decode = engine(llama_dir, block_size=BLOCK, num_kvcache_blocks=160, kv_role="decode",
                      kv_idle_timeout_s=IDLE_S)
         cancel(0, decode.engine)   # some before their pull starts
         finals = generate_remote(decode, prompts, params, kv_address(prefill), on_step=cancel)
