@@ -20,8 +20,9 @@ The queue order (`scheduling_policy`): preempted sequences first, then
   a higher TTFT P95 with it).
 - `fair`: strict priority classes, then a weighted fair share of computed tokens between tenants (API keys);
   a waiting sequence that cannot start preempts running ones of lower classes (unless `priority_preemption` is
-  off: it then waits for room, still ahead of them), and, when its tenant has nothing running, one of the tenant
-  of its class furthest ahead of it (runtime/engine/waiting_queue.py).
+  off: it then waits for room, still ahead of them), and, when its tenant holds less than its weighted share of
+  the running set, one of the tenant of its class furthest ahead of it (runtime/engine/waiting_queue.py,
+  runtime/engine/fair_preemption.py).
 A sequence is sampled in the step that computes its last known token.
 
 Speculative decoding (`speculative_method`): a decoding sequence may also carry draft tokens, proposed here
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.bulk_decode import postprocess_decodes, schedule_decodes
+from kubeinfer.runtime.engine.fair_preemption import victim_for
 from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.scheduler_stats import SchedulerStats, next_draft_limit
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
@@ -77,7 +79,7 @@ class Scheduler:
         self.fair = config.scheduling_policy == "fair"
         self.priority_preemption = config.priority_preemption
         self.prefill_rate: float | None = None   # tokens/s of steps of at least half the budget (observe_step)
-        self.waiting = waiting_queue(config.scheduling_policy)   # preempted first, then by the policy
+        self.waiting = waiting_queue(config.scheduling_policy, fair_credit=config.max_num_batched_tokens)
         self.running: list[Sequence] = []
         self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
         self.bulk_decodes = True   # the bulk path of all-decode steps (runtime/engine/bulk_decode.py)
@@ -168,35 +170,22 @@ class Scheduler:
 
     def _make_room_for(self, seq: Sequence) -> None:
         """Under `fair`: when the next waiting sequence cannot start (no KV blocks for its first chunk, or no room
-        in the running set), running sequences give way: those of lower classes, the newest of the lowest first
-        (unless `priority_preemption` is off); and if its tenant has nothing running, the newest one of the tenant
-        of its class that is furthest ahead of it in tokens per weight (so a tenant's first request never waits for
-        another's to end). They are recomputed later, as any preempted sequence."""
+        in the running set), running sequences give way to it as runtime/engine/fair_preemption.py decides. They
+        are recomputed later, as any preempted sequence."""
         block_manager, running = self.block_manager, self.running
-        starved = all(other.params.tenant != seq.params.tenant for other in running)
         hits = block_manager.find_cached_blocks(seq)   # preemptions free blocks but cache nothing new
         num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, self.max_num_batched_tokens)
+        weights = None
         while running:
             if len(running) < self.max_num_seqs and block_manager.can_allocate(seq, hits, num_new, reserve=True):
                 return
-            victim = self._victim_for(seq, starved)
+            if weights is None:
+                weights = self.waiting.tenant_weights(seq.params.priority)
+            victim = victim_for(seq, running, self.waiting.counters, weights, self.max_num_seqs,
+                                self.priority_preemption)
             if victim is None:
                 return
             self._preempt(running.pop(victim))
-
-    def _victim_for(self, seq: Sequence, starved: bool) -> int | None:
-        """The index in `running` of the sequence that gives way to `seq` (see `_make_room_for`), or None."""
-        running, priority = self.running, seq.params.priority
-        lower = [i for i, other in enumerate(running) if other.params.priority > priority]
-        if lower and self.priority_preemption:
-            return max(lower, key=lambda i: (running[i].params.priority, i))
-        if not starved:
-            return None
-        counters = self.waiting.counters
-        own = counters.get(seq.params.tenant, 0.0)
-        ahead = [i for i, other in enumerate(running)
-                 if other.params.priority == priority and counters.get(other.params.tenant, 0.0) >= own]
-        return max(ahead, key=lambda i: (counters.get(running[i].params.tenant, 0.0), i)) if ahead else None
 
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may

@@ -11,8 +11,12 @@ which the scheduler calls once a step with the tokens each tenant's sequences co
   tenant (`SamplingParams.tenant`) that was served the fewest tokens per unit of its weight goes next, its
   preempted sequences first, then first come first served. This is the virtual token counter of Sheng et al., "Fairness in Serving Large
   Language Models" (OSDI 2024): a tenant's counter grows by the prompt and output tokens computed for it divided
-  by its weight, and a tenant that comes back after a pause starts at the lowest counter of those waiting (and
-  wins that tie once), so an idle tenant banks no credit. Tokens, not requests: a tenant with long prompts does not win by sending fewer.
+  by its weight. A tenant that comes back after a pause (nothing of it waiting) starts no lower than the lowest
+  counter of those waiting less `credit` (one step's token budget), and wins a tie with it once: an idle tenant
+  banks at most that credit. Without the credit (VTC's own rule, lifting to the lowest), a small tenant sending one
+  request at a time came back level with the flooding tenant and its prompt put it ahead at once: its next request
+  then waited until the flooding tenant had decoded as many tokens, ~0.5-1 s at 8 tokens a step
+  (benchmarks/tenants.py). Tokens, not requests: a tenant with long prompts does not win by sending fewer.
 """
 import bisect
 from collections import deque
@@ -62,7 +66,8 @@ class FairQueue:
     """Preempted sequences go back to the front of their own tenant's queue (not ahead of other tenants: a
     sequence preempted to make room for another tenant must not take that room back at once)."""
 
-    def __init__(self):
+    def __init__(self, credit: float = 0.0):
+        self.credit = credit
         self._classes: dict[int, dict[str, deque[Sequence]]] = {}   # priority -> tenant -> its waiting sequences
         self.counters: dict[str, float] = {}                         # tenant -> tokens served / weight
         self._returned: set[str] = set()   # came back at the lowest waiting counter: first on a tie, once
@@ -81,11 +86,12 @@ class FairQueue:
     def add(self, seq: Sequence) -> None:
         tenant = seq.params.tenant
         tenants = self._classes.setdefault(seq.params.priority, {})
-        if tenant not in tenants:   # back after a pause: no credit banked while it sent nothing
+        if tenant not in tenants:   # back after a pause: no more than `credit` banked while it sent nothing
             waiting = [self.counters.get(t, 0.0) for queues in self._classes.values() for t in queues]
             lowest = min(waiting, default=0.0)
-            if self.counters.get(tenant, 0.0) <= lowest:
-                self.counters[tenant] = lowest
+            own = self.counters.get(tenant, 0.0)
+            if own <= lowest:
+                self.counters[tenant] = max(own, lowest - self.credit)
                 self._returned.add(tenant)
             tenants[tenant] = deque()
         tenants[tenant].append(seq)
@@ -119,6 +125,10 @@ class FairQueue:
                 counters[params.tenant] = counters.get(params.tenant, 0.0) + new / params.tenant_weight
                 seq.num_charged_tokens = end
 
+    def tenant_weights(self, priority: int) -> dict[str, float]:
+        """The weight of each tenant of class `priority` that has sequences waiting."""
+        return {tenant: queue[0].params.tenant_weight for tenant, queue in self._classes.get(priority, {}).items()}
+
     def _rank(self, tenant: str, queues: dict[str, deque[Sequence]]) -> tuple:
         """Fewest tokens per weight first; on a tie, a tenant that just came back, then the oldest head."""
         return self.counters.get(tenant, 0.0), tenant not in self._returned, queues[tenant][0].arrival_time
@@ -147,6 +157,8 @@ class FairQueue:
         return seq
 
 
-def waiting_queue(policy: str):
-    """The waiting queue of a `scheduling_policy`."""
-    return {"fcfs": FcfsQueue, "shortest-first": ShortestFirstQueue, "fair": FairQueue}[policy]()
+def waiting_queue(policy: str, fair_credit: float = 0.0):
+    """The waiting queue of a `scheduling_policy` (`fair_credit`: the fair queue's `credit`, in tokens)."""
+    if policy == "fair":
+        return FairQueue(fair_credit)
+    return {"fcfs": FcfsQueue, "shortest-first": ShortestFirstQueue}[policy]()

@@ -158,26 +158,57 @@ def test_greedy_outputs_do_not_depend_on_tenants_priorities_or_preemption(llama_
     assert fair.engine.block_manager.num_free_blocks == fair.engine.block_manager.num_blocks
 
 
+def admitted(scheduler) -> set[str]:
+    return {s.request_id for s in scheduler.running}
+
+
 @pytest.mark.parametrize("priority_preemption", [True, False])
-def test_a_tenant_with_nothing_running_takes_the_place_of_the_tenant_furthest_ahead(llama_dir, priority_preemption):
-    """The running set is full of A's long requests: B's first request starts at the next step (A's newest gives
-    way and is recomputed later); B's second takes no one's place while B has one running. Within a class: the
-    same without priority preemption."""
+@pytest.mark.parametrize("weight_a, b_slots", [(1, 2), (3, 1)])
+def test_a_tenant_below_its_share_of_the_running_set_takes_the_place_of_the_tenant_furthest_ahead(
+        llama_dir, priority_preemption, weight_a, b_slots):
+    """The running set (4) is full of A's long requests; B's share of it is 4 x 1 / (1 + A's weight) slots. B's
+    first request starts at the next step (A's newest gives way and is recomputed later); while B holds fewer than
+    its share, its next request takes another A's place as soon as the token counters make it next, B0 still
+    running; once B holds its share, the next one waits. Within a class: the same without priority preemption."""
     scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=256,
                               priority_preemption=priority_preemption)
     for i in range(8):
-        scheduler.add(request(f"A{i}", "A", 16, 200))
+        scheduler.add(request(f"A{i}", "A", 16, 200, weight=weight_a))
     run(scheduler, 5)
-    assert {s.request_id for s in scheduler.running} == {"A0", "A1", "A2", "A3"}
-    scheduler.add(request("B0", "B", 16, 4))
-    scheduler.add(request("B1", "B", 16, 4))
+    assert admitted(scheduler) == {"A0", "A1", "A2", "A3"}
+    for i in range(3):
+        scheduler.add(request(f"B{i}", "B", 16, 40))
     batch = scheduler.schedule()
     assert [s.request_id for s in batch.seqs if s.params.tenant == "B"] == ["B0"]
     assert scheduler.stats.num_preemptions == 1 and "A3" in {s.request_id for s in scheduler.waiting}
     scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
                                   for s, n in zip(batch.seqs, batch.num_new_tokens)])
-    run(scheduler, 2)   # B0 still runs: B1 takes no one's place
-    assert scheduler.stats.num_preemptions == 1 and "B1" in {s.request_id for s in scheduler.waiting}
+    for _ in range(30):   # B's counter passed A's with B0's prompt; A catches up within ~16 tokens / 2 per step
+        run(scheduler, 1)
+    assert "B0" in admitted(scheduler)
+    assert {"B0", "B1", "B2"} & admitted(scheduler) == {f"B{i}" for i in range(b_slots)}
+    assert scheduler.stats.num_preemptions == b_slots
+    while scheduler.num_unfinished:
+        run(scheduler, 1)
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_a_small_tenant_is_not_held_back_by_its_own_last_prompt(llama_dir):
+    """B sends a long prompt, then another while the first still decodes. B came back with up to one step's
+    budget of credit (256 tokens), so its 100-token prompt leaves it behind A still: B1 starts at the next step
+    (taking an A's place, B holding 1 of its 2 slots), not once A has decoded as many tokens as B0's prompt held
+    (~35 steps at 3 of A's tokens a step)."""
+    scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=256)
+    for i in range(8):
+        scheduler.add(request(f"A{i}", "A", 16, 200))
+    run(scheduler, 150)   # A's counter: ~660, well over the credit
+    scheduler.add(request("B0", "B", 100, 40))
+    run(scheduler, 2)
+    assert "B0" in admitted(scheduler)
+    scheduler.add(request("B1", "B", 100, 40))
+    run(scheduler, 1)
+    assert {"B0", "B1"} <= admitted(scheduler)
+    assert scheduler.waiting.counters["B"] < scheduler.waiting.counters["A"]
     while scheduler.num_unfinished:
         run(scheduler, 1)
     assert manager.num_free_blocks == manager.num_blocks
