@@ -1,4 +1,6 @@
-"""Small parsers of the command line: log levels, LoRA modules, and OS errors in one line."""
+"""Small parsers of the command line: log levels, LoRA modules, ports, and OS errors in one line."""
+import argparse
+
 from kubeinfer.runtime.errors import ConfigError
 
 
@@ -28,3 +30,10 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
             raise ConfigError(f"--lora-modules: adapter {name!r} is given twice")
         modules[name] = path
     return modules
+
+
+def port_number(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {port}")
+    return port
