@@ -103,6 +103,32 @@ def engine_settings(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in names} | {"lora_modules": parse_lora_modules(args.lora_modules)}
 
 
+def add_kv_args(serve: argparse.ArgumentParser) -> None:
+    """Disaggregated serving (docs/disaggregation.md): the replica's role and its KV endpoint."""
+    defaults = {f.name: f.default for f in dataclasses.fields(_engine_config_class()) if f.init}
+    for flag, name, kind, help_text in [
+        ("kv-role", "kv_role", str, "prefill: serve prompts' KV to decode replicas on --kv-port; decode: take "
+                                    "requests whose KV the router names (kubeinfer_kv_source); none"),
+        ("kv-host", "kv_host", str, "prefill: the address the KV endpoint listens on"),
+        ("kv-port", "kv_port", int, "prefill: the KV endpoint's port (0: any free one)"),
+        ("kv-idle-timeout", "kv_idle_timeout_s", float, "seconds of silence from the other side that end a transfer"),
+    ]:
+        choices = ("prefill", "decode", "none") if flag == "kv-role" else None
+        serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, defaults[name]),
+                           choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {defaults[name]}]")
+    networks = _env("kv_source_networks")
+    serve.add_argument("--kv-source-networks", dest="kv_source_networks",
+                       default=networks.split(",") if networks else list(defaults["kv_source_networks"]),
+                       type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+                       help="decode: the networks (CIDR, comma-separated) a request's KV source may be in "
+                            "[env KUBEINFER_KV_SOURCE_NETWORKS; default private networks and loopback]")
+
+
+def kv_settings(args: argparse.Namespace) -> dict:
+    names = ("kv_role", "kv_host", "kv_port", "kv_idle_timeout_s")
+    return {name: getattr(args, name) for name in names} | {"kv_source_networks": tuple(args.kv_source_networks)}
+
+
 def _engine_config_class():
     from kubeinfer.runtime.config import EngineConfig
     return EngineConfig
@@ -146,7 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
                           max_waiting_requests=args.max_waiting_requests, tool_call_parser=args.tool_call_parser,
-                          **engine_settings(args))
+                          **engine_settings(args), **kv_settings(args))
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
                  args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
 
@@ -185,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices = {"engine-mode": ("process", "thread"), "tool-call-parser": ("hermes", "llama3_json")}.get(flag)
         serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, default),
                            choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
+    add_kv_args(serve)
     serve.add_argument("--no-vllm-metrics", dest="vllm_metrics", action="store_false",
                        default=_env_bool("vllm_metrics", True),
                        help="do not also expose the gauges under vLLM's names (vllm:num_requests_waiting, ...) "

@@ -5,6 +5,7 @@ device (is CUDA there, how many GPUs) is checked by `resolve_device()`, which th
 in the engine's own process; its errors reach the user in one line all the same.
 """
 import dataclasses
+import ipaddress
 import os
 import stat
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram", "draft")
 SCHEDULING_POLICIES = ("fcfs", "shortest-first", "fair")   # the waiting queue's order (runtime/engine/scheduler.py)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
-KV_ROLES = ("prefill", "decode")   # runtime/disagg   # runtime/server/tool_parsers.py
+KV_ROLES = ("prefill", "decode")
+KV_SOURCE_NETWORKS = ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")   # runtime/disagg   # runtime/server/tool_parsers.py
 
 
 @dataclass
@@ -64,6 +66,8 @@ class EngineConfig:
     kv_host: str = "0.0.0.0"               # prefill: the KV endpoint's address
     kv_port: int = 0                       # prefill: its port (0: any free one)
     kv_idle_timeout_s: float = 30.0        # the longest silence from the other side of a transfer
+    # decode: the addresses a request's `kubeinfer_kv_source` may name (private networks and loopback by default)
+    kv_source_networks: tuple[str, ...] = KV_SOURCE_NETWORKS
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
     draft_model_config: ModelConfig | None = field(init=False, repr=False, default=None)
@@ -133,6 +137,11 @@ class EngineConfig:
                  "kv_role needs tensor_parallel_size and expert_parallel_size 1 (each rank would send its shard)")
         _require(0 <= self.kv_port < 65536, f"kv_port must be in [0, 65535], got {self.kv_port}")
         _require(self.kv_idle_timeout_s > 0, f"kv_idle_timeout_s must be > 0, got {self.kv_idle_timeout_s}")
+        for network in self.kv_source_networks:
+            try:
+                ipaddress.ip_network(network)
+            except ValueError:
+                raise ConfigError(f"kv_source_networks: {network!r} is not a network (CIDR, e.g. 10.0.0.0/8)") from None
 
     def _validate_lora(self) -> None:
         _require(self.max_loras >= 0, f"max_loras must be >= 0, got {self.max_loras}")

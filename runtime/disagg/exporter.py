@@ -61,7 +61,13 @@ class KVExporter:
         self.progress = progress
         self._ids = itertools.count()
         self.num_failed = 0
+        self.num_exported = 0       # transfers whose first token went out
+        self.num_blocks_sent = 0    # blocks handed to a stream
         source.start(self._on_pull, self.progress.set)
+
+    def counts(self) -> dict[str, int]:
+        return {"completed": self.num_exported, "failed": self.num_failed, "blocks_sent": self.num_blocks_sent,
+                "in_flight": len(self.exports)}
 
     @property
     def busy(self) -> bool:
@@ -125,12 +131,14 @@ class KVExporter:
         while export.next_index < ready and stream.room() > 0:
             stream.send_block(export.next_index, export.held[export.next_index])
             export.next_index += 1
+            self.num_blocks_sent += 1
         sent_upto = export.first_index + stream.num_sent
         for index in [index for index in export.held if index < sent_upto]:
             self.block_manager.release(export.held.pop(index))
         if seq.is_finished and export.next_index == export.num_blocks and not export.finished:
             stream.finish(seq.output_token_ids[0])
             export.finished = True
+            self.num_exported += 1
         if export.finished and not export.held:
             del self.exports[export.request_id]
 

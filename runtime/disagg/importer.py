@@ -54,6 +54,11 @@ class KVImporter:
         self.num_transferred = 0
         self.num_blocks_pulled = 0   # blocks received from prefill replicas
         self.num_blocks_reused = 0   # prompt blocks this replica's own prefix cache held (not asked for)
+        self.num_failed = 0          # pulls that ended with an error (not those cancelled)
+
+    def counts(self) -> dict[str, int]:
+        return {"completed": self.num_transferred, "failed": self.num_failed, "blocks_pulled": self.num_blocks_pulled,
+                "blocks_reused": self.num_blocks_reused, "in_flight": len(self.queued) + len(self.pulling)}
 
     @property
     def busy(self) -> bool:
@@ -145,4 +150,5 @@ class KVImporter:
         seq.finish_reason = "error"
         self.core.seqs.pop(seq.request_id, None)
         self.failures.append((seq.request_id, message))
+        self.num_failed += 1
         logger.warning("KV pull of %s from %s failed: %s", seq.request_id, item.source, message)

@@ -70,6 +70,9 @@ class EngineCore:
         if config.kv_role is not None:
             from kubeinfer.runtime.disagg.roles import start_kv_role
             start_kv_role(self, config)
+            self.info.kv_role = config.kv_role
+            if self.kv_exporter is not None:
+                self.info.kv_address = self.kv_exporter.source.address
 
     @property
     def idle_wait_s(self) -> float | None:
@@ -213,7 +216,12 @@ class EngineCore:
                            stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
                            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
                            tuple(stats.accepted_per_position), *self._expert_load(fresh), *self._lora_load(),
-                           *self.last_step)
+                           *self.last_step, self._kv_transfer_counts())
+
+    def _kv_transfer_counts(self) -> dict[str, int] | None:
+        """The KV role's counters since start, and the transfers in flight (docs/server.md, kubeinfer_kv_transfer_*)."""
+        role = self.kv_importer or self.kv_exporter
+        return None if role is None else role.counts()
 
     def _lora_load(self) -> tuple[dict[str, int], dict[str, int]]:
         """Running and waiting requests per adapter (empty with LoRA off)."""

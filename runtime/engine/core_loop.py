@@ -1,12 +1,14 @@
 """The engine core's busy loop, in a process of its own (the default) or on a thread of the API process.
 
 Messages from the API side:   ("add", request_id, token_ids, params, arrival_time, resumed output token ids),
+                              ("add_remote", request_id, token_ids, params, arrival_time, KV source host:port),
                               ("abort", [request_id]),
                               ("stop", request_id, stop_string), ("read", number of step messages read),
                               ("lora", number, "load" | "unload", name, folder), ("shutdown",)
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds,
                               {tenant: tokens computed}) per step, ("rejected", request_id, message),
-                              ("lora_done", number, error or None), ("error", message) when it dies.
+                              ("lora_done", number, error or None), ("transfer_failed", request_id, message)
+                              after the step that found a KV pull failed, ("error", message) when it dies.
 
 The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
 deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and
@@ -49,6 +51,12 @@ def serve_core(core, channel) -> None:
                     core.add(request_id, token_ids, params, arrival_time, output_token_ids)
                 except InvalidRequestError as error:
                     channel.send(("rejected", request_id, str(error)))
+            elif kind == "add_remote":
+                _, request_id, token_ids, params, arrival_time, source = message
+                try:
+                    core.add_remote(request_id, token_ids, params, source, arrival_time)
+                except InvalidRequestError as error:
+                    channel.send(("rejected", request_id, str(error)))
             elif kind == "abort":
                 for request_id in message[1]:
                     core.finish(request_id, "abort")
@@ -62,6 +70,9 @@ def serve_core(core, channel) -> None:
             stats = core.stats(fresh=not core.has_unfinished())   # the last step before idling: exact counts
             channel.send(("step", deltas, stats, time.perf_counter() - started, core.step_tenant_tokens))
             unread += 1
+            if core.kv_importer is not None:
+                for request_id, why in core.kv_importer.take_failures():
+                    channel.send(("transfer_failed", request_id, why))
         elif touched:   # the gauges, after aborts or stops with no step to follow
             channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None, {}))
 

@@ -45,6 +45,7 @@ class EngineStats:
     lora_waiting: dict[str, int] | None = None        # LoRA: waiting requests per adapter
     step_decodes: int = 0                             # the last step: sequences decoding (one token, or drafts)
     step_prefill_tokens: int = 0                      # the last step: prompt tokens computed
+    kv_transfer: dict[str, int] | None = None         # a KV role's counters (`kv_transfer_counts`), else None
 
 
 @dataclass
@@ -59,6 +60,8 @@ class EngineInfo:
     speculative_tokens: int = 0     # draft tokens per step at most (0: speculation off)
     loras: dict[str, str] | None = None   # LoRA adapters loaded at start (--lora-modules), name -> folder
     num_gpus: int = 0               # GPUs the engine computes on (one per process); 0 on CPU
+    kv_role: str | None = None      # disaggregated serving: prefill | decode (None: neither)
+    kv_address: str | None = None   # prefill: its KV endpoint, host:port as it listens
 
 
 def check_token_ids(params, info: EngineInfo) -> None:

@@ -13,7 +13,7 @@ from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server import lora_api, openai_api, responses_api
 from kubeinfer.runtime.server.engine_client import EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
-from kubeinfer.runtime.server.openai_api import ServerState
+from kubeinfer.runtime.server.admission import ServerState
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from kubeinfer.runtime.server.responses_protocol import ResponsesRequest
 
@@ -96,7 +96,9 @@ def create_app(state: ServerState) -> FastAPI:
             return error_response(503, "draining")
         if not state.engine.is_alive:
             return error_response(503, "the engine is not running")
-        return {"status": "ready"}
+        info = state.engine.info   # the role in disaggregated serving (docs/disaggregation.md)
+        kv_port = {"kv_port": int(info.kv_address.rpartition(":")[2])} if info.kv_address else {}
+        return {"status": "ready", "kv_role": info.kv_role or "none", **kv_port}
 
     @app.get("/metrics")
     async def metrics(request: Request):

@@ -13,32 +13,26 @@ server then exits non-zero, so Kubernetes restarts it).
 import asyncio
 import logging
 import multiprocessing
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
 from kubeinfer.runtime.config import EngineConfig
-from kubeinfer.runtime.engine.channels import PipeEnd, ThreadLink
+from kubeinfer.runtime.disagg.errors import TransferError
 from kubeinfer.runtime.engine.messages import EngineInfo
-from kubeinfer.runtime.engine.core_loop import core_process_main, run_core
 from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.engine_start import spawn_core_process, start_core_thread, wait_until_ready
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.tokenizer import Tokenizer, eos_token_ids
 
 logger = logging.getLogger(__name__)
 ENGINE_MODES = ("process", "thread")
-START_PROGRESS_SECONDS = 30.0
 
 
 class EngineDeadError(RuntimeError):
     """The engine failed; no request can be served any more."""
-
-
-class EngineStartError(KubeinferError):
-    """The engine could not start (the reason is the message)."""
 
 
 class EngineClient:
@@ -84,49 +78,16 @@ class EngineClient:
     def _start(self) -> EngineInfo:
         eos = eos_token_ids(self.config.model_config.eos_token_ids, self.processor.tokenizer)
         if self.mode == "process":
-            context = multiprocessing.get_context("spawn")
-            api_conn, core_conn = context.Pipe(duplex=True)
-            self._process = context.Process(target=core_process_main, name="kubeinfer-engine", daemon=False,
-                                            args=(self.config, eos, core_conn, self.log_level))
-            # A SIGTERM inside start() (after the fork, before it knows the pid) would leave a process that
-            # nobody kills: hold it until start() returns.
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-            try:
-                self._process.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            core_conn.close()
-            self._channel = PipeEnd(api_conn)
+            self._channel = spawn_core_process(self.config, eos, self.log_level,
+                                               lambda process: setattr(self, "_process", process))
         else:
-            link = ThreadLink()
-            self._channel = link.api
-            self._thread = threading.Thread(target=run_core, args=(self.config, eos, link.core), name="engine",
-                                            daemon=True)
-            self._thread.start()
-        started = time.monotonic()
-        while True:
-            worker = self._process or self._thread
-            try:
-                messages = self._channel.receive(timeout=START_PROGRESS_SECONDS)
-            except EOFError:
-                messages = []
-            for message in messages:
-                if message[0] == "error":
-                    self._join(timeout=10)
-                    raise EngineStartError(message[1])
-                if message[0] == "ready":
-                    self.info = message[1]
-                    # Before the engine's own phases: spawning its process and importing torch there.
-                    spent = time.monotonic() - started - sum(self.info.startup_phases.values())
-                    self.info.startup_phases = {"engine_spawn": max(spent, 0.0), **self.info.startup_phases}
-                    self.metrics.observe_engine(self.info.block_size, self.info.num_blocks,
-                                                self.info.speculative_tokens, self.info.num_gpus)
-                    return self.info
-            if not worker.is_alive():
-                raise EngineStartError(f"the engine {self.mode} ended while starting (exit code "
-                                       f"{getattr(worker, 'exitcode', None)}); see the log above")
-            if not messages:
-                logger.info("engine still starting (%.0f s): loading the model", time.monotonic() - started)
+            self._thread, self._channel = start_core_thread(self.config, eos)
+        self.info = wait_until_ready(self._channel, self._process or self._thread, self.mode,
+                                     lambda: self._join(timeout=10))
+        self.metrics.observe_engine(self.info.block_size, self.info.num_blocks, self.info.speculative_tokens,
+                                    self.info.num_gpus)
+        self.metrics.kv.set_role(self.info.kv_role, self.info.kv_address)
+        return self.info
 
     def attach(self) -> None:
         """Starts watching the engine from the running event loop."""
@@ -165,9 +126,11 @@ class EngineClient:
 
     # -- requests ------------------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       resumed: "Resume | None" = None) -> AsyncIterator[RequestOutput]:
+                       resumed: "Resume | None" = None, kv_source: str | None = None) -> AsyncIterator[RequestOutput]:
         """The request's outputs as the engine makes them. `resumed`: the output its client already has from a
-        replica that died (the first output here carries only what follows it)."""
+        replica that died (the first output here carries only what follows it). `kv_source`: the prefill replica's
+        KV endpoint its prompt's KV and first token are pulled from (a decode replica); a failed pull raises
+        `TransferError`."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
         arrival = time.monotonic()
@@ -176,7 +139,10 @@ class EngineClient:
                            resumed.text_chars if resumed else 0)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._send(("add", request_id, prompt_token_ids, params, arrival, resumed_ids))
+        if kv_source is None:
+            self._send(("add", request_id, prompt_token_ids, params, arrival, resumed_ids))
+        else:
+            self._send(("add_remote", request_id, prompt_token_ids, params, arrival, kv_source))
         finished = False
         try:
             while not finished:
@@ -239,6 +205,13 @@ class EngineClient:
                 _, request_id, text = message
                 self.processor.abort(request_id)
                 self._deliver(request_id, InvalidRequestError(text))
+            elif kind == "transfer_failed":
+                _, request_id, text = message
+                output = self.processor.abort(request_id)
+                if output is not None:
+                    output.finish_reason, output.error = "error", text
+                    self.metrics.record_output(output, time.monotonic())
+                self._deliver(request_id, TransferError(text))
             elif kind == "lora_done":
                 reply = self._lora_replies.get(message[1])
                 if reply is not None and not reply.done():

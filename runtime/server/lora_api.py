@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from kubeinfer.runtime.server.errors import APIError
 
 if TYPE_CHECKING:
-    from kubeinfer.runtime.server.openai_api import ServerState
+    from kubeinfer.runtime.server.admission import ServerState
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 

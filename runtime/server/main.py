@@ -19,7 +19,7 @@ from kubeinfer.runtime.server.app import create_app
 from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.metrics import EngineMetrics
-from kubeinfer.runtime.server.openai_api import ServerState
+from kubeinfer.runtime.server.admission import ServerState
 from kubeinfer.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
+from kubeinfer.runtime.server.kv_metrics import KVTransferMetrics
 from kubeinfer.runtime.server.lora_metrics import LoraMetrics
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75,
@@ -98,6 +99,7 @@ class EngineMetrics:
         self._seen_experts: tuple[int, ...] = ()
         self.model_name = model_name
         self.lora = LoraMetrics(self.registry, model_name, max_loras, vllm_names)
+        self.kv = KVTransferMetrics(self.registry, model_name)
         # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
         # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
         self.vllm = None
@@ -170,6 +172,7 @@ class EngineMetrics:
         self._observe_speculation(stats)
         self._observe_experts(stats)
         self.lora.observe(stats.lora_running, stats.lora_waiting)
+        self.kv.observe(stats.kv_transfer)
         self.labels(self.running).set(stats.num_running)
         self.labels(self.waiting).set(stats.num_waiting)
         self.labels(self.kv_usage).set(stats.kv_cache_usage)

@@ -1,8 +1,6 @@
-"""`/v1/completions` and `/v1/chat/completions`: validation, admission, streaming.
-
-Admission, in order, before anything reaches the engine: API key (401), draining (503), model name (404),
-request shape and sampling values (400), room in the waiting queue (429), the key's token quota (429).
-Each (prompt, choice) pair is one engine request; a client that goes away aborts all of them.
+"""`/v1/completions` and `/v1/chat/completions`: the request into engine requests (admission: admission.py), the
+response, streamed or whole. Each (prompt, choice) pair is one engine request; a client that goes away aborts all
+of them.
 
 Streams the router may resume (docs/router.md, "Streams that survive their replica"): with the router's
 `x-kubeinfer-resumable` header, a stream of one choice without tools carries SSE comment lines that clients ignore
@@ -10,133 +8,27 @@ and the router strips: `: ki-id <id> <created>` first, then with every output `:
 <new token ids>`. A request with `kubeinfer_resume` continues such a stream: the same id, no role chunk again,
 text from where the client's stream stopped, usage counting the whole output once.
 
-Room is reserved at admission, in the same event-loop turn as the check, and given back when the response ends,
-however it ends (finished, failed, the client gone, a stream whose body never started): requests that arrive
-together can never be admitted past the capacity.
+A request with `kubeinfer_kv_source` (a decode replica; kv_source.py) waits for its first output before its
+response starts, so a failed KV transfer is a 502 answer, never a stream cut short.
 """
 import asyncio
 import time
-import uuid
-from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.sampling_params import SamplingParams
-from kubeinfer.runtime.engine.messages import check_prompt, check_resumed_output, check_token_ids
 from kubeinfer.runtime.engine.output_processor import RequestOutput
-from kubeinfer.runtime.server.engine_client import EngineClient
-from kubeinfer.runtime.server.auth import KeyRing
-from kubeinfer.runtime.server.chat import render_chat
-from kubeinfer.runtime.server import lora_api
-from kubeinfer.runtime.server.errors import APIError
-from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.router.resume import RESUMABLE_HEADER, id_line, progress_line
-from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Resume
+from kubeinfer.runtime.server.admission import Job, ServerState, admit, authenticate
+from kubeinfer.runtime.server.chat import render_chat
+from kubeinfer.runtime.server.kv_source import start_pulled
+from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from kubeinfer.runtime.server.responses import Formatter, sse
-from kubeinfer.runtime.server.responses_store import ResponseStore
 from kubeinfer.runtime.server.tool_output import ToolOutput
 from kubeinfer.runtime.server.tools import plan_tools
-from kubeinfer.runtime.structured.spec import StructuredOutput
-from kubeinfer.runtime.tokenizer import Tokenizer
 
-RETRY_AFTER_FULL_SECONDS = 1.0
 CLIENT_CLOSED_REQUEST = 499   # nginx's status for a client that left before the response (never sent: logged)
-
-
-@dataclass
-class ServerState:
-    engine: EngineClient
-    tokenizer: Tokenizer
-    config: EngineConfig
-    keys: KeyRing
-    metrics: EngineMetrics
-    draining: bool = False
-    admitted: int = 0   # engine requests of admitted jobs whose responses have not ended
-    responses: ResponseStore = field(default_factory=ResponseStore)   # /v1/responses with store: true
-    loras: dict[str, str] = field(default_factory=dict)   # LoRA adapters served: name -> folder (lora_api.py)
-
-    @property
-    def capacity(self) -> int:
-        """Requests the engine may hold: the running batch plus the bounded waiting queue."""
-        return self.config.max_num_seqs + self.config.max_waiting_requests
-
-
-@dataclass
-class Job:
-    request_id: str
-    prompts: list[list[int]]
-    params: list[SamplingParams]   # one per (prompt, choice), in choice-index order
-    n: int
-    key: str | None
-    state: ServerState | None = None   # holds the job's room until `release`
-    resume: Resume | None = None       # a continuation of a stream whose replica died
-
-    def release(self) -> None:
-        """Gives the job's room back (once, whichever path ends the response first)."""
-        if self.state is not None:
-            self.state.admitted -= len(self.params)
-            self.state = None
-
-    def sub_requests(self):
-        for index, params in enumerate(self.params):
-            yield index, f"{self.request_id}-{index}", self.prompts[index // self.n], params
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(map(len, self.prompts))
-
-
-def authenticate(state: ServerState, request: Request) -> str | None:
-    if not state.keys.enabled:
-        return None
-    key = state.keys.authenticate(request.headers.get("authorization"))
-    if key is None:
-        raise APIError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
-    return key
-
-
-def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
-          logprobs: int | None, prefix: str, structured: StructuredOutput | None = None) -> Job:
-    """Checks and reserves room for a request; `structured`: the tools' grammar, else the body's own format."""
-    if state.draining:
-        raise APIError(503, "the server is shutting down", code="draining")
-    lora_name = lora_api.adapter_of(state, body.model)   # None: the base model; 404 for a name not served
-    structured = structured or body.structured_output()
-    max_len = state.engine.info.max_model_len
-    params = []
-    for prompt in prompts:
-        check_prompt(prompt, state.engine.info)
-        wanted = max_len - len(prompt) if max_tokens is None else max_tokens
-        if len(prompt) + wanted > max_len:
-            raise InvalidRequestError(f"max_tokens {wanted} plus the prompt's {len(prompt)} tokens exceeds this "
-                                      f"model's {max_len}-token limit", "max_tokens")
-        params.extend(body.sampling_params(wanted, logprobs, choice, structured) for choice in range(body.n))
-        check_token_ids(params[-1], state.engine.info)
-    tenant = state.keys.tenant(key)   # from the key alone: a client never names its own tenant
-    for choice in params:
-        choice.tenant, choice.tenant_weight, choice.priority = tenant.name, tenant.weight, tenant.priority
-        choice.lora_name = lora_name
-    if state.admitted + len(params) > state.capacity:
-        raise APIError(429, "the server is at capacity; retry later", code="queue_full",
-                       retry_after=RETRY_AFTER_FULL_SECONDS)
-    resume = body.kubeinfer_resume
-    if resume is not None:
-        if not body.stream or len(params) != 1:
-            raise InvalidRequestError("kubeinfer_resume continues a stream of one choice: stream true, n 1, "
-                                      "one prompt", "kubeinfer_resume")
-        check_resumed_output(prompts[0], resume.token_ids, params[0], state.engine.info)
-    job = Job(f"{prefix}-{uuid.uuid4().hex}", prompts, params, body.n, key, resume=resume)
-    wait = state.keys.retry_after(key, job.num_prompt_tokens)
-    if wait is not None:
-        raise APIError(429, f"token quota of {state.keys.limit(key)} tokens per minute exceeded",
-                       code="quota_exceeded", retry_after=wait)
-    state.keys.charge(key, job.num_prompt_tokens)
-    state.admitted += len(params)   # no await since the check: nothing else was admitted in between
-    job.state = state
-    return job
 
 
 async def completions(state: ServerState, body: CompletionRequest, request: Request):
@@ -182,6 +74,14 @@ def stream_identity(job: Job) -> tuple[str, int]:
 
 
 async def _respond(state: ServerState, job: Job, formatter: Formatter, body, request: Request):
+    if job.kv_source is not None:
+        try:
+            if not await start_pulled(state, job, request):
+                job.release()
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except BaseException:
+            job.release()
+            raise
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         progress = (request.headers.get(RESUMABLE_HEADER.decode()) == "1" and len(job.params) == 1
@@ -220,7 +120,7 @@ async def gather_outputs(state: ServerState, job: Job, request: Request) -> list
     """The last output of each of the job's requests; None if the client went away first (they are aborted)."""
     async def collect(sub_id, prompt, params):
         last = None
-        async for output in state.engine.generate(sub_id, prompt, params):
+        async for output in job.outputs(state.engine, sub_id, prompt, params):
             last = output
         return last
 
@@ -256,7 +156,7 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
 
     async def pump(index, sub_id, prompt, params):
         try:
-            async for output in state.engine.generate(sub_id, prompt, params, job.resume):
+            async for output in job.outputs(state.engine, sub_id, prompt, params):
                 queue.put_nowait((index, output))
         except Exception as error:   # noqa: BLE001 - reported to the client as an error event
             queue.put_nowait((index, error))

@@ -57,6 +57,9 @@ class _SamplingFields(BaseModel):
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None   # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100]
     kubeinfer_resume: Resume | None = None   # set by the router only (see `Resume`)
+    # A decode replica: the prefill replica's KV endpoint (IP:PORT) this request's prompt KV is pulled from; set by
+    # the router only, which drops it from clients' bodies (docs/disaggregation.md, "Who may name a KV source")
+    kubeinfer_kv_source: str | None = None
 
     def structured_output(self) -> StructuredOutput | None:
         """The grammar the output must match (checked: a bad format or schema is a 400 naming it)."""

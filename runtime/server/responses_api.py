@@ -2,7 +2,7 @@
 
 The input items (after the stored conversation of `previous_response_id`, if any; `instructions` first, as a
 system message, and never carried over) are rendered with the chat template, admitted like a chat completion
-(`openai_api.admit`: same 401/503/404/400/429 order), and generated as one engine request. Unsupported fields are
+(`admission.admit`: same 401/503/404/400/429 order), and generated as one engine request. Unsupported fields are
 refused with 400 (`ResponsesRequest.check_unsupported`).
 """
 import logging
@@ -15,8 +15,8 @@ from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.errors import APIError
-from kubeinfer.runtime.server.openai_api import (CLIENT_CLOSED_REQUEST, Job, JobStream, ServerState, admit,
-                                                 authenticate, gather_outputs)
+from kubeinfer.runtime.server.admission import Job, ServerState, admit, authenticate
+from kubeinfer.runtime.server.openai_api import CLIENT_CLOSED_REQUEST, JobStream, gather_outputs
 from kubeinfer.runtime.server.responses_object import (ResponseBuilder, function_call_item, message_item, new_id,
                                                       response_usage)
 from kubeinfer.runtime.server.responses_protocol import ResponsesRequest, item_messages
