@@ -36,6 +36,12 @@ def add_router_parser(commands) -> None:
     router.add_argument("--endpoints-file", metavar="PATH",
                         help="instead of --upstream: a file holding a JSON list of replica URLs, re-read when it "
                              "changes (the operator's router pods: docs/router.md)")
+    router.add_argument("--prefill-upstream", action="append", default=[], metavar="URL",
+                        help="disaggregated serving: a prefill replica (kubeinfer serve --kv-role prefill), "
+                             "http://HOST:PORT (repeat for each); the replicas above are then the decode pool")
+    router.add_argument("--prefill-service", help="instead of --prefill-upstream: the ready endpoints of this Service")
+    router.add_argument("--prefill-endpoints-file", metavar="PATH",
+                        help="instead of --prefill-upstream: a JSON list of prefill replica URLs, re-read")
     router.add_argument("--host", default="0.0.0.0", help="address to listen on [default 0.0.0.0]")
     router.add_argument("--port", type=port_number, default=8080, help="port to listen on [default 8080]")
     router.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
@@ -65,7 +71,9 @@ def _router(args: argparse.Namespace) -> int:
                               service=args.service, namespace=args.namespace or default_namespace(),
                               service_port_name=args.service_port_name, endpoints_file=args.endpoints_file,
                               api_keys_file=args.api_keys_file, max_in_flight_per_tenant=args.max_in_flight_per_tenant,
-                              lora_modules=parse_lora_modules(args.lora_modules))
+                              lora_modules=parse_lora_modules(args.lora_modules),
+                              prefill_upstreams=args.prefill_upstream, prefill_service=args.prefill_service,
+                              prefill_endpoints_file=args.prefill_endpoints_file)
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
     return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kubeinfer.runtime.router.adapters import Adapters, LoadFailed
 from kubeinfer.runtime.router.discovery import EndpointSliceWatch, EndpointsFileWatch
+from kubeinfer.runtime.router.disagg import PATHS as DISAGGREGATION_PATHS, PrefillPool
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.proxy import REPLICA_HEADER, Proxy, UpstreamFailed
@@ -50,34 +51,45 @@ class Router:
         self.room = WaitingRoom(self.replicas, settings.max_queued_requests, settings.max_queued_bytes,
                                 settings.queue_timeout)
         self.adapters = Adapters(settings, self.replicas, self.metrics)
+        self.prefill = PrefillPool(settings, self.metrics) if settings.disaggregated else None
         self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout,
-                           self.adapters)
+                           self.adapters, self.prefill)
+        if self.prefill is not None:
+            for path in DISAGGREGATION_PATHS:
+                self.metrics.disaggregated.labels(path)
         self.tenants = TenantGate(settings.api_keys_file, settings.max_in_flight_per_tenant)
-        self._scraper: asyncio.Task | None = None
-        self._watch: EndpointSliceWatch | None = None
-        self._file_watch: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._watches: list[EndpointSliceWatch] = []
 
     async def start(self) -> None:
-        self._scraper = asyncio.ensure_future(self.replicas.scrape_forever())
-        if self.settings.service is not None:
+        settings = self.settings
+        self._discover(self.replicas, settings.service, settings.endpoints_file)
+        if self.prefill is not None:
+            self._discover(self.prefill.replicas, settings.prefill_service, settings.prefill_endpoints_file)
+
+    def _discover(self, replicas: ReplicaSet, service: str | None, endpoints_file: str | None) -> None:
+        """Scrapes `replicas`, and follows a Service's ready endpoints or an endpoints file if given."""
+        self._tasks.append(asyncio.ensure_future(replicas.scrape_forever()))
+        if service is not None:
             loop = asyncio.get_running_loop()
-            self._watch = EndpointSliceWatch(self.settings.namespace, self.settings.service,
-                                             self.settings.service_port_name,
-                                             lambda urls: loop.call_soon_threadsafe(self.replicas.set_urls, urls))
-            self._watch.start()
-        if self.settings.endpoints_file is not None:
-            self._file_watch = asyncio.ensure_future(
-                EndpointsFileWatch(self.settings.endpoints_file, self.replicas.set_urls).run())
+            watch = EndpointSliceWatch(self.settings.namespace, service, self.settings.service_port_name,
+                                       lambda urls: loop.call_soon_threadsafe(replicas.set_urls, urls))
+            watch.start()
+            self._watches.append(watch)
+        if endpoints_file is not None:
+            self._tasks.append(asyncio.ensure_future(EndpointsFileWatch(endpoints_file, replicas.set_urls).run()))
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.stop()
-        for task in (self._scraper, self._file_watch, self.room.releasing):
+        for watch in self._watches:
+            watch.stop()
+        for task in (*self._tasks, self.room.releasing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self.replicas.close()
+        if self.prefill is not None:
+            self.prefill.replicas.close()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -176,6 +188,8 @@ class Router:
         m.queue_requests.set(self.room.num_waiting)
         m.queue_bytes.set(self.room.num_bytes)
         m.replicas_up.set(len(self.replicas.available()))
+        if self.prefill is not None:
+            m.prefill_up.set(len(self.prefill.available()))
         for replica in self.replicas.replicas.values():
             m.in_flight.labels(replica.url).set(replica.in_flight)
         m.lora_load_waiting.set(self.adapters.num_waiting)

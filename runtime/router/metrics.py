@@ -50,6 +50,12 @@ class RouterMetrics:
         self.lora_not_loaded = Counter("kubeinfer_router_lora_not_loaded", "Requests a replica answered 404 for an "
                                        "adapter the router thought loaded there (it dropped it): placed again",
                                        registry=r)
+        self.disaggregated = Counter("kubeinfer_router_disaggregation_requests", "With a prefill pool, requests by "
+                                     "path: disaggregated (to a decode replica naming a prefill replica's KV endpoint), "
+                                     "fallback (its KV transfer failed: sent again colocated), colocated (not "
+                                     "eligible, or no prefill replica up)", ["path"], registry=r)
+        self.prefill_up = Gauge("kubeinfer_router_prefill_replicas_up", "Prefill replicas that can be picked (with "
+                                "a KV endpoint)", registry=r)
         for outcome in LORA_LOAD_OUTCOMES:
             self.lora_loads.labels(outcome)
         for kind in ("connect", "draining", "disconnect", "timeout"):

@@ -14,6 +14,9 @@
   (`adapters.py`). A replica that answers such a request 404 `model_not_found` has dropped the adapter (its
   `--max-cpu-loras` LRU, an unload) since its last scrape: the adapter is struck off it and the request placed
   again, at most `MAX_NOT_LOADED` times (then the 404 goes to the client).
+- Disaggregated serving (`disagg.py`, with a prefill pool): the first attempt of a request the KV transfer supports
+  goes to a decode replica naming a prefill replica's KV endpoint; a failed transfer falls back to colocated, and the
+  retries and resumes above are colocated.
 - The caller cancels `forward` when the client goes away; closing the upstream connection then makes the
   replica abort the request and free its KV blocks.
 """
@@ -23,6 +26,7 @@ import time
 
 from kubeinfer.runtime.router.adapters import Adapters, LoadFailed, LoadUnreachable
 from kubeinfer.runtime.router.affinity import prompt_text
+from kubeinfer.runtime.router.disagg import PrefillPool, pick_decode, strip_source
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
@@ -64,8 +68,9 @@ def sse_error(message: str) -> bytes:
 
 class Proxy:
     def __init__(self, replicas: ReplicaSet, chooser: Chooser, room: WaitingRoom, metrics: RouterMetrics,
-                 queue_timeout: float, adapters: Adapters):
+                 queue_timeout: float, adapters: Adapters, prefill: PrefillPool | None = None):
         self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
+        self.prefill = prefill
         self.adapters = adapters
         self.queue_timeout = queue_timeout
         self.response_owners = ResponseOwners()
@@ -78,6 +83,7 @@ class Proxy:
             parsed = json.loads(body)
         except ValueError:
             parsed = None   # the replica answers bad JSON with its own 400
+        body, parsed = strip_source(body, parsed)
         text = prompt_text(parsed) if isinstance(parsed, dict) else ""
         adapter = self.adapters.resolve(parsed.get("model")) if isinstance(parsed, dict) else None
         headers = request_headers(scope)
@@ -88,9 +94,15 @@ class Proxy:
         started = False   # the client has the response's start
         for attempt in range(MAX_RESUMES + 1):
             try:
-                replica, response, prefetched = await self._open(scope["path"], headers, body, parsed, text,
-                                                                 adapter, received_at if attempt == 0 else None,
-                                                                 tenant)
+                opened = None
+                if attempt == 0 and self.prefill is not None:
+                    opened = await self.prefill.open(self, scope["path"], headers, parsed, text, adapter, received_at,
+                                                     tenant)
+                    received_at = None   # observed by that attempt
+                if opened is None:
+                    opened = await self._open(scope["path"], headers, body, parsed, text, adapter,
+                                              received_at if attempt == 0 else None, tenant)
+                replica, response, prefetched = opened
             except UpstreamFailed as failed:
                 if attempt == MAX_RESUMES:
                     if not started:
@@ -123,11 +135,12 @@ class Proxy:
             body = progress.resume_body(parsed)
 
     async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, adapter: str | None,
-                    received_at: float | None, tenant: Tenant = ANONYMOUS):
+                    received_at: float | None, tenant: Tenant = ANONYMOUS, decode: bool = False):
         """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas
         are tried again elsewhere within the queue timeout; a replica that fails before answering is marked down
         and raises `UpstreamFailed`. `adapter`: the LoRA adapter the request names, loaded first where none is.
-        `received_at`: when the client's request came (None for a later attempt)."""
+        `received_at`: when the client's request came (None for a later attempt). `decode`: a disaggregated request,
+        for the decode replica by load and KV headroom (`disagg.pick_decode`)."""
         deadline = time.monotonic() + self.queue_timeout
         waited = loading = 0.0
         not_loaded = 0   # replicas that turned out to have dropped the adapter
@@ -145,7 +158,9 @@ class Proxy:
                                       self.queue_timeout) from None
                 loading += time.monotonic() - started
                 continue   # look again: the replica that loaded it may have gone down meanwhile
-            replica, reason = self._choose(path, parsed, text, adapter)
+            replica, reason = (pick_decode(self.replicas.available(), self.chooser.settings.weights,
+                                           self.chooser.settings.stale_after) if decode
+                               else self._choose(path, parsed, text, adapter))
             if received_at is not None:
                 self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
             replica.in_flight += 1

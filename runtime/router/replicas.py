@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 from kubeinfer.runtime.router.upstream import ConnectFailed, Upstream, UpstreamError
 
@@ -18,16 +19,19 @@ logger = logging.getLogger(__name__)
 GAUGES = {"kubeinfer_num_requests_waiting": "waiting", "kubeinfer_num_requests_running": "running",
           "kubeinfer_kv_cache_usage_ratio": "kv_usage"}
 ADAPTER_LOADED = "kubeinfer_lora_adapter_loaded"
+KV_ROLE = "kubeinfer_kv_role"   # a prefill replica's, with the port of its KV endpoint (docs/disaggregation.md)
+KV_PORT_LABEL = re.compile(r'kv_port="(\d+)"')
 ADAPTER_LABEL = re.compile(r'(?:^|,)\s*adapter="((?:[^"\\]|\\.)*)"')
 LABEL_ESCAPE = re.compile(r"\\(.)")   # Prometheus escapes \\, \" and \n in label values
 # Only those families (a replica that ignores the filter answers everything, which parses the same).
-SCRAPE_PATH = "/metrics?" + "&".join(f"name[]={name}" for name in (*GAUGES, ADAPTER_LOADED))
+SCRAPE_PATH = "/metrics?" + "&".join(f"name[]={name}" for name in (*GAUGES, ADAPTER_LOADED, KV_ROLE))
 
 
 class Scraped(NamedTuple):
     values: dict[str, float]     # the pick's gauges, by Replica attribute
     model_name: str | None
     adapters: set[str]           # LoRA adapters loaded there
+    kv_port: int | None = None   # a prefill replica's KV endpoint port
 
 
 def parse_gauges(text: str) -> Scraped:
@@ -41,8 +45,15 @@ def parse_gauges(text: str) -> Scraped:
     values: dict[str, float] = {}
     model_name = None
     adapters = set()
+    kv_port = None
     for line in text.splitlines():
         name, _, rest = line.partition("{")
+        if name == KV_ROLE:
+            labels, _, value = rest.rpartition("}")
+            found = KV_PORT_LABEL.search(labels)
+            if 'role="prefill"' in labels and found is not None and float(value.split()[0]) > 0:
+                kv_port = int(found[1])
+            continue
         if name == ADAPTER_LOADED:
             labels, _, value = rest.rpartition("}")
             found = ADAPTER_LABEL.search(labels)
@@ -56,7 +67,7 @@ def parse_gauges(text: str) -> Scraped:
         values[attribute] = values.get(attribute, 0.0) + float(value.split()[0])
         if model_name is None and 'model_name="' in labels:
             model_name = labels.split('model_name="', 1)[1].split('"', 1)[0]
-    return Scraped(values, model_name, adapters)
+    return Scraped(values, model_name, adapters, kv_port)
 
 
 @dataclass
@@ -73,6 +84,12 @@ class Replica:
     upstream: Upstream | None = field(default=None, repr=False)   # its keep-alive connections
     adapters: set[str] = field(default_factory=set)   # LoRA adapters loaded there: its last scrape and our loads
     loaded_at: dict[str, float] = field(default_factory=dict)   # adapter -> time.monotonic() this router loaded it
+    kv_port: int | None = None  # a prefill replica's KV endpoint port, from its last scrape
+
+    @property
+    def kv_endpoint(self) -> str | None:
+        """A prefill replica's KV endpoint, IP:PORT (its URL's host: the endpoint listens on every address)."""
+        return None if self.kv_port is None else f"{urlsplit(self.url).hostname}:{self.kv_port}"
 
     def is_stale(self, now: float, stale_after: float) -> bool:
         return now - self.scraped_at > stale_after
@@ -156,13 +173,14 @@ class ReplicaSet:
             status, body = await replica.upstream.get(SCRAPE_PATH, timeout)
             if status != 200:
                 raise UpstreamError(f"/metrics answered {status}")
-            values, model_name, adapters = parse_gauges(body.decode())
+            values, model_name, adapters, kv_port = parse_gauges(body.decode())
         except (ConnectFailed, UpstreamError, asyncio.TimeoutError, ValueError) as error:
             self.mark_down(replica, f"scrape failed: {type(error).__name__} {error}".strip())
             return
         for field, value in values.items():
             setattr(replica, field, value)
         replica.model_name = model_name or replica.model_name
+        replica.kv_port = kv_port
         replica.note_scraped_adapters(adapters, started)
         replica.scraped_at = time.monotonic()
         if not replica.up and self.replicas.get(replica.url) is replica and replica.scraped_at >= replica.down_until:

@@ -32,6 +32,15 @@ class RouterSettings:
     max_in_flight_per_tenant: int | None = None   # a tenant's requests open here at most (None: no cap)
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapters the service offers: name -> path on
                                                                  # the replicas' nodes (`--lora-modules NAME=PATH`)
+    # Disaggregated serving (docs/disaggregation.md): a prefill pool, found like the replicas above (which are then
+    # the decode pool) by one of these; none: every request is served colocated.
+    prefill_upstreams: list[str] = field(default_factory=list)
+    prefill_service: str | None = None
+    prefill_endpoints_file: str | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill_upstreams) or self.prefill_service is not None or self.prefill_endpoints_file is not None
 
     def __post_init__(self):
         sources = sum((bool(self.upstreams), self.service is not None, self.endpoints_file is not None))
@@ -39,19 +48,13 @@ class RouterSettings:
             raise ConfigError("give one of --upstream URLs, --service or --endpoints-file")
         if sources == 0:
             raise ConfigError("no replica: give at least one --upstream URL, or --service, or --endpoints-file")
-        cleaned = []
-        for url in self.upstreams:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-                raise ConfigError(f"--upstream {url!r}: expected http://HOST:PORT (no path)")
-            try:
-                parts.port   # noqa: B018 - raises on a bad port
-            except ValueError:
-                raise ConfigError(f"--upstream {url!r}: bad port") from None
-            cleaned.append(url.rstrip("/"))
-        if len(set(cleaned)) != len(cleaned):
-            raise ConfigError("the same --upstream is given twice")
-        self.upstreams = cleaned
+        if sum((bool(self.prefill_upstreams), self.prefill_service is not None,
+                self.prefill_endpoints_file is not None)) > 1:
+            raise ConfigError("give one of --prefill-upstream URLs, --prefill-service or --prefill-endpoints-file")
+        self.upstreams = _clean_urls(self.upstreams, "--upstream")
+        self.prefill_upstreams = _clean_urls(self.prefill_upstreams, "--prefill-upstream")
+        if set(self.upstreams) & set(self.prefill_upstreams):
+            raise ConfigError("a replica is in both pools: give it as --upstream (decode) or --prefill-upstream")
         if self.policy not in POLICIES:
             raise ConfigError(f"--policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
         if self.max_in_flight_per_tenant is not None and self.max_in_flight_per_tenant < 1:
@@ -64,3 +67,19 @@ class RouterSettings:
         for name in ("scrape_interval", "stale_after", "queue_timeout", "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+
+def _clean_urls(urls: list[str], flag: str) -> list[str]:
+    cleaned = []
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            raise ConfigError(f"{flag} {url!r}: expected http://HOST:PORT (no path)")
+        try:
+            parts.port   # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise ConfigError(f"{flag} {url!r}: bad port") from None
+        cleaned.append(url.rstrip("/"))
+    if len(set(cleaned)) != len(cleaned):
+        raise ConfigError(f"the same {flag} is given twice")
+    return cleaned

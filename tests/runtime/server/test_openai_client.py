@@ -142,14 +142,15 @@ def test_models_and_probes(client, server):
     url, _ = server
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert httpx.get(url + "/health").status_code == 200
-    assert httpx.get(url + "/ready").json() == {"status": "ready"}
+    assert httpx.get(url + "/ready").json() == {"status": "ready", "kv_role": "none"}
     metrics = httpx.get(url + "/metrics").text
     assert 'kubeinfer_generation_tokens_total{model_name="tiny"}' in metrics
     # what the router asks for: those families only, the same values
     from kubeinfer.runtime.router.replicas import SCRAPE_PATH, parse_gauges
     restricted = httpx.get(url + SCRAPE_PATH).text
     assert {line.split("{")[0] for line in restricted.splitlines() if not line.startswith("#")} == {
-        "kubeinfer_num_requests_waiting", "kubeinfer_num_requests_running", "kubeinfer_kv_cache_usage_ratio"}
+        "kubeinfer_num_requests_waiting", "kubeinfer_num_requests_running", "kubeinfer_kv_cache_usage_ratio",
+        "kubeinfer_kv_role"}
     assert parse_gauges(restricted) == parse_gauges(metrics) and parse_gauges(restricted)[1] == "tiny"
 
 
