@@ -115,7 +115,8 @@ def add_kv_args(serve: argparse.ArgumentParser) -> None:
     ]:
         choices = ("prefill", "decode", "none") if flag == "kv-role" else None
         serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, defaults[name]),
-                           choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {defaults[name]}]")
+                           choices=choices,
+                           help=f"{help_text} [env KUBEINFER_{name.upper()}; default {defaults[name]}]")
     networks = _env("kv_source_networks")
     serve.add_argument("--kv-source-networks", dest="kv_source_networks",
                        default=networks.split(",") if networks else list(defaults["kv_source_networks"]),

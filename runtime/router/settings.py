@@ -40,7 +40,8 @@ class RouterSettings:
 
     @property
     def disaggregated(self) -> bool:
-        return bool(self.prefill_upstreams) or self.prefill_service is not None or self.prefill_endpoints_file is not None
+        return (bool(self.prefill_upstreams) or self.prefill_service is not None
+                or self.prefill_endpoints_file is not None)
 
     def __post_init__(self):
         sources = sum((bool(self.upstreams), self.service is not None, self.endpoints_file is not None))

@@ -5,7 +5,9 @@ A prefill replica P and a decode replica D of the model served as "tiny" start t
 against another model (`-m slow`) start a third, a prefill replica Q of the same files served as "other" (another
 model as the KV layout check sees it)."""
 import http.server
+import socket
 import threading
+import time
 
 import httpx
 import openai
@@ -17,7 +19,7 @@ MODEL = "tiny"
 EXTRA = {"ignore_eos": True}
 PROMPTS = ["Disaggregated serving splits prefill from decode, and this prompt spans a few KV blocks of the cache.",
            "A second prompt for the router: pods, services, deployments and the replicas that serve a model."]
-SERVE = ("--max-model-len", "512", "--cpu-threads", "1")
+SERVE = ("--max-model-len", "512", "--cpu-threads", "1", "--kv-idle-timeout", "3")   # a stalled pull ends in 3 s
 
 
 class Replicas:
@@ -110,6 +112,31 @@ def test_a_closed_kv_port_is_a_clean_502_before_the_response(replicas, stream):
     assert_transfer_fails(replicas, f"127.0.0.1:{free_port()}", "connection refused", stream)
 
 
+def kv_idle(server: RuntimeServer, name: str = MODEL) -> bool:
+    samples = scrape_metrics(server.url)
+    return (metric_value(samples, "kubeinfer_kv_cache_usage_ratio", model_name=name) == 0
+            and metric_value(samples, "kubeinfer_kv_transfer_in_flight", model_name=name) == 0)
+
+
+def test_a_stalled_prefill_side_times_out_and_a_client_that_leaves_cancels_the_pull(replicas):
+    with socket.create_server(("127.0.0.1", 0)) as silent:   # connections complete (the backlog); nothing answers
+        source = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        assert_transfer_fails(replicas, source, "sent nothing for the idle timeout", stream=True)
+        assert time.monotonic() - started < 15   # --kv-idle-timeout 3, on a busy box
+        failed = failed_pulls(replicas.decode)
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 4, "stream": True, "kubeinfer_kv_source": source}
+        with pytest.raises(httpx.ReadTimeout):   # the client leaves while the pull waits
+            httpx.post(replicas.decode.url + "/v1/completions", json=body, timeout=1.0)
+        wait_for(lambda: kv_idle(replicas.decode), 10, "the pull ended and its blocks freed")
+        assert failed_pulls(replicas.decode) == failed   # cancelled, not timed out (a timeout counts as failed)
+
+
+def failed_pulls(server: RuntimeServer) -> float:
+    return metric_value(scrape_metrics(server.url), "kubeinfer_kv_transfer_requests_total", model_name=MODEL,
+                        role="decode", outcome="failed")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_prefill_replica_of_another_model_is_a_clean_502(replicas, other, stream):
@@ -198,11 +225,7 @@ def test_the_router_drops_a_kv_source_a_client_sends(replicas, start_router):
 def test_no_kv_block_is_left_held_on_any_replica(replicas):
     """After every test above (pulled, failed, refused, fallen back), every replica's pool is free again."""
     for server in (replicas.prefill, replicas.decode):
-        def idle():
-            samples = scrape_metrics(server.url)
-            return (metric_value(samples, "kubeinfer_kv_cache_usage_ratio", model_name=MODEL) == 0
-                    and metric_value(samples, "kubeinfer_kv_transfer_in_flight", model_name=MODEL) == 0)
-        wait_for(idle, 10, f"no KV block held on {server.url}")
+        wait_for(lambda: kv_idle(server), 10, f"no KV block held on {server.url}")
     samples = scrape_metrics(replicas.decode.url)
     assert metric_value(samples, "kubeinfer_kv_transfer_requests_total", model_name=MODEL, role="decode",
-                        outcome="failed") >= 3   # the closed ports' (two direct, one through the router)
+                        outcome="failed") >= 4   # closed ports (two direct, one through the router), a stall
