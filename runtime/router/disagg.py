@@ -6,7 +6,7 @@ replica by load and KV headroom (`pick_decode`), and sends the request to the de
 `kubeinfer_kv_source` naming the prefill replica's KV endpoint (learnt from its `kubeinfer_kv_role` series). The
 decode replica pulls the KV and streams the answer, which the router relays as any other.
 
-- No prefill replica up, or a request the transfer does not support: served colocated on the decode pool, as without
+- No prefill replica up, no decode pool replica with `--kv-role decode`, or a request the transfer does not support: served colocated on the decode pool, as without
   a prefill pool (`path="colocated"`).
 - The transfer fails (the decode replica answers 502 `kv_transfer_failed`, or refuses the field with a 400 naming it,
   before any byte of its answer): the prefill replica is out of the pick for `FAILED_HOLD_SECONDS` and until it
@@ -70,6 +70,11 @@ def pick_decode(available: list[Replica], weights: Weights, stale_after: float) 
     return min(available, key=cost), "decode"
 
 
+def decoders(available: list[Replica]) -> list[Replica]:
+    """The replicas that pull KV (`--kv-role decode`): a decode pool's others serve colocated only."""
+    return [r for r in available if r.kv_role == "decode"]
+
+
 def is_transfer_failure(status: int, body: bytes) -> bool:
     """The decode replica's answer says the KV transfer failed, or that it would not pull for this request."""
     if status == 502 and TRANSFER_FAILED in body:
@@ -100,7 +105,9 @@ class PrefillPool:
                    received_at: float | None, tenant):
         """(decode replica, response, prefetched body) of the request sent disaggregated, or None: serve it
         colocated (counted here as colocated or fallback)."""
-        prefill = self.pick(text) if eligible(path, parsed, adapter) else None
+        prefill = None
+        if eligible(path, parsed, adapter) and decoders(proxy.replicas.available()):
+            prefill = self.pick(text)
         if prefill is None:
             self.metrics.disaggregated.labels("colocated").inc()
             return None

@@ -26,7 +26,7 @@ import time
 
 from kubeinfer.runtime.router.adapters import Adapters, LoadFailed, LoadUnreachable
 from kubeinfer.runtime.router.affinity import prompt_text
-from kubeinfer.runtime.router.disagg import PrefillPool, pick_decode, strip_source
+from kubeinfer.runtime.router.disagg import PrefillPool, decoders, pick_decode, strip_source
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
@@ -158,9 +158,9 @@ class Proxy:
                                       self.queue_timeout) from None
                 loading += time.monotonic() - started
                 continue   # look again: the replica that loaded it may have gone down meanwhile
-            replica, reason = (pick_decode(self.replicas.available(), self.chooser.settings.weights,
-                                           self.chooser.settings.stale_after) if decode
-                               else self._choose(path, parsed, text, adapter))
+            replica, reason = (pick_decode(decoders(self.replicas.available()) or self.replicas.available(),
+                                           self.chooser.settings.weights, self.chooser.settings.stale_after)
+                               if decode else self._choose(path, parsed, text, adapter))
             if received_at is not None:
                 self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
             replica.in_flight += 1

@@ -21,6 +21,7 @@ GAUGES = {"kubeinfer_num_requests_waiting": "waiting", "kubeinfer_num_requests_r
 ADAPTER_LOADED = "kubeinfer_lora_adapter_loaded"
 KV_ROLE = "kubeinfer_kv_role"   # a prefill replica's, with the port of its KV endpoint (docs/disaggregation.md)
 KV_PORT_LABEL = re.compile(r'kv_port="(\d+)"')
+KV_ROLE_LABEL = re.compile(r'role="(\w+)"')
 ADAPTER_LABEL = re.compile(r'(?:^|,)\s*adapter="((?:[^"\\]|\\.)*)"')
 LABEL_ESCAPE = re.compile(r"\\(.)")   # Prometheus escapes \\, \" and \n in label values
 # Only those families (a replica that ignores the filter answers everything, which parses the same).
@@ -32,6 +33,7 @@ class Scraped(NamedTuple):
     model_name: str | None
     adapters: set[str]           # LoRA adapters loaded there
     kv_port: int | None = None   # a prefill replica's KV endpoint port
+    kv_role: str | None = None   # prefill | decode | none (None: not said, an older replica)
 
 
 def parse_gauges(text: str) -> Scraped:
@@ -45,14 +47,15 @@ def parse_gauges(text: str) -> Scraped:
     values: dict[str, float] = {}
     model_name = None
     adapters = set()
-    kv_port = None
+    kv_port = kv_role = None
     for line in text.splitlines():
         name, _, rest = line.partition("{")
         if name == KV_ROLE:
             labels, _, value = rest.rpartition("}")
-            found = KV_PORT_LABEL.search(labels)
-            if 'role="prefill"' in labels and found is not None and float(value.split()[0]) > 0:
-                kv_port = int(found[1])
+            port, role = KV_PORT_LABEL.search(labels), KV_ROLE_LABEL.search(labels)
+            if role is not None and float(value.split()[0]) > 0:
+                kv_role = role[1]
+                kv_port = int(port[1]) if kv_role == "prefill" and port is not None else None
             continue
         if name == ADAPTER_LOADED:
             labels, _, value = rest.rpartition("}")
@@ -67,7 +70,7 @@ def parse_gauges(text: str) -> Scraped:
         values[attribute] = values.get(attribute, 0.0) + float(value.split()[0])
         if model_name is None and 'model_name="' in labels:
             model_name = labels.split('model_name="', 1)[1].split('"', 1)[0]
-    return Scraped(values, model_name, adapters, kv_port)
+    return Scraped(values, model_name, adapters, kv_port, kv_role)
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Replica:
     adapters: set[str] = field(default_factory=set)   # LoRA adapters loaded there: its last scrape and our loads
     loaded_at: dict[str, float] = field(default_factory=dict)   # adapter -> time.monotonic() this router loaded it
     kv_port: int | None = None  # a prefill replica's KV endpoint port, from its last scrape
+    kv_role: str | None = None  # its role in disaggregated serving, from its last scrape
 
     @property
     def kv_endpoint(self) -> str | None:
@@ -173,14 +177,14 @@ class ReplicaSet:
             status, body = await replica.upstream.get(SCRAPE_PATH, timeout)
             if status != 200:
                 raise UpstreamError(f"/metrics answered {status}")
-            values, model_name, adapters, kv_port = parse_gauges(body.decode())
+            values, model_name, adapters, kv_port, kv_role = parse_gauges(body.decode())
         except (ConnectFailed, UpstreamError, asyncio.TimeoutError, ValueError) as error:
             self.mark_down(replica, f"scrape failed: {type(error).__name__} {error}".strip())
             return
         for field, value in values.items():
             setattr(replica, field, value)
         replica.model_name = model_name or replica.model_name
-        replica.kv_port = kv_port
+        replica.kv_port, replica.kv_role = kv_port, kv_role
         replica.note_scraped_adapters(adapters, started)
         replica.scraped_at = time.monotonic()
         if not replica.up and self.replicas.get(replica.url) is replica and replica.scraped_at >= replica.down_until:

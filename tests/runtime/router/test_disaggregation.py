@@ -215,11 +215,21 @@ def test_the_router_falls_back_to_colocated_when_the_transfer_fails(replicas, st
             stand_in.server.shutdown()
 
 
-def test_the_router_drops_a_kv_source_a_client_sends(replicas, start_router):
-    router = start_router([replicas.decode.url]).wait_up(1)
-    body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 4, "kubeinfer_kv_source": f"127.0.0.1:{free_port()}"}
-    answer = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
-    assert answer.status_code == 200, answer.text   # served colocated: the field never reached the replica
+def test_the_router_drops_a_clients_kv_source_and_pulls_only_onto_decode_replicas(replicas, start_router):
+    """The decode pool here is P, which has no decode role: served colocated there, never with a KV source (P would
+    refuse one with a 400, so the client's must have been dropped)."""
+    stand_in = StandInPrefill(free_port())
+    try:
+        router = start_router([replicas.prefill.url], "--prefill-upstream", stand_in.url).wait_up(1)
+        wait_for(lambda: router.metric("kubeinfer_router_prefill_replicas_up") == 1, 30, "the prefill replica up")
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 4,
+                "kubeinfer_kv_source": f"127.0.0.1:{free_port()}"}
+        answer = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert router.metric("kubeinfer_router_disaggregation_requests_total", path="colocated") == 1
+        assert router.metric("kubeinfer_router_disaggregation_requests_total", path="fallback") == 0
+    finally:
+        stand_in.server.shutdown()
 
 
 def test_no_kv_block_is_left_held_on_any_replica(replicas):

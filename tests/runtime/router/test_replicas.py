@@ -24,28 +24,28 @@ kubeinfer_lora_requests_running{adapter="other"} 1.0
 
 
 def test_parse_gauges_reads_the_three_gauges_and_the_model_name():
-    values, model, adapters, kv_port = parse_gauges(EXPOSITION)
+    values, model, adapters, kv_port, kv_role = parse_gauges(EXPOSITION)
     assert values == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.5}
     assert model == "tiny"
-    assert adapters == set() and kv_port is None
+    assert adapters == set() and kv_port is None and kv_role is None
 
 
 def test_parse_gauges_reads_the_adapters_loaded_at_one_with_escaped_names():
-    values, model, adapters, _ = parse_gauges(EXPOSITION + ADAPTERS)
+    values, model, adapters, _, _ = parse_gauges(EXPOSITION + ADAPTERS)
     assert adapters == {"sql", "chat-v2", 'odd "name" \\ here'}
     assert values == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.5}
 
 
 def test_parse_gauges_of_an_unrelated_exposition_is_empty():
-    assert parse_gauges("# nothing\nup 1\n") == ({}, None, set(), None)
+    assert parse_gauges("# nothing\nup 1\n") == ({}, None, set(), None, None)
 
 
 def test_parse_gauges_reads_a_prefill_replicas_kv_port_and_the_endpoint_is_its_host_with_it():
     roles = ('kubeinfer_kv_role{kv_port="9100",model_name="tiny",role="prefill"} 1.0\n'
              'kubeinfer_kv_role{kv_port="",model_name="tiny",role="decode"} 0.0\n')
-    assert parse_gauges(EXPOSITION + roles).kv_port == 9100
+    assert parse_gauges(EXPOSITION + roles)[3:] == (9100, "prefill")
     decode = 'kubeinfer_kv_role{kv_port="",model_name="tiny",role="decode"} 1.0\n'
-    assert parse_gauges(EXPOSITION + decode).kv_port is None
+    assert parse_gauges(EXPOSITION + decode)[3:] == (None, "decode")
     replica = Replica("http://10.0.0.7:8000", kv_port=9100)
     assert replica.kv_endpoint == "10.0.0.7:9100" and Replica("http://10.0.0.7:8000").kv_endpoint is None
 
