@@ -40,7 +40,11 @@ def test_cuda_device_without_cuda(tmp_path, llama_dir):
     (["--port", "-1"], ["argument --port: a port is 1-65535, got -1"]),
     (["--port", "70000"], ["a port is 1-65535, got 70000"]),
     (["--engine-mode", "fiber"], ["argument --engine-mode: invalid choice: 'fiber'"]),
-], ids=["port-negative", "port-too-large", "engine-mode"])
+    (["--kv-role", "middle"], ["argument --kv-role: invalid choice: 'middle'"]),
+    (["--kv-role", "decode", "--kv-source-networks", "10.0.0.0/8,pods"],
+     ["kv_source_networks: 'pods' is not a network (CIDR"]),
+    (["--kv-role", "prefill", "--kv-port", "70000"], ["kv_port must be in [0, 65535], got 70000"]),
+], ids=["port-negative", "port-too-large", "engine-mode", "kv-role", "kv-source-networks", "kv-port"])
 def test_bad_serve_flags(tmp_path, llama_dir, args, expected):
     result = run_kubeinfer("serve", "--model", str(llama_dir), *args, cache=tmp_path)
     assert_one_line_error(result, *expected)
