@@ -18,7 +18,7 @@ from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
 from kubeinfer.runtime.server import lora_api
 from kubeinfer.runtime.server.errors import APIError
-from kubeinfer.runtime.server.kv_source import check_kv_source
+from kubeinfer.runtime.server.kv_source import after, check_kv_source
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.protocol import Resume
 from kubeinfer.runtime.server.responses_store import ResponseStore
@@ -56,7 +56,7 @@ class Job:
     state: ServerState | None = None   # holds the job's room until `release`
     resume: Resume | None = None       # a continuation of a stream whose replica died
     kv_source: str | None = None       # a decode replica: the prefill replica's KV endpoint (kv_source.py)
-    primed: dict = field(default_factory=dict)   # sub-request id -> its outputs, already started (kv_source.py)
+    primed: dict = field(default_factory=dict)   # sub-request id -> (first output, the rest), started (kv_source.py)
 
     def release(self) -> None:
         """Gives the job's room back (once, whichever path ends the response first)."""
@@ -71,7 +71,13 @@ class Job:
     def outputs(self, engine: EngineClient, sub_id: str, prompt: list[int], params: SamplingParams):
         """A sub-request's outputs: started already (a pulled request's, `start_pulled`), or started now."""
         primed = self.primed.pop(sub_id, None)
-        return primed if primed is not None else engine.generate(sub_id, prompt, params, self.resume)
+        return after(*primed) if primed is not None else engine.generate(sub_id, prompt, params, self.resume)
+
+    async def close_primed(self) -> None:
+        """Ends the started requests nobody read (a stream whose body never started): aborted, their blocks freed."""
+        for _, rest in self.primed.values():
+            await rest.aclose()
+        self.primed.clear()
 
     @property
     def num_prompt_tokens(self) -> int:

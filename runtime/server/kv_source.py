@@ -77,11 +77,12 @@ async def start_pulled(state, job, request: Request) -> bool:
                        FIELD, TRANSFER_FAILED) from None
     except InvalidRequestError as error:   # refused by the engine (what a pulled request cannot have)
         raise InvalidRequestError(str(error), FIELD) from None
-    job.primed[sub_id] = _after(output, outputs)
+    job.primed[sub_id] = (output, outputs)
     return True
 
 
-async def _after(first, rest):
+async def after(first, rest):
+    """`first`, then what `rest` yields (closed at the end, which aborts its request if it had not finished)."""
     try:
         yield first
         async for output in rest:

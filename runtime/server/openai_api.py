@@ -92,6 +92,7 @@ async def _respond(state: ServerState, job: Job, formatter: Formatter, body, req
     try:
         return await _collect(state, job, formatter, request)
     finally:
+        await job.close_primed()
         job.release()
 
 
@@ -106,6 +107,7 @@ class JobStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            await self.job.close_primed()
             self.job.release()
 
 
