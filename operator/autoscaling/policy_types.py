@@ -135,6 +135,7 @@ class Signals:
     num_pods_reporting: int | None = None
     error: str | None = None  # why the source could not measure
     usage: ReplicaUsage | None = None  # the replicas' steps and request lengths over the window (calibration)
+    recent_request_rate: float | None = None  # first tokens per second over the last few seconds (recent_arrivals)
 
     @property
     def available(self) -> bool:
@@ -151,7 +152,8 @@ class Signals:
     def to_dict(self) -> dict[str, Any]:
         return {"timestamp": rfc3339_precise(self.timestamp), "queueDepth": self.queue_depth, "numRunning": self.num_running,
                 "ttftP95Seconds": self.ttft_p95_seconds, "requestRate": self.request_rate,
-                "numPodsReporting": self.num_pods_reporting, "error": self.error}
+                "recentRequestRate": self.recent_request_rate, "numPodsReporting": self.num_pods_reporting,
+                "error": self.error}
 
 
 @dataclass(frozen=True)
