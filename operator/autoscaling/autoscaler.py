@@ -127,9 +127,10 @@ def _conditions(signals: Signals, decision: ScaleDecision) -> list[dict[str, Any
 
 
 def _last_signals(signals: Signals, decision: ScaleDecision) -> dict[str, Any]:
-    """status.lastSignals: the values, rounded, without their time (a time would rewrite status every pass)."""
-    values = {k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items() if k != "timestamp"}
-    return {**values, "recommendation": decision.recommendation, "reason": decision.reason}
+    """status.lastSignals: the values, rounded, without their time (a time would rewrite status every pass; the
+    null removes the one an older operator wrote)."""
+    values = {k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items()}
+    return {**values, "timestamp": None, "recommendation": decision.recommendation, "reason": decision.reason}
 
 
 def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals, pods: list[dict[str, Any]],

@@ -129,3 +129,19 @@ def test_a_restart_at_any_pass_scales_to_zero_when_the_uninterrupted_operator_do
     for k in range(1, len(script)):
         resumed = desired(run(service(replicas=2, **config), script, restart_at=k)[0])
         assert resumed == straight, f"restart before pass {k}"
+
+
+def test_a_status_written_by_an_older_operator_is_rewritten_once():
+    """An older operator wrote the pass's time in lastSignals and a recommendation per pass: the first pass of
+    this one removes the time (a merge patch keeps a member it does not null), then nothing is written."""
+    stored = service(replicas=2, minReplicas=2)
+    run(stored, [idle] * 10)
+    st = stored.body["status"]
+    st["lastSignals"]["timestamp"] = "2027-01-15T08:00:45Z"
+    recommendation = st["scalingHistory"]["recommendations"][-1]
+    st["scalingHistory"]["recommendations"] = [[f"2027-01-15T08:00:{s:02d}Z", *recommendation[1:]]
+                                               for s in range(0, 50, 5)]
+    plans, writes = run(stored, [idle] * 20, restart_at=0, start=10)
+    assert writes[0] == 1 and sum(writes[1:]) == 0, writes
+    assert "timestamp" not in stored.body["status"]["lastSignals"]
+    assert set(desired(plans)) == {2}
