@@ -42,9 +42,9 @@ async def test_an_idle_service_makes_no_status_write_once_settled(cluster: Any, 
         await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("scalingHistory"))
         await asyncio.sleep(3 * INTERVAL)  # reconcile's own first writes, and the autoscaler's first passes
         start, first = len(list(cluster)), passes(prom)
-        deadline = asyncio.get_running_loop().time() + 10
+        # No deadline of its own: how long 15 passes take depends on the box (10 s was not enough under load);
+        # an autoscaler that stopped passing ends the test at pytest's timeout.
         while passes(prom) - first < PASSES:
-            assert asyncio.get_running_loop().time() < deadline, "the autoscaler stopped passing"
             await asyncio.sleep(INTERVAL)
         writes = status_writes(cluster, start)
         obj = await kapi.get(ISVC)
