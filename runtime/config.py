@@ -18,7 +18,8 @@ LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram", "draft")
 SCHEDULING_POLICIES = ("fcfs", "shortest-first", "fair")   # the waiting queue's order (runtime/engine/scheduler.py)
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # runtime/server/tool_parsers.py
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+KV_ROLES = ("prefill", "decode")   # runtime/disagg   # runtime/server/tool_parsers.py
 
 
 @dataclass
@@ -57,6 +58,12 @@ class EngineConfig:
     max_lora_rank: int = 16                # the largest adapter rank served
     max_cpu_loras: int | None = None       # adapters kept in host memory; None = max(max_loras, 8)
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapters loaded at start: name -> PEFT folder
+    # Disaggregated serving (docs/disaggregation.md): a prefill replica serves its prompts' KV on kv_port; a decode
+    # replica pulls it for requests that name a KV source. Either role still serves ordinary requests.
+    kv_role: str | None = None             # None | prefill | decode
+    kv_host: str = "0.0.0.0"               # prefill: the KV endpoint's address
+    kv_port: int = 0                       # prefill: its port (0: any free one)
+    kv_idle_timeout_s: float = 30.0        # the longest silence from the other side of a transfer
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
     draft_model_config: ModelConfig | None = field(init=False, repr=False, default=None)
@@ -115,6 +122,17 @@ class EngineConfig:
         self._validate_tensor_parallel()
         self._validate_experts()
         self._validate_lora()
+        self._validate_kv_role()
+
+    def _validate_kv_role(self) -> None:
+        if self.kv_role in ("", "none"):
+            self.kv_role = None
+        _require(self.kv_role in (None, *KV_ROLES),
+                 f"kv_role must be one of {', '.join(KV_ROLES)} (or unset), got {self.kv_role!r}")
+        _require(self.kv_role is None or self.world_size == 1,
+                 "kv_role needs tensor_parallel_size and expert_parallel_size 1 (each rank would send its shard)")
+        _require(0 <= self.kv_port < 65536, f"kv_port must be in [0, 65535], got {self.kv_port}")
+        _require(self.kv_idle_timeout_s > 0, f"kv_idle_timeout_s must be > 0, got {self.kv_idle_timeout_s}")
 
     def _validate_lora(self) -> None:
         _require(self.max_loras >= 0, f"max_loras must be >= 0, got {self.max_loras}")

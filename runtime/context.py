@@ -1,4 +1,8 @@
-"""Per-forward metadata, set by the model runner before a forward and read by the attention layers."""
+"""Per-forward metadata, set by the model runner before a forward and read by the attention layers.
+
+Per thread: two engines of one process (a prefill and a decode role in a test) may run forwards at once.
+"""
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -13,19 +17,20 @@ class ForwardContext:
     lora: tuple[torch.Tensor, list] | None = None
 
 
-_context: ForwardContext | None = None
+_local = threading.local()
 
 
 def set_context(context: ForwardContext | None) -> None:
-    global _context
-    _context = context
+    _local.context = context
 
 
 def get_context() -> ForwardContext:
-    assert _context is not None, "attention ran outside a forward prepared by the model runner"
-    return _context
+    context = getattr(_local, "context", None)
+    assert context is not None, "attention ran outside a forward prepared by the model runner"
+    return context
 
 
 def lora_batch() -> tuple[torch.Tensor, list] | None:
     """The forward's adapter slot per token and their groups, or None (no forward under way, or no adapter)."""
-    return None if _context is None else _context.lora
+    context = getattr(_local, "context", None)
+    return None if context is None else context.lora

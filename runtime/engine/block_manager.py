@@ -138,6 +138,19 @@ class BlockManager:
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
         seq.last_block_hash = parent
 
+    # -- holders other than sequences (a KV export reading blocks out after its sequence ended) -------------
+    def retain(self, block: int) -> None:
+        """One more holder of `block`: it is not reused (nor its cached content evicted) until released."""
+        if self.ref_counts[block] == 0:
+            del self.free_blocks[block]
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        assert self.ref_counts[block] >= 0
+        if self.ref_counts[block] == 0:
+            self.free_blocks[block] = None
+
     def free(self, seq: Sequence) -> None:
         """Releases the sequence's blocks; the tail is freed first, so it is also reused first."""
         for block in reversed(seq.block_table):

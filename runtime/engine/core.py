@@ -6,6 +6,7 @@ job, so the core can run in a process of its own and send one small message per 
 `kubeinfer.runtime.server.engine_client`); `LLMEngine` puts both together in one process for offline use.
 """
 import logging
+import threading
 import time
 from collections import Counter
 
@@ -16,7 +17,7 @@ from kubeinfer.runtime.engine.messages import (EngineInfo, EngineStats, TokenDel
 from kubeinfer.runtime.engine.model_runner import ModelRunner
 from kubeinfer.runtime.engine.scheduler import Scheduler
 from kubeinfer.runtime.engine.scheduler_stats import TenantTokens
-from kubeinfer.runtime.engine.sequence import Sequence
+from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.layers.fused_moe import expert_load_summary
 from kubeinfer.runtime.lora.adapter import LoraError
@@ -25,6 +26,7 @@ from kubeinfer.runtime.structured.grammars import GrammarCache
 
 logger = logging.getLogger(__name__)
 EXPERT_LOAD_INTERVAL_S = 1.0
+TRANSFER_POLL_S = 0.01   # the longest an idle step waits for a KV transfer to move (any progress wakes it sooner)
 
 
 def step_composition(batch) -> tuple[int, int]:
@@ -63,6 +65,16 @@ class EngineCore:
                                dict(self.model_runner.startup_phases),
                                config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths),
                                config.world_size if config.device.startswith("cuda") else 0)
+        self.transfer_progress = threading.Event()
+        self.kv_exporter = self.kv_importer = None
+        if config.kv_role is not None:
+            from kubeinfer.runtime.disagg.roles import start_kv_role
+            start_kv_role(self, config)
+
+    @property
+    def idle_wait_s(self) -> float | None:
+        """How long the serving loop may block with nothing to run: a prefill replica polls for pulls."""
+        return TRANSFER_POLL_S if self.kv_exporter is not None else None
 
     def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
             arrival_time: float | None = None, output_token_ids: list[int] = ()) -> None:
@@ -84,6 +96,19 @@ class EngineCore:
                 raise InvalidRequestError("the resumed output does not follow the request's grammar")
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def add_remote(self, request_id: str, token_ids: list[int], params: SamplingParams, source: str,
+                   arrival_time: float | None = None) -> None:
+        """A request whose prompt's KV and first token come from the prefill replica at `source` (`host:port`)."""
+        if self.kv_importer is None:
+            raise InvalidRequestError("this replica pulls no KV: start it with kv_role decode")
+        if request_id in self.seqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        check_prompt(token_ids, self.info)
+        check_token_ids(params, self.info)
+        seq = Sequence(request_id, token_ids, params, arrival_time)
+        self.kv_importer.add(seq, source)
+        self.seqs[request_id] = seq
 
     def load_lora(self, name: str, path: str) -> None:
         """Checks the adapter at `path` against the model and serves it as `name` (a no-op when it already is)."""
@@ -111,18 +136,32 @@ class EngineCore:
             return False
         if stop_reason is not None:
             seq.stop_reason = stop_reason
+        if seq.status is SequenceStatus.RECEIVING:
+            seq.finish_reason = reason
+            self.kv_importer.cancel(seq)
+            return True
         self.scheduler.finish([seq], reason)
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.seqs)
+        return bool(self.seqs) or any(role is not None and role.busy for role in (self.kv_exporter, self.kv_importer))
 
     def step(self) -> list[TokenDelta]:
+        self.transfer_progress.clear()
+        received = self.kv_importer.admit() if self.kv_importer is not None else []
+        if self.kv_exporter is not None:
+            self.kv_exporter.take_pulls()
         batch = self.scheduler.schedule()
         self.last_step = (0, 0)
         self.step_tenant_tokens = self.tenant_tokens.count(batch)
         if not batch.seqs:
-            return []
+            if self.kv_exporter is not None:
+                self.kv_exporter.pump()
+            if not received and self.has_unfinished():   # only transfers in flight: wait for one to move
+                self.transfer_progress.wait(TRANSFER_POLL_S)
+            return received
+        if self.kv_exporter is not None:
+            self.kv_exporter.hold(batch)
         if self.model_runner.draft is not None:
             self.model_runner.draft.propose(batch, self.block_manager)
         self.last_step = step_composition(batch)
@@ -132,9 +171,14 @@ class EngineCore:
         kept = self.scheduler.postprocess(batch, sampled)
         self._advance_grammars(batch.seqs, kept)
         now = time.monotonic()
-        deltas = []
+        deltas = received
+        exporter = self.kv_exporter
         for seq, tokens, token_logprobs in zip(batch.seqs, kept, logprobs):
             if not tokens:
+                continue
+            if exporter is not None and exporter.owns(seq.request_id):   # a pull's first token goes on the wire
+                if seq.is_finished:
+                    del self.seqs[seq.request_id]
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
@@ -145,6 +189,8 @@ class EngineCore:
                                          seq.num_cached_tokens, seq.first_token_time))
             if seq.is_finished:
                 del self.seqs[seq.request_id]
+        if exporter is not None:
+            exporter.pump()
         return deltas
 
     @staticmethod

@@ -35,7 +35,7 @@ def serve_core(core, channel) -> None:
     while True:
         touched = False
         idle = not core.has_unfinished() or unread >= MAX_STEPS_AHEAD
-        for message in channel.receive(timeout=None if idle else 0.0):
+        for message in channel.receive(timeout=core.idle_wait_s if idle else 0.0):   # a KV source polls
             kind = message[0]
             if kind == "shutdown":
                 return

@@ -58,6 +58,16 @@ class LLMEngine:
         self.core.add(request_id, token_ids, params, arrival_time)
         self.processor.add(request_id, token_ids, params, arrival_time)
 
+    def add_remote_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+                           source: str, arrival_time: float | None = None) -> None:
+        """A request whose prompt is prefilled by the replica whose KV endpoint is `source` (`host:port`); this
+        engine (kv_role decode) pulls the KV and decodes (docs/disaggregation.md)."""
+        params = params or SamplingParams()
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.core.add_remote(request_id, token_ids, params, source, arrival_time)
+        self.processor.add(request_id, token_ids, params, arrival_time)
+
     def validate_prompt(self, token_ids: list[int]) -> None:
         check_prompt(token_ids, self.core.info)
 
@@ -77,4 +87,10 @@ class LLMEngine:
         outputs, stopped = self.processor.process(self.core.step())
         for request_id, stop in stopped:
             self.core.finish(request_id, "stop", stop)
+        if self.core.kv_importer is not None:
+            for request_id, message in self.core.kv_importer.take_failures():
+                output = self.processor.abort(request_id)
+                if output is not None:
+                    output.finish_reason, output.error = "error", message
+                    outputs.append(output)
         return outputs

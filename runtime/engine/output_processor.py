@@ -29,6 +29,7 @@ class RequestOutput:
     arrival_time: float
     first_token_time: float | None
     tenant: str = ""                    # whose request (SamplingParams.tenant), for per-tenant metrics
+    error: str | None = None            # why it ended with finish_reason "error" (a failed KV transfer)
 
 
 @dataclass

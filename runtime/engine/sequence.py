@@ -9,6 +9,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    RECEIVING = "receiving"   # its prompt's KV is being pulled from a prefill replica (runtime/disagg)
     FINISHED = "finished"
 
 

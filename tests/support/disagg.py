@@ -1,0 +1,88 @@
+"""A prefill replica's engine stepping on a thread of the test process, and a decode engine driven to the end of its
+requests: the two roles of disaggregated serving, with real sockets on 127.0.0.1 between them."""
+import contextlib
+import socket
+import threading
+import time
+
+from kubeinfer.runtime.llm import LLM
+
+
+def engine(model_dir, **settings) -> LLM:
+    """An engine with one torch thread: the tests run two or three in one process on a box of two cores, where two
+    threads each oversubscribe it (a tiny model's step measured 20x slower so on a busy 2-vCPU box)."""
+    return LLM(str(model_dir), **{"cpu_threads": 1, **settings})
+
+
+@contextlib.contextmanager
+def prefill_replica(model_dir, **settings):
+    """Yields the prefill engine (`LLM`) while a thread steps it; its KV endpoint is `kv_address(llm)`."""
+    llm = engine(model_dir, kv_role="prefill", kv_host="127.0.0.1", **settings)
+    stop, failure = threading.Event(), []
+    steps = llm.engine
+
+    def loop():
+        try:
+            while not stop.is_set():
+                if steps.has_unfinished_requests():
+                    steps.step()
+                else:
+                    steps.core.transfer_progress.wait(steps.core.idle_wait_s)
+        except BaseException as error:   # surfaced by the test, not lost on a thread
+            failure.append(error)
+
+    thread = threading.Thread(target=loop, name="prefill-engine", daemon=True)
+    thread.start()
+    try:
+        yield llm
+    finally:
+        stop.set()
+        thread.join()
+        llm.engine.core.kv_exporter.source.close()
+    if failure:
+        raise failure[0]
+
+
+def kv_address(llm) -> str:
+    return llm.engine.core.kv_exporter.source.address
+
+
+def generate_remote(llm, prompts, params, source: str, on_step=None) -> dict:
+    """Runs `prompts` on the decode engine `llm` with their KV pulled from `source`; the final outputs by request id
+    (`str(index)`). `on_step(step_number, engine)` runs after every step (cancellations)."""
+    decode = llm.engine
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    for index, (prompt, p) in enumerate(zip(prompts, params)):
+        decode.add_remote_request(str(index), prompt, p, source)
+    finals, number = {}, 0
+    while decode.has_unfinished_requests():
+        for output in decode.step():
+            if output.finished:
+                finals[output.request_id] = output
+        number += 1
+        if on_step is not None:
+            on_step(number, decode)
+    return finals
+
+
+def wait_until_drained(prefill_llm, idle_s: float) -> None:
+    """Waits for the prefill replica to end every transfer: a dropped one is noticed at its next send (a block or a
+    keepalive, every idle_s / 4), so within idle_s."""
+    core = prefill_llm.engine.core
+    deadline = time.monotonic() + 2 * idle_s
+    while core.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not core.has_unfinished(), f"the prefill replica still has transfers after {2 * idle_s} s"
+
+
+def fake_prefill(behave) -> str:
+    """A one-connection server on 127.0.0.1 whose side of the protocol is `behave(conn)`; its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run():
+        conn, _ = listener.accept()
+        with conn:
+            behave(conn)
+        listener.close()
+    threading.Thread(target=run, daemon=True).start()
+    return "127.0.0.1:%d" % listener.getsockname()[1]
