@@ -14,6 +14,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,13 +89,17 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
     ]
 
 
-def run_trace(trace: Trace, model: ReplicaModel, seed: int) -> list[tuple[Simulation, float]]:
+def run_trace(trace: Trace, model: ReplicaModel, seed: int,
+              only: Callable[[str], bool] = lambda name: True) -> list[tuple[Simulation, float] | None]:
     """Every policy on one trace, with the wall seconds each took: the fixed fleet starts at its size,
-    the others at the size for the trace's starting rate."""
+    the others at the size for the trace's starting rate. A policy whose name `only` refuses is not run (None)."""
     n0 = replicas_for_rate(max(trace.rate(0.0), 0.25), TTFT_TARGET_S, model,
                            sizing_share(trace.lengths, TTFT_TARGET_S, model), lengths=trace.lengths)
-    runs = []
+    runs: list[tuple[Simulation, float] | None] = []
     for policy in make_policies(trace, model):
+        if not only(policy.name):
+            runs.append(None)
+            continue
         start = time.perf_counter()
         initial = policy.replicas if isinstance(policy, FixedFleet) else n0
         sim = Simulation(trace, policy, initial_replicas=initial, model=model, seed=seed).run()

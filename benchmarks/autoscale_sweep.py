@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/autoscale_sweep.py [--seed 0] [--cold-starts 60 30 15 5]
         [--trace-file PATH ...] [--compress-to SECONDS] [--rate-scale X] [--no-synthetic]
+        [--traces NAME ...] [--policies TEXT ...]
 
 `--trace-file` adds a row per file and cold start: a CSV of `TIMESTAMP,ContextTokens,GeneratedTokens` (the public
 format of production traces; benchmarks/autoscale/traces holds two of our making), each request replayed with its
@@ -10,7 +11,9 @@ own lengths; every policy is calibrated, and the limit and the fixed fleet sized
 For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (ours learns the cold start
 from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
 SLO share / GPU-hours per policy, then ours against the limit (points below its SLO share, share of its
-GPU-hours). Fixed seed; about 25 s per cold start on one CPU core.
+GPU-hours). Fixed seed; about 25 s per cold start on one CPU core. `--traces` keeps the rows of the named traces,
+`--policies` the columns whose policy name contains one of the texts (and the limit's, which the last columns
+need); the other cells print "-". A run does not depend on the others, so its cells are the full sweep's.
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ def row(results: list, cold_start_s: float) -> str:
     fixed, reactive, learning, kubeai, kubeai60, kpa, limit, ours, operator = results
 
     def cell(r) -> str:
-        return f"{100 * r.slo_share:.1f}% / {r.gpu_hours:.2f}"
+        return "-" if r is None else f"{100 * r.slo_share:.1f}% / {r.gpu_hours:.2f}"
 
     def against_limit(r) -> tuple[str, str]:
+        if r is None or limit is None:
+            return "-", "-"
         gap = 100 * (limit.slo_share - r.slo_share)
         ratio = r.gpu_hours / limit.gpu_hours
         slo_ok, gpu_ok = gap <= autoscale_sim.LIMIT_SLO_POINTS, ratio <= autoscale_sim.LIMIT_GPU_RATIO
@@ -54,7 +59,8 @@ def row(results: list, cold_start_s: float) -> str:
         return f"{gap:+.1f}, {100 * ratio:.0f}%", goal or "met"
 
     cells = " | ".join(cell(r) for r in (limit, ours, operator, reactive, learning, kubeai, kubeai60, kpa, fixed))
-    return f"| {ours.trace} | {cold_start_s:g} | {cells} | {' | '.join(against_limit(ours) + against_limit(operator))} |"
+    trace = next(r.trace for r in results if r is not None)
+    return f"| {trace} | {cold_start_s:g} | {cells} | {' | '.join(against_limit(ours) + against_limit(operator))} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,15 +71,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compress-to", type=float, default=None, help="replay each file's span in this many seconds")
     ap.add_argument("--rate-scale", type=float, default=1.0, help="thin (< 1) or multiply (> 1) the files' requests")
     ap.add_argument("--no-synthetic", action="store_true", help="only the trace files")
+    ap.add_argument("--traces", nargs="+", default=None, help="only these traces' rows (by name: steady, ...)")
+    ap.add_argument("--policies", nargs="+", default=None,
+                    help="only the policies whose name contains one of these texts (the limit always runs)")
     args = ap.parse_args(argv)
     traces = [] if args.no_synthetic else [make() for make in ALL_TRACES]
     traces += [load_trace(path, args.compress_to, args.rate_scale, args.seed) for path in args.trace_file]
+    if args.traces is not None:
+        traces = [t for t in traces if t.name in args.traces]
+
+    def only(name: str) -> bool:
+        return (args.policies is None or name == autoscale_sim.CLAIRVOYANT
+                or any(text in name for text in args.policies))
     print(header(), flush=True)
     for cold_start in args.cold_starts:
         model = ReplicaModel(cold_start_s=cold_start)
         for trace in traces:
-            runs = autoscale_sim.run_trace(trace, model, args.seed)
-            print(row([summarize(sim, autoscale_sim.TTFT_TARGET_S) for sim, _ in runs], cold_start), flush=True)
+            runs = autoscale_sim.run_trace(trace, model, args.seed, only)
+            results = [None if run is None else summarize(run[0], autoscale_sim.TTFT_TARGET_S) for run in runs]
+            print(row(results, cold_start), flush=True)
     return 0
 
 

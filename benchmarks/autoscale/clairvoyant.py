@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from kubeinfer.operator.autoscaling.fleet_sizing import FleetSizing, fleet_sizing  # noqa: F401 (the benchmark's)
 
-from .sim import Observation, Trace
+from .observation import Observation
+from .sim import Trace
 
 @dataclass
 class ClairvoyantPolicy:

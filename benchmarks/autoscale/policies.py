@@ -21,7 +21,7 @@ from kubeinfer.operator.autoscaling.policy import decide
 from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
 from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
 
-from .sim import Observation
+from .observation import Observation
 
 
 @dataclass

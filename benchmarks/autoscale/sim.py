@@ -15,7 +15,7 @@ Model (all times in seconds):
   taking requests, finishes its running batch (its queued requests go back to the router), and is
   billed until then. Pending replicas are removed first.
 - Every second the simulator samples waiting/running/concurrency; a policy sees them through
-  `Observation` at its own tick (our policy through Prometheus-like signals lagging by a scrape interval).
+  `Observation` (observation.py) at its own tick (our policy through Prometheus-like signals lagging by a scrape interval).
 - The policy decides until the trace ends, and `tail_s` seconds after (0 by default, which the tables use:
   they count only what happens within the trace); a tail shows what a policy does once the load is gone,
   e.g. a scale-down a real run saw after its last request.
@@ -26,18 +26,15 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.cold_start import ColdStartSample
-from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, admit
 
-from .replica_metrics import UsageCounters, usage_between
+from .observation import Observation
+from .replica_metrics import UsageCounters
 
 
 # The built-in CPU demo model (kubeinfer serve --model demo) on one CPU thread, as fitted by
@@ -89,46 +86,6 @@ class Replica:
     @property
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.prefill)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What a policy may read at a tick."""
-
-    now: float
-    current: int  # replicas asked for (spec.replicas)
-    ready: int
-    pending: int
-    sim: Simulation
-
-    def concurrency(self, seconds: float) -> list[float]:
-        """Per-second samples of requests in the system (waiting + running) over the last `seconds`."""
-        s = self.sim.samples
-        i = bisect_left(s.t, self.now - seconds)
-        return s.concurrency[i:]
-
-    def cold_starts(self) -> list[ColdStartSample]:
-        """Creation -> ready of the replicas the simulation created that have become ready (what the
-        operator reads from its pods; the replicas that were there at the start are not observed)."""
-        return [ColdStartSample(f"replica-{r.rid}", r.created, r.ready_at)
-                for r in self.sim.replicas[self.sim.num_initial:]
-                if r.ready_at <= self.now and (r.terminated is None or r.terminated >= r.ready_at)]
-
-    def signals(self, scrape_interval_s: float, window_s: float) -> Signals:
-        """What Prometheus would answer: gauges at the last scrape, TTFT P95 over the window before it."""
-        s = self.sim.samples
-        scrape_t = math.floor(self.now / scrape_interval_s) * scrape_interval_s
-        i = bisect_right(s.t, scrape_t) - 1
-        if i < 0:
-            return Signals.missing("no scrape yet", self.now)
-        tt = self.sim.ttft_times
-        lo, hi = bisect_right(tt, scrape_t - window_s), bisect_right(tt, scrape_t)
-        values = self.sim.ttft_values[lo:hi]
-        p95 = histogram_quantile(0.95, cumulative_counts(values, TTFT_BUCKETS)) if values else None
-        j = bisect_right(s.t, scrape_t - window_s) - 1   # the snapshot at the window's start (None: from zero)
-        usage = usage_between(s.usage[j] if j >= 0 else None, s.usage[i])
-        return Signals(timestamp=scrape_t, queue_depth=s.waiting[i], num_running=s.running[i],
-                       ttft_p95_seconds=p95, request_rate=len(values) / window_s, usage=usage)
 
 
 class Policy(Protocol):

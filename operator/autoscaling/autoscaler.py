@@ -18,8 +18,9 @@ say; its state and last forecast are in `status.predictive`):
 - Status is written before spec.replicas: an operator that dies between the two writes resumes from the
   recorded decision and completes it.
 - `status.scalingHistory` is the policy's `ScaleHistory` (windows, last scale time, learned capacity):
-  a restarted operator decides exactly as an uninterrupted one would (no scale-down for one window when
-  the history is lost).
+  a restarted operator decides as an uninterrupted one would. The running one decides from the history it
+  remembers, and status changes only when what a restart needs does (`history_status`): idle, nothing is
+  written. `status.lastSignals` carries no time for the same reason.
 - `status.coldStartSeconds` is the cold start learned from the service's pods (creation -> Ready, the
   median of the last observations in `status.coldStartSamples`; see `cold_start`): it replaces
   initialDelaySeconds as the horizon of the policy's queue projection once one pod has been observed.
@@ -42,13 +43,12 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time
+from kubeinfer.operator.autoscaling.history_status import RememberedHistory, history_for, history_status
 from kubeinfer.operator.autoscaling.metrics_source import (
     PodSelector, ScrapeSource, router_queue, with_router_queue,
 )
 from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
-from kubeinfer.operator.autoscaling.policy_types import (
-    PolicyConfig, ReplicaCounts, ScaleDecision, ScaleHistory, Signals,
-)
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleDecision, Signals
 from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
 from kubeinfer.operator.autoscaling.readers import SharedReaders
 from kubeinfer.operator.events import EventSpec, condition_events
@@ -126,9 +126,18 @@ def _conditions(signals: Signals, decision: ScaleDecision) -> list[dict[str, Any
     return [scaling, metrics]
 
 
+def _last_signals(signals: Signals, decision: ScaleDecision) -> dict[str, Any]:
+    """status.lastSignals: the values, rounded, without their time (a time would rewrite status every pass; the
+    null removes the one an older operator wrote)."""
+    values = {k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items()}
+    return {**values, "timestamp": None, "recommendation": decision.recommendation, "reason": decision.reason}
+
+
 def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals, pods: list[dict[str, Any]],
-              now: float) -> Plan:
-    """The decision for one pass and every write it implies; pure."""
+              now: float, remembered: RememberedHistory | None = None, previous_pass: float | None = None) -> Plan:
+    """The decision for one pass and every write it implies; pure. `remembered`: what the previous pass of this
+    process decided from and wrote (None: decide from status alone, as a restarted operator does);
+    `previous_pass`: the latest time the previous pass can have been (None: unknown)."""
     assert spec.autoscaling is not None
     st = body.get("status") or {}
     cold_start = ColdStartRecord.from_status(st).with_pods(pods)
@@ -139,7 +148,7 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
     manual = spec.replicas is not None and last is not None and spec.replicas != last
     current = last if manual else spec.desired_replicas
     counts = replica_counts(current, pods, config.initial_delay_seconds, now)
-    history = ScaleHistory.from_dict(st.get("scalingHistory"))
+    history = history_for(st.get("scalingHistory"), remembered, previous_pass)
     decision = decide(signals, counts, history, config, now)
     predictive = None
     if spec.autoscaling.policy == "predictive":
@@ -163,9 +172,8 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
         "desiredReplicas": desired,
         "queueDepth": _round(signals.queue_depth) if available else None,
         "ttftP95Seconds": _round(signals.ttft_p95_seconds) if available else None,
-        "lastSignals": {**{k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items()},
-                        "recommendation": decision.recommendation, "reason": decision.reason},
-        "scalingHistory": decision.history.to_dict(),
+        "lastSignals": _last_signals(signals, decision),
+        "scalingHistory": history_status(decision.history, st.get("scalingHistory"), now),
         "conditions": conditions,
     }
     if predictive is not None:
@@ -191,6 +199,8 @@ class Autoscaler:
         self.source = None if self.prometheus else ScrapeSource(client=self.readers.scrape_client)
         self.router_client = self.readers.router_client
         self.path = resource_path(API_VERSION, KIND, namespace, name)
+        self.remembered: RememberedHistory | None = None  # the last pass's history, and what it wrote
+        self.clock = time.time  # the passes' time (a test drives its own)
 
     async def aclose(self) -> None:
         if self._own_readers is not None:
@@ -251,12 +261,14 @@ class Autoscaler:
             body, spec, pods = self._read()
             if body is None or spec is None:
                 return None
-            now = time.time()
-            plan = plan_pass(body, spec, signals, pods, now)
+            now = self.clock()
+            plan = plan_pass(body, spec, signals, pods, now, self.remembered,
+                             now - self.ctx.config.autoscale_interval_seconds)
             current = body.get("status") or {}
             patch = status_mod.status_patch(current, plan.status)
             if patch:
                 self.ctx.kube.patch_status(self.path, patch)
+            self.remembered = RememberedHistory(plan.status["scalingHistory"], plan.decision.history)
             if plan.replicas is not None:
                 self.ctx.kube.request("PATCH", self.path, body={"spec": {"replicas": plan.replicas}},
                                       content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})

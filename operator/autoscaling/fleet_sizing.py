@@ -7,8 +7,8 @@ when the share of first tokens within the target reaches the sizing share.
 
 - `fleet_sizing`: the whole table up to a rate (the simulator's clairvoyant limit and fixed fleet).
 - `ModelSizing`: the same walk, done only as far as a question needs and cached per model (the operator's
-  predictive policy: its `Sizing`); a question walks at most WALK_BUDGET new rates, and the
-  capacity of a fleet beyond the walk is extrapolated, not walked.
+  predictive policy: its `Sizing`); a question walks at most WALK_BUDGET new rates, the fleet for a rate beyond
+  is found by a few runs at that rate, and the capacity of a fleet beyond the walk is extrapolated, not walked.
 - `sizing_share`: 99% of the requests, but 2 points below the share an idle replica can answer in time where
   long prompts alone take longer than the target (no fleet does better; sizing for 99% would bound nothing).
 """
@@ -100,6 +100,7 @@ class _Walk:
         self.args = (ttft_target_s, model, share, seed, lengths)
         self.max_rates: list[float] = []
         self.rate = RATE_STEP
+        self.ahead: dict[float, int] = {}   # grid rate past the walk -> the smallest fleet that serves it
 
     def advance(self, until_rate: float) -> None:
         """Walks the open fleet up to `until_rate`, or to the rate it fails (which closes it)."""
@@ -140,8 +141,8 @@ class ModelSizing:
         return _walk(self.ttft_target_s, self.model, self.share, SEED, self.lengths, self.max_replicas)
 
     def replicas_for(self, rate: float) -> int:
-        """The table's answer; once a question has walked WALK_BUDGET new grid rates, the rest is extrapolated at
-        the best rate per replica known (the next questions walk on from there)."""
+        """The table's answer; once a question has walked WALK_BUDGET new grid rates, the fleet for the rate itself
+        (`_ahead`: a few runs at that rate, not the table up to it; the next questions walk on from there)."""
         if rate <= 0:
             return 1
         walk = self._walk()
@@ -156,9 +157,27 @@ class ModelSizing:
                 return done + 1
             per_replica = _per_replica(walk)
             if budget <= 0 and per_replica > 0:
-                return min(self.max_replicas + 1, max(done + 1, math.ceil(rate / per_replica - 1e-9)))
+                most = min(self.max_replicas + 1, max(done + 1, math.ceil(rate / per_replica - 1e-9)))
+                return self._ahead(walk, rate, done + 1, most)
             walk.advance(walk.rate)   # one grid rate
             budget -= 1
+
+    def _ahead(self, walk: _Walk, rate: float, least: int, most: int) -> int:
+        """The smallest fleet in [least, most] that serves `rate` (rounded up to the grid), by bisection over runs at
+        that rate: `most` serves it at the best rate per replica known, and a larger fleet serves more per replica.
+        Past the walk, a burst asks for rates the table has not reached: extrapolating from the small fleets walked
+        so far (which pool less) would order up to twice the fleet; 3-4 runs answer it, and are kept."""
+        grid = math.ceil(rate / RATE_STEP - 1e-9) * RATE_STEP
+        if grid not in walk.ahead:
+            target, model, share, seed, lengths = walk.args
+            while least < most:
+                mid = (least + most) // 2
+                if serves(mid, grid, target, model, share, seed, lengths):
+                    most = mid
+                else:
+                    least = mid + 1
+            walk.ahead[grid] = most
+        return walk.ahead[grid]
 
     def capacity(self, replicas: int) -> float:
         """The table's rate for a fleet walked already; beyond, the best rate per replica known so far times the

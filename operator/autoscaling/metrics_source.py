@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubeinfer.operator.autoscaling.calibration import usage_from
 from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
 from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
 from kubeinfer.operator.metric_names import (
     REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, ROUTER_QUEUE, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
 )
@@ -92,6 +93,7 @@ def promql_queries(selector: PodSelector, window_s: int) -> dict[str, str]:
         "running": f"sum({RUNNING}{sel})",
         "ttft_p95": f"histogram_quantile(0.95, sum by (le) (rate({TTFT}_bucket{sel}[{w}])))",
         "rate": f"sum(rate({TTFT}_count{sel}[{w}]))",
+        "recent_rate": f"sum(rate({TTFT}_count{sel}[{RECENT_RANGE_S}s]))",
         "pods": f"count({WAITING}{sel})",
         "oldest": f"min(timestamp({WAITING}{sel}))",
     }
@@ -134,7 +136,7 @@ class PrometheusSource:
             return Signals.missing(f"no {WAITING} series for {selector.promql()}", now)
         return Signals(timestamp=v["oldest"] if v["oldest"] is not None else now, queue_depth=v["queue"],
                        num_running=v["running"], ttft_p95_seconds=v["ttft_p95"], request_rate=v["rate"],
-                       num_pods_reporting=int(v["pods"] or 0))
+                       num_pods_reporting=int(v["pods"] or 0), recent_request_rate=v["recent_rate"])
 
 
 @dataclass

@@ -94,7 +94,8 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
     hist = _record(hist, rec, overload, now, config)
 
     if rec > current:
-        window = [n for t, n, _ in hist.recommendations if t >= now - config.scale_up_stabilization_seconds]
+        up_window = config.scale_up_stabilization_seconds
+        window = [n for t, n, _ in hist.recommended_in_window(now) if t >= now - up_window]
         stable_up = min(window) if config.scale_up_stabilization_seconds > 0 else rec
         if stable_up <= current:
             return _finish(current, current, STABILIZING_UP, f"{why}; waiting for it to hold", hist, rec, now)
@@ -107,7 +108,7 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
                            f"{why}; {replicas.pending} replica(s) still pending or loading", hist, rec, now)
         if rec == 0 and idle:
             return _finish(current, 0, SCALE_TO_ZERO, why, hist, rec, now)
-        stable_down = max(n for t, n, o in hist.recommendations if t >= now - _in_force(config, o))
+        stable_down = max(n for t, n, o in hist.recommended_in_window(now) if t >= now - _in_force(config, o))
         if now - hist.started_at < config.scale_down_stabilization_seconds:
             stable_down = max(stable_down, current)
         if stable_down >= current:
@@ -211,10 +212,22 @@ def _in_force(config: PolicyConfig, overload: int) -> float:
     return config.scale_down_stabilization_seconds
 
 
+# Recommendations are kept as runs of equal values (`ScaleHistory.recommendations`), so a steady service's
+# history does not change from pass to pass and its status is not rewritten. The windows ask only whether a
+# value was made within them, which a run's last pass answers exactly as the pass-by-pass list did. A run
+# ends at the last pass that made it (`recommended_until`); read back from status that pass is unknown, and
+# the caller gives the latest time it can have been (`history_status.history_for`), else the run is taken to
+# have held until this pass: a restarted operator keeps a recommendation in force no shorter than an
+# uninterrupted one would. Runs that left the longest window go when a new run starts.
 def _record(hist: ScaleHistory, rec: int, overload: bool, now: float, config: PolicyConfig) -> ScaleHistory:
+    runs, made = hist.recommendations, (rec, int(overload))
+    if runs and runs[-1][1:] == made:
+        return replace(hist, recommended_until=now)
     keep = max(config.scale_up_stabilization_seconds, config.scale_down_stabilization_seconds)
-    recs = tuple(r for r in hist.recommendations if r[0] >= now - keep) + ((now, rec, int(overload)),)
-    return replace(hist, recommendations=recs)
+    if runs:
+        until = now if hist.recommended_until is None else hist.recommended_until
+        runs = tuple(r for r in runs[:-1] if r[0] >= now - keep) + ((until, *runs[-1][1:]),)
+    return replace(hist, recommendations=runs + ((now, *made),), recommended_until=now)
 
 
 def _finish(current: int, desired: int, reason: str, message: str, hist: ScaleHistory, rec: int | None,

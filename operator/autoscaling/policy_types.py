@@ -135,6 +135,7 @@ class Signals:
     num_pods_reporting: int | None = None
     error: str | None = None  # why the source could not measure
     usage: ReplicaUsage | None = None  # the replicas' steps and request lengths over the window (calibration)
+    recent_request_rate: float | None = None  # first tokens per second over the last few seconds (recent_arrivals)
 
     @property
     def available(self) -> bool:
@@ -151,7 +152,8 @@ class Signals:
     def to_dict(self) -> dict[str, Any]:
         return {"timestamp": rfc3339_precise(self.timestamp), "queueDepth": self.queue_depth, "numRunning": self.num_running,
                 "ttftP95Seconds": self.ttft_p95_seconds, "requestRate": self.request_rate,
-                "numPodsReporting": self.num_pods_reporting, "error": self.error}
+                "recentRequestRate": self.recent_request_rate, "numPodsReporting": self.num_pods_reporting,
+                "error": self.error}
 
 
 @dataclass(frozen=True)
@@ -187,8 +189,10 @@ class ScaleHistory:
     stabilization window, the last few scale events, and a handful of scalars."""
 
     started_at: float | None = None  # first decision of this history (a fresh one never scales down early)
-    # (time, recommended replicas, 1 if made under overload else 0): an overload recommendation holds
-    # scale-down for one metric window, a steady one for the scale-down window.
+    # Runs of equal recommendations, oldest first, as (time, recommended replicas, 1 if made under overload
+    # else 0): an overload recommendation holds scale-down for one metric window, a steady one for the
+    # scale-down window. A run's time is the last pass that made it, except the newest run's, which is the
+    # pass that began it: the newest is still being made, until `recommended_until`.
     recommendations: tuple[tuple[float, int, int], ...] = ()
     # (signal time, waiting, running, ready replicas) over the last metric window: the arrival rate, and
     # whether the fleet was busy enough to measure its throughput
@@ -200,9 +204,20 @@ class ScaleHistory:
     throughput_per_replica: float | None = None  # requests/s one replica served, saturated for a whole window
     last_ready: int | None = None
     ready_changed_at: float | None = None
+    # The last pass that made the newest recommendation run. Not kept in status (it moves at every pass): read
+    # back, None, or the latest time the previous pass can have been (`history_status.history_for`).
+    recommended_until: float | None = None
+
+    def recommended_in_window(self, now: float) -> tuple[tuple[float, int, int], ...]:
+        """(last time made, replicas, overload) of every run, the newest made at `now`, the pass deciding."""
+        if not self.recommendations:
+            return ()
+        return self.recommendations[:-1] + ((now, *self.recommendations[-1][1:]),)
 
     def to_dict(self) -> dict[str, Any]:
-        """The history as kept in status; every time in it is RFC 3339 (`times.rfc3339_precise`)."""
+        """The history as kept in status; every time in it is RFC 3339 (`times.rfc3339_precise`).
+        `recommended_until` is left out: it moves at every pass, and a status that moves at every pass is
+        written at every pass."""
         return {
             "startedAt": _stamp(self.started_at),
             "recommendations": [[rfc3339_precise(t), n, o] for t, n, o in self.recommendations],

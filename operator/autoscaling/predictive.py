@@ -16,7 +16,7 @@ expected cost. Pure: the caller brings the observation, the state it kept, and t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
@@ -100,13 +100,16 @@ class PredictiveDecision:
 
 def decide(observed_rate: float | None, queue_depth: float | None, current: int, state: PredictiveState,
            config: PredictiveConfig, cold_start_s: float, now: float, sizing: Sizing,
-           rate_window_s: float = 30.0) -> PredictiveDecision:
+           rate_window_s: float = 30.0, rise: bool = False) -> PredictiveDecision:
     """`observed_rate`: arrivals per second over the last `rate_window_s` (None: no metrics); `queue_depth`:
     requests waiting; `current`: replicas asked for (ready and pending); `sizing`: fleets for steady rates (its
-    table already holds the TTFT share under Poisson arrivals)."""
+    table already holds the TTFT share under Poisson arrivals); `rise`: `observed_rate` is a significant rise
+    (`recent_arrivals`), so the level takes it at once instead of smoothing towards it."""
     if observed_rate is None:
         return PredictiveDecision(current, "no metrics: holding", state)
     forecast = update(state.forecast, observed_rate, now, config.forecast)
+    if rise and observed_rate > forecast.level:
+        forecast = replace(forecast, level=observed_rate)
     horizon = cold_start_s
     noise = math.sqrt(max(forecast.level, 0.0) / rate_window_s)   # a Poisson count's own spread, as a rate
     k = config.k_spread

@@ -5,11 +5,13 @@ reads: the queue samples that give the arrival rate, and the saturated throughpu
 owns the cases where a forecast has nothing to add: metrics missing or stale (hold: never scale down blind), the
 floor and the ceiling, scale to zero after idling and from zero on a waiting request. Everywhere else the
 forecaster (`forecast.py`) takes the arrival rate, and `predictive.decide` sizes the fleet one learned cold start
-ahead. The sizing is the replica model calibrated from the service's own metrics (`calibration`,
-`calibrated_sizing`: the fleet a steady rate needs within the TTFT target) once the calibration has enough data;
-until then `StaffedSizing` over the learned throughput per replica. Its state is kept in `status.predictive`
-(forecaster, calibration, the replica model in use), so a restarted operator resumes the same forecast and model;
-`status.predictive.forecast` says what it saw and why it decided.
+ahead. The arrival rate is the metric window's, or the last seconds' where those show a significant rise
+(`recent_arrivals`): scale-up follows a burst within a tick or two, scale-down the window. The sizing is the
+replica model calibrated from the service's own metrics (`calibration`, `calibrated_sizing`: the fleet a steady
+rate needs within the TTFT target) once the calibration has enough data; until then `StaffedSizing` over the
+learned throughput per replica. Its state is kept in `status.predictive` (forecaster, calibration, the replica
+model in use), so a restarted operator resumes the same forecast and model; `status.predictive.forecast` says
+what it saw and why it decided.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig, ReplicaCounts, ScaleDecision, ScaleEvent, ScaleHistory, Signals,
 )
 from kubeinfer.operator.autoscaling.predictive import PredictiveConfig, PredictiveState, Sizing, StaffedSizing, decide
+from kubeinfer.operator.autoscaling.recent_arrivals import arrival_estimate
 from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
 
 REACTIVE_OWNS = frozenset({METRICS_UNAVAILABLE, METRICS_STALE, ABOVE_MAX, BELOW_MIN, SCALE_FROM_ZERO, SCALE_TO_ZERO})
@@ -77,18 +80,19 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
         return PredictiveOutcome(replace(reactive, message=NO_THROUGHPUT + reactive.message), kept)
 
     current = counts.current
-    rate = arrival_rate(reactive.history, signals)
+    window_rate = arrival_rate(reactive.history, signals)
+    rate, recent = arrival_estimate(reactive.history, signals, window_rate)
     cold_start = config.learned_cold_start_seconds or float(config.initial_delay_seconds)
     predictive = PredictiveConfig(config.min_replicas, config.max_replicas,
                                   max_scale_down_step=config.max_scale_down_step)
-    d = decide(rate, signals.queue_depth, current, state, predictive, cold_start, now, sizing, window)
+    d = decide(rate, signals.queue_depth, current, state, predictive, cold_start, now, sizing, window, recent)
     desired = d.desired_replicas
     reason = PREDICTIVE_UP if desired > current else PREDICTIVE_DOWN if desired < current else PREDICTIVE_HOLD
     history = _without_own_event(reactive, history_before, current)
     if desired != current:
         history = history.with_event(ScaleEvent(now, current, desired, reason))
     decision = ScaleDecision(desired, reason, d.reason, history, recommendation=desired)
-    seen = _seen(rate, d, cold_start, window, sizing, predictive)
+    seen = _seen(rate, recent, d, cold_start, window, sizing, predictive)
     return PredictiveOutcome(decision, {**kept, "state": d.state.to_dict(), "forecast": seen})
 
 
@@ -99,12 +103,12 @@ def base_model(config: PolicyConfig) -> ReplicaModel:
                    prefill_token_budget=config.max_num_batched_tokens or base.prefill_token_budget)
 
 
-def _seen(rate: float, d, cold_start: float, window: float, sizing: Sizing,
+def _seen(rate: float, recent: bool, d, cold_start: float, window: float, sizing: Sizing,
           predictive: PredictiveConfig) -> dict[str, Any]:
     """status.predictive.forecast: what the pass saw and why it decided."""
     forecast = d.state.forecast
     high = forecast.high(cold_start, predictive.k_spread, math.sqrt(max(forecast.level, 0.0) / window))
-    return {"arrivalRate": round(rate, 4), "rate": round(forecast.level, 4),
+    return {"arrivalRate": round(rate, 4), "arrivalRateFrom": "recent" if recent else "window", "rate": round(forecast.level, 4),
             "trendPerMinute": round(forecast.trend * 60, 4), "high": round(high, 4),
             "horizonSeconds": round(cold_start, 1), "replicasNeeded": sizing.replicas_for(high),
             **({"ratePerReplica": round(sizing.rate_per_replica, 4)} if isinstance(sizing, StaffedSizing)

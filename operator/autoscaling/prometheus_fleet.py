@@ -2,7 +2,7 @@
 
 Each object's daemon asks `FleetSignals.signals()` for its own service; the first to ask in an interval sends
 one query per signal for the whole fleet (`sum by (namespace, service, model_name) (...)`), and every daemon
-of that interval reads its service's row from that answer. 1,000 services make 11 queries per interval (per
+of that interval reads its service's row from that answer. 1,000 services make 12 queries per interval (per
 distinct metricWindowSeconds), not 11,000.
 
 Policy: an answer serves for `max_age_s` (the autoscale interval), so a decision may read signals up to one
@@ -25,6 +25,7 @@ import httpx
 from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
 from kubeinfer.operator.autoscaling.policy_types import Signals
 from kubeinfer.operator.autoscaling.calibration import usage_from
+from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
 from kubeinfer.operator.metric_names import (
     REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
 )
@@ -44,6 +45,8 @@ def fleet_queries(window_s: int) -> dict[str, str]:
         "running": f"sum by ({by}) ({RUNNING})",
         "ttft_p95": f"histogram_quantile(0.95, sum by ({by}, le) (rate({TTFT}_bucket[{w}])))",
         "rate": f"sum by ({by}) (rate({TTFT}_count[{w}]))",
+        # first tokens per second over the last few seconds: the predictive policy's fast arrival signal (OPTIONAL)
+        "recent_rate": f"sum by ({by}) (rate({TTFT}_count[{RECENT_RANGE_S}s]))",
         "pods": f"count by ({by}) ({WAITING})",
         "oldest": f"min by ({by}) (timestamp({WAITING}))",
         # the replicas' steps and request lengths over the window: the predictive policy's calibration (OPTIONAL)
@@ -57,8 +60,9 @@ def fleet_queries(window_s: int) -> dict[str, str]:
 
 # Signals answered per value of one more label: the value is kept under "signal/label value".
 PER_LABEL = {"moment": "moment", "prompt": "le", "generation": "le"}
-# Signals whose failure leaves the others standing (the calibration is then not fed for one interval).
-OPTIONAL = frozenset({"steps", "step_seconds", "moment", "prompt", "generation"})
+# Signals whose failure leaves the others standing (the calibration is then not fed for one interval, and the
+# predictive policy forecasts from the metric window's rate alone).
+OPTIONAL = frozenset({"recent_rate", "steps", "step_seconds", "moment", "prompt", "generation"})
 
 
 def _usage(v: dict[str, float]):
@@ -82,7 +86,8 @@ class Snapshot:
             return Signals.missing(f"no {WAITING} series for {selector.promql()}", self.taken_at)
         return Signals(timestamp=v.get("oldest", self.taken_at), queue_depth=v["queue"], num_running=v.get("running"),
                        ttft_p95_seconds=v.get("ttft_p95"), request_rate=v.get("rate"),
-                       num_pods_reporting=int(v.get("pods", 0)), usage=_usage(v))
+                       num_pods_reporting=int(v.get("pods", 0)), usage=_usage(v),
+                       recent_request_rate=v.get("recent_rate"))
 
 
 class FleetSignals:

@@ -204,5 +204,16 @@ def compute_status(
 
 
 def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """The fields of ``desired`` that differ from ``current``; empty means write nothing."""
-    return {key: value for key, value in desired.items() if current.get(key) != value}
+    """The fields of ``desired`` that differ from ``current``; empty means write nothing. A null member of a
+    desired object is equal to a missing one: the merge patch that wrote it removed it."""
+    return {key: value for key, value in desired.items()
+            if merge_patched(current.get(key)) != merge_patched(value)}
+
+
+def merge_patched(value: Any) -> Any:
+    """`value` as a merge patch leaves it in the object: null members of objects removed, at every depth of
+    nested objects (RFC 7386; a list is stored as given). The patch itself keeps its nulls: they remove what
+    the object held."""
+    if isinstance(value, dict):
+        return {k: merge_patched(v) for k, v in value.items() if v is not None}
+    return value

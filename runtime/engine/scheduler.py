@@ -109,12 +109,17 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch, budget, preempted, deferred = ScheduledBatch(), self.max_num_batched_tokens, False, []
         block_manager, running = self.block_manager, self.running
-        if self.fair and self.waiting:
-            self._make_room_for(self.waiting.peek())
+        # Under `fair`, a sequence that running ones gave way to starts in a step without other tenants' prompt
+        # chunks (they wait one step): its first token then comes after its own prefill and the decodes only.
+        head = self.waiting.peek() if self.fair and self.waiting else None
+        favoured = head.params.tenant if head is not None and self._make_room_for(head) else None
         index = schedule_decodes(self, batch) if self.bulk_decodes else 0
         budget -= index
         while index < len(running) and budget > 0:
             seq = running[index]
+            if favoured is not None and seq.num_uncomputed_tokens > 1 and seq.params.tenant != favoured:
+                index += 1
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if self.speculative_method is not None and num_new == seq.num_uncomputed_tokens == 1:
                 seq.draft_token_ids = self._propose(seq, budget - 1)
@@ -168,24 +173,26 @@ class Scheduler:
         index = max(range(len(running)), key=lambda i: (running[i].params.priority, i))
         return running.pop(index)
 
-    def _make_room_for(self, seq: Sequence) -> None:
+    def _make_room_for(self, seq: Sequence) -> bool:
         """Under `fair`: when the next waiting sequence cannot start (no KV blocks for its first chunk, or no room
         in the running set), running sequences give way to it as runtime/engine/fair_preemption.py decides. They
-        are recomputed later, as any preempted sequence."""
+        are recomputed later, as any preempted sequence. Whether any gave way."""
         block_manager, running = self.block_manager, self.running
         hits = block_manager.find_cached_blocks(seq)   # preemptions free blocks but cache nothing new
         num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, self.max_num_batched_tokens)
-        weights = None
+        weights, gave_way = None, False
         while running:
             if len(running) < self.max_num_seqs and block_manager.can_allocate(seq, hits, num_new, reserve=True):
-                return
+                return gave_way
             if weights is None:
                 weights = self.waiting.tenant_weights(seq.params.priority)
             victim = victim_for(seq, running, self.waiting.counters, weights, self.max_num_seqs,
                                 self.priority_preemption)
             if victim is None:
-                return
+                return gave_way
             self._preempt(running.pop(victim))
+            gave_way = True
+        return gave_way
 
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: no more than `room` (the step's budget), the tokens it may

@@ -92,3 +92,13 @@ def test_direction_changes_per_hour_are_bounded_but_never_a_scale_up():
     held = decisions[-1]
     up = decide(30.0, 0.0, held.desired_replicas, held.state, config, 60.0, 6 * 12 * 5.0, SIZING)
     assert up.desired_replicas > held.desired_replicas   # a scale-up is never held back
+
+
+def test_a_significant_rise_sets_the_level_at_once_where_a_plain_observation_is_smoothed():
+    settled = run([1.0] * 20)[-1].state
+    smoothed = decide(9.0, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING)
+    risen = decide(9.0, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING, rise=True)
+    assert smoothed.state.forecast.level < 4.0 and risen.state.forecast.level == 9.0
+    assert risen.desired_replicas > smoothed.desired_replicas and risen.desired_replicas >= 5   # 9 at 2 a replica
+    lower = decide(0.5, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING, rise=True)   # never lowers the level
+    assert lower.state.forecast.level == decide(0.5, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING).state.forecast.level

@@ -131,3 +131,29 @@ def test_with_a_calibrated_replica_model_the_pass_sizes_by_it_not_by_the_through
                                  [pod("a"), pod("b"), pod("c")], NOW + 5)
     assert again.status["predictive"]["replicaModel"] == model
     assert again.decision.reason == PREDICTIVE_HOLD
+
+
+def test_a_significant_recent_rise_orders_for_the_recent_rate_and_a_fall_waits_for_the_window():
+    """Settled at 3 req/s (2 replicas of 2 req/s), the last seconds show 12 req/s: far beyond a Poisson count's
+    noise, so the pass sizes for 12 at once. The same seconds at 0 req/s are no reason to release anything."""
+    def pass_with(recent_rate):
+        first = plan(predictive_body(settled_status(2), throughputPerReplica=2),
+                     Signals(NOW, queue_depth=0, num_running=4, ttft_p95_seconds=0.2, request_rate=3.0),
+                     [pod("a"), pod("b")])
+        b = predictive_body(json.loads(json.dumps(first.status)), throughputPerReplica=2)
+        from kubeinfer.operator.autoscaling import autoscaler
+        from kubeinfer.operator.spec import parse_spec
+        signals = Signals(NOW + 5, queue_depth=0, num_running=4, ttft_p95_seconds=0.2, request_rate=3.0,
+                          recent_request_rate=recent_rate)
+        return autoscaler.plan_pass(b, parse_spec(b["spec"]), signals, [pod("a"), pod("b")], NOW + 5)
+
+    window_only = pass_with(None)
+    assert window_only.decision.reason == PREDICTIVE_HOLD
+    assert window_only.status["predictive"]["forecast"]["arrivalRateFrom"] == "window"
+    rise = pass_with(12.0)
+    forecast = rise.status["predictive"]["forecast"]
+    assert (forecast["arrivalRateFrom"], forecast["arrivalRate"], forecast["rate"]) == ("recent", 12.0, 12.0)
+    assert rise.decision.reason == PREDICTIVE_UP and rise.decision.desired_replicas >= 7   # 6 + 0.4 sqrt(6)
+    fall = pass_with(0.0)
+    assert fall.decision.reason == PREDICTIVE_HOLD
+    assert fall.status["predictive"]["forecast"]["arrivalRateFrom"] == "window"

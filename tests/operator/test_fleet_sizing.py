@@ -3,6 +3,8 @@ simulator's clairvoyant limit uses, and the same walk done on demand for the ope
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kubeinfer.operator.autoscaling.fleet_sizing import (
@@ -72,3 +74,19 @@ def test_a_table_is_the_same_whoever_walked_further_before():
     assert [fs.fleet_sizing.__wrapped__(0.5, MODEL, 6, top, share, lengths=CODE) for top in (6.0, 2.6, 1.0)] \
         == fresh[::-1]
     assert fresh[0].max_rates[-1] <= 1.25 and len(fresh[2].max_rates) > len(fresh[0].max_rates)
+
+
+def test_a_rate_past_the_walk_gets_the_tables_fleet_from_runs_at_that_rate():
+    """A burst asks for a rate far past the walk: the answer is the table's (not the small fleets' rate per
+    replica scaled up, which orders more), found without walking the table up to it."""
+    from kubeinfer.operator.autoscaling import fleet_sizing as fs
+    share = sizing_share(CODE, 0.5, MODEL)
+    table = fleet_sizing(0.5, MODEL, 12, 10.0, share, lengths=CODE)
+    fs._walk.cache_clear()
+    lazy = ModelSizing(MODEL, CODE, 0.5, share, 12)
+    walk = lazy._walk()
+    for rate in (9.0, 10.0):
+        assert lazy.replicas_for(rate) == table.replicas_for(rate)
+    per_replica = max(r / n for n, r in enumerate([*walk.max_rates, walk.rate - 0.25], start=1))
+    assert table.replicas_for(10.0) < math.ceil(10.0 / per_replica)   # what extrapolating would have ordered
+    assert walk.rate <= 0.25 * (1 + 2 * fs.WALK_BUDGET) + 1e-9        # two questions' budget walked, no more

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource, promql_queries
 from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals, fleet_queries
+from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
 from support.query_endpoint import serve_query_endpoint
 
 NUM_SERVICES = 1000
@@ -37,6 +38,7 @@ class FleetPrometheus:
         self.queries: list[str] = []
         self.down = False
         self.refuse_calibration = False
+        self.refuse_recent = False
 
     def sample(self, i: int, value: float, **labels: str) -> dict:
         return {"metric": {"namespace": "ns", "service": f"svc-{i}", "model_name": f"model-{i}", **labels},
@@ -49,8 +51,10 @@ class FleetPrometheus:
             return web.Response(status=503)
         if self.refuse_calibration and "increase(" in query:
             return web.Response(status=422, text="bad_data")
+        if self.refuse_recent and f"[{RECENT_RANGE_S}s]" in query:
+            return web.Response(status=422, text="bad_data")
         values = {"queue": lambda i: float(i), "running": lambda i: 2.0 * i, "pods": lambda i: 1.0 + i % 3,
-                  "rate": lambda i: 0.5, "ttft_p95": lambda i: float("nan") if i % 2 else 0.25,
+                  "rate": lambda i: 0.5, "recent_rate": lambda i: 0.1 * i, "ttft_p95": lambda i: float("nan") if i % 2 else 0.25,
                   "oldest": lambda i: 999_990.0, "steps": lambda i: 100.0 + i, "step_seconds": lambda i: 3.0}
         # the calibration's series, one sample per service and label value
         per_label = {"moment": ("moment", {"n": 400.0, "p": 9000.0, "nn": 1800.0, "np": 2e4, "pp": 2e6, "nt": 14.0,
@@ -88,6 +92,7 @@ async def test_a_thousand_daemons_make_one_query_per_signal_per_interval(prometh
         first = await asyncio.gather(*(fleet.signals(selector(i), WINDOW_S) for i in range(NUM_SERVICES)))
         per_interval = len(fleet_queries(WINDOW_S))
         assert per_interval == len(promql_queries(selector(0), WINDOW_S)) + 5   # + the calibration's series
+        assert per_interval == 12   # the six signals, the recent first-token rate, the calibration's five
         assert len(fake.queries) == per_interval, "one query per signal for the whole fleet"
 
         clock.now += MAX_AGE_S - 0.1   # later passes of the same interval read the same answer
@@ -103,6 +108,7 @@ async def test_a_thousand_daemons_make_one_query_per_signal_per_interval(prometh
         s = first[i]
         assert (s.queue_depth, s.num_running, s.num_pods_reporting, s.request_rate) == (i, 2 * i, 1 + i % 3, 0.5)
         assert s.ttft_p95_seconds == (None if i % 2 else 0.25)   # NaN (no first token) is no value
+        assert s.recent_request_rate == pytest.approx(0.1 * i)     # the fast arrival signal, from the same round
         assert s.timestamp == 999_990.0 and s.available
         m = s.usage.moments   # the calibration's series: one StepMoments per row, the buckets by bound
         assert (m.steps, m.t, m.n, m.p, m.nn, m.np, m.pp, m.nt, m.pt) == (100 + i, 3, 400, 9000, 1800, 2e4, 2e6, 14, 400)
@@ -150,3 +156,14 @@ async def test_failing_calibration_queries_leave_the_other_signals_standing(prom
     finally:
         await fleet.aclose()
     assert s.available and (s.queue_depth, s.num_running) == (3, 6) and s.usage is None
+
+
+async def test_a_failing_recent_rate_query_leaves_the_window_signals_standing(prometheus) -> None:
+    fake, url = prometheus
+    fake.refuse_recent = True
+    fleet = FleetSignals(PrometheusSource(url), max_age_s=MAX_AGE_S, clock=Clock())
+    try:
+        s = await fleet.signals(selector(3), WINDOW_S)
+    finally:
+        await fleet.aclose()
+    assert s.available and s.request_rate == 0.5 and s.recent_request_rate is None   # the window's rate decides

@@ -197,3 +197,16 @@ def test_ready_says_what_is_under_way_while_no_replica_is_ready() -> None:
     loading = conds(2, dep(2, 0, 2))
     assert loading["Ready"]["message"] == loading["Progressing"]["message"]   # one Event for both
     assert conds(2, dep(2, 1, 2))["Ready"]["reason"] == "Available"
+
+
+def test_a_null_member_is_equal_to_the_missing_one_a_merge_patch_left():
+    """A merge patch removes the object members it sets to null: what the API server stores has none, so the next
+    identical status must compare equal, or it is written again at every pass."""
+    planned = {"lastSignals": {"queueDepth": 0.0, "ttftP95Seconds": None, "error": None}, "queueDepth": None}
+    stored = {"lastSignals": {"queueDepth": 0.0}}
+    assert status.merge_patched(planned["lastSignals"]) == stored["lastSignals"]
+    assert status.status_patch(stored, planned) == {}
+    # a value that goes to null is still written (the null removes it), and a changed one too
+    assert status.status_patch({"lastSignals": {"queueDepth": 0.0, "ttftP95Seconds": 0.3}}, planned) == {
+        "lastSignals": planned["lastSignals"]}
+    assert status.status_patch({"lastSignals": {"queueDepth": 1.0}}, planned) == {"lastSignals": planned["lastSignals"]}

@@ -214,6 +214,36 @@ def test_a_small_tenant_is_not_held_back_by_its_own_last_prompt(llama_dir):
     assert manager.num_free_blocks == manager.num_blocks
 
 
+def test_the_step_that_starts_a_favoured_sequence_leaves_other_tenants_prompt_chunks_for_the_next(llama_dir):
+    """A's 3 requests decode and C's long prompt is mid-prefill when B's first request arrives: A's newest gives way
+    to B, and in that step C's next chunk waits (B's first token comes after its own prompt and the decodes only);
+    C's prompt goes on at the next step."""
+    scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=64)
+    for i in range(3):
+        scheduler.add(request(f"A{i}", "A", 16, 200))
+    run(scheduler, 40)   # A's counter (~170) passes what C's first chunks will give C
+    scheduler.add(request("C0", "C", 300, 10))
+    for i in range(3, 8):
+        scheduler.add(request(f"A{i}", "A", 16, 200))
+    run(scheduler, 2)
+    c0 = next(s for s in scheduler.running if s.request_id == "C0")
+    assert 0 < c0.num_computed_tokens < 300
+    scheduler.add(request("B0", "B", 16, 10))
+    batch = scheduler.schedule()
+    scheduled = dict(zip((s.request_id for s in batch.seqs), batch.num_new_tokens))
+    assert scheduled.get("B0") == 16 and "C0" not in scheduled, scheduled
+    assert scheduler.stats.num_preemptions == 1 and "C0" in admitted(scheduler)
+    scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
+                                  for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    batch = scheduler.schedule()
+    assert "C0" in {s.request_id for s in batch.seqs}
+    scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
+                                  for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    while scheduler.num_unfinished:
+        run(scheduler, 1)
+    assert manager.num_free_blocks == manager.num_blocks
+
+
 def test_recomputing_a_preempted_sequence_is_not_charged_to_its_tenant():
     from kubeinfer.runtime.engine.waiting_queue import FairQueue
     queue, seq = FairQueue(), request("A0", "A", 200, 10, weight=2)

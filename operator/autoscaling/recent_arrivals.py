@@ -1,0 +1,54 @@
+"""The fast arrival signal of the predictive policy: arrivals counted over the last few seconds, used only when
+they say, beyond their own Poisson noise, that the rate is well above the metric window's.
+
+The slow estimate (`observations.arrival_rate`: first tokens per second over the 60 s metric window plus the
+queue's change over it) is smooth but follows a step over a whole window. The recent estimate (first tokens per
+second over `RECENT_RANGE_S`, from the same fleet round of queries, plus the queue's change over the last
+tick, where arrivals beyond a short fleet show first) follows it within a tick or two, but is noisy: fed on
+steady traffic, it would buy replicas for Poisson clumps. So it replaces the slow estimate only where its count is significantly above what
+the slow rate predicts (`Z_SIGNIFICANT` standard deviations of a Poisson count, one-sided), i.e. on a rise; a
+fall, and so every scale-down, stays on the slow estimate. A missing recent signal is no signal: the slow
+estimate stands.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kubeinfer.operator.autoscaling.observations import queue_growth
+from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
+
+# The PromQL range of the recent first-token rate (`rate(...[15s])`), and the span its count covers: at the
+# default 5 s scrape interval the range holds three samples 10 s apart and Prometheus' rate is their increase
+# over those 10 s (extrapolated to the range, which leaves the rate as it is). A scrape interval of 15 s or more
+# leaves one sample in the range: no recent rate, so the slow estimate decides.
+RECENT_RANGE_S = 15
+RECENT_COUNT_SPAN_S = 10.0
+# How many standard deviations of a Poisson count above the slow rate's expectation make a rise.
+Z_SIGNIFICANT = 3.0
+
+
+def recent_arrival_rate(hist: ScaleHistory, signals: Signals) -> float | None:
+    """Requests arriving per second recently: first tokens per second over the recent range plus the queue's
+    change over the last tick (None without a recent first-token rate)."""
+    if signals.recent_request_rate is None or not math.isfinite(signals.recent_request_rate):
+        return None
+    return max(0.0, signals.recent_request_rate + queue_growth(hist))
+
+
+def significantly_above(recent_rate: float, slow_rate: float, span_s: float = RECENT_COUNT_SPAN_S,
+                        z: float = Z_SIGNIFICANT) -> bool:
+    """Whether `recent_rate` over `span_s` is a rise over `slow_rate`: its count exceeds the slow rate's
+    expected count by `z` standard deviations of a Poisson count (taken as at least 1, so that from an idle
+    service it takes more than `z` arrivals)."""
+    expected = max(0.0, slow_rate) * span_s
+    return recent_rate * span_s > expected + z * math.sqrt(max(expected, 1.0))
+
+
+def arrival_estimate(hist: ScaleHistory, signals: Signals, slow_rate: float) -> tuple[float, bool]:
+    """(the rate to forecast from, whether it is the recent one): the recent rate where it is a significant
+    rise over `slow_rate`, else `slow_rate`."""
+    recent = recent_arrival_rate(hist, signals)
+    if recent is not None and significantly_above(recent, slow_rate):
+        return recent, True
+    return slow_rate, False
