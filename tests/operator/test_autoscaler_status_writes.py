@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from kubeinfer.operator.autoscaling.history_status import history_for, history_status, is_quiet
 from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
 
@@ -58,6 +60,7 @@ def test_a_restart_at_any_pass_decides_as_the_uninterrupted_operator():
         assert resumed == straight, f"restart before pass {k}"
 
 
+@pytest.mark.slow   # 12 s; the default run keeps the same check without the scale-up window
 def test_a_restart_with_a_scale_up_window_decides_as_the_uninterrupted_operator():
     straight = desired(run(service(replicas=2, scaleUpStabilizationSeconds=10), SCRIPT)[0])
     assert straight[20:23] == [1, 1, 4], straight   # the burst waits two passes for the window

@@ -36,7 +36,9 @@ def assert_same_tokens(finals: dict, reference: list[list[int]]) -> None:
         assert output.token_ids == tokens, f"request {index} differs"
 
 
-@pytest.mark.parametrize("blocks_in_flight", [16, 1])
+# 1 block in flight (backpressure at every block) with the slow tests; the transport's own backpressure test, at 2,
+# is in the default run (tests/runtime/disagg/test_tcp_transport.py)
+@pytest.mark.parametrize("blocks_in_flight", [16, pytest.param(1, marks=pytest.mark.slow)])
 def test_disaggregated_equals_colocated_through_chunked_prefill(llama_dir, blocks_in_flight):
     """With one block in flight per stream, the prefill replica's blocks wait in its cache for room (backpressure)."""
     prompts = mixed_prompts(1, 10)
