@@ -5,6 +5,7 @@ import socket
 import threading
 import time
 
+from kubeinfer.runtime.disagg.wire import Kind, check_preamble, read_header, read_json, send_json, send_preamble
 from kubeinfer.runtime.llm import LLM
 
 
@@ -86,3 +87,13 @@ def fake_prefill(behave) -> str:
         listener.close()
     threading.Thread(target=run, daemon=True).start()
     return "127.0.0.1:%d" % listener.getsockname()[1]
+
+
+def accept_pull(conn, layout) -> None:
+    """A fake prefill replica's side of a pull up to its first block: the preambles, the puller's request read, and
+    an ACCEPT naming `layout`."""
+    send_preamble(conn)
+    check_preamble(conn, "the puller")
+    _, length, crc = read_header(conn)
+    read_json(conn, length, crc)
+    send_json(conn, Kind.ACCEPT, {"layout": layout.to_json()})

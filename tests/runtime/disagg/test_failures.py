@@ -6,11 +6,11 @@ import time
 import pytest
 
 from kubeinfer.runtime.disagg.layout import KVLayout
-from kubeinfer.runtime.disagg.wire import BLOCK_INDEX, Kind, check_preamble, read_header, read_json, send_frame, \
-    send_json, send_preamble
+from kubeinfer.runtime.disagg.wire import BLOCK_INDEX, Kind, send_frame, send_preamble
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
-from support.disagg import engine, fake_prefill, generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.disagg import (accept_pull, engine, fake_prefill, generate_remote, kv_address, prefill_replica,
+                            wait_until_drained)
 
 BLOCK = 8
 IDLE_S = 1.0
@@ -72,11 +72,7 @@ def test_a_prefill_replica_that_dies_mid_transfer_frees_the_decode_blocks(llama_
     layout = KVLayout.of_cache(decode.engine.config.served_model_name, decode.engine.model_runner.kv_cache)
 
     def one_block_then_gone(conn):
-        send_preamble(conn)
-        check_preamble(conn, "the puller")
-        kind, length, crc = read_header(conn)
-        read_json(conn, length, crc)
-        send_json(conn, Kind.ACCEPT, {"layout": layout.to_json()})
+        accept_pull(conn, layout)
         send_frame(conn, Kind.BLOCK, [BLOCK_INDEX.pack(0), bytes(layout.block_bytes)])
     error = the_error(generate_remote(decode, [PROMPT], PARAMS, fake_prefill(one_block_then_gone)))
     assert "closed the connection" in error

@@ -13,9 +13,8 @@ from kubeinfer.runtime.disagg.errors import (ChecksumError, LayoutMismatchError,
 from kubeinfer.runtime.disagg.layout import KVLayout
 from kubeinfer.runtime.disagg.tcp_puller import TcpKVPuller
 from kubeinfer.runtime.disagg.tcp_source import TcpKVSource
-from kubeinfer.runtime.disagg.wire import (BLOCK_INDEX, FRAME_HEADER, Kind, check_preamble, read_header, read_json,
-                                           send_json, send_preamble)
-from support.disagg import fake_prefill
+from kubeinfer.runtime.disagg.wire import BLOCK_INDEX, FRAME_HEADER, Kind, check_preamble, send_json, send_preamble
+from support.disagg import accept_pull, fake_prefill
 
 pytestmark = pytest.mark.timeout(60)
 IDLE = TransferTimeouts(connect_s=2.0, idle_s=0.5)
@@ -112,11 +111,7 @@ def test_a_stalled_prefill_times_out_after_the_idle_timeout():
 
 def test_a_corrupted_block_fails_its_checksum():
     def corrupt(conn):
-        send_preamble(conn)
-        check_preamble(conn, "the puller")
-        kind, length, crc = read_header(conn)
-        read_json(conn, length, crc)
-        send_json(conn, Kind.ACCEPT, {"layout": LAYOUT.to_json()})
+        accept_pull(conn, LAYOUT)
         payload = BLOCK_INDEX.pack(0) + bytes(LAYOUT.block_bytes)
         conn.sendall(FRAME_HEADER.pack(Kind.BLOCK, len(payload), 12345) + payload)
         time.sleep(IDLE.idle_s)
