@@ -13,6 +13,7 @@ than the object itself live in :mod:`kubeinfer.operator.reconcile.validation`.
     runtime.py      spec.runtime
     placement.py    spec.parallelism, resources, scheduling, rollout
     autoscaling.py  spec.autoscaling
+    disaggregation.py  spec.disaggregation (prefill and decode pools)
     routing.py      spec.router, spec.inferencePool
     adapters.py     spec.adapters and spec.runtime.lora (LoRA)
     tenants.py      spec.apiKeySecretRef's Secret reference, spec.tenants
@@ -22,6 +23,7 @@ than the object itself live in :mod:`kubeinfer.operator.reconcile.validation`.
 
 from kubeinfer.operator.spec.adapters import Adapter, Lora
 from kubeinfer.operator.spec.autoscaling import Autoscaling
+from kubeinfer.operator.spec.disaggregation import POOLS, Disaggregation, PoolSpec
 from kubeinfer.operator.spec.model import MODEL_URI_RE, ModelSource
 from kubeinfer.operator.spec.placement import (
     TENSOR_PARALLEL_SIZES, Parallelism, Resources, Rollout, Scheduling, Toleration,
@@ -41,7 +43,7 @@ from kubeinfer.operator.spec.status import (
 __all__ = [
     "ADAPTERS_READY", "API_VERSION", "DEGRADED", "GROUP", "KIND", "MANAGED_ENV", "MANAGED_FLAGS", "METRICS_AVAILABLE", "MODEL_URI_RE",
     "PLURAL", "PROGRESSING", "READY", "SCALING_ACTIVE", "SHORT_NAMES", "SINGULAR", "TENSOR_PARALLEL_SIZES", "VERSION",
-    "Adapter", "Autoscaling", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
+    "POOLS", "Adapter", "Autoscaling", "Disaggregation", "PoolSpec", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
     "InferenceServiceSpec", "InferenceServiceStatus", "Lora", "ModelSource", "Parallelism", "Resources", "Rollout",
     "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "TenantsSpec", "Toleration",
     "cel",

@@ -10,6 +10,8 @@ from kubeinfer.operator.spec.adapters import (
     ADAPTER_NAMES_UNIQUE, ADAPTER_NOT_SERVED_NAME, ADAPTERS_NEED_LORA, MAX_ADAPTERS, Adapter,
 )
 from kubeinfer.operator.spec.autoscaling import Autoscaling
+from kubeinfer.operator.spec.disaggregation import RULES as DISAGGREGATION_RULES
+from kubeinfer.operator.spec.disaggregation import Disaggregation, disaggregation_errors
 from kubeinfer.operator.spec.model import ModelSource
 from kubeinfer.operator.spec.placement import Parallelism, Resources, Rollout, Scheduling
 from kubeinfer.operator.spec.routing import InferencePoolSpec, RouterSpec
@@ -57,7 +59,7 @@ REPLICAS_IN_BOUNDS = cel(
 class InferenceServiceSpec(SpecModel):
     model_config = checked_by(REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
                               DRAFT_WITHOUT_TENSOR_PARALLELISM, ADAPTERS_NEED_LORA, ADAPTER_NOT_SERVED_NAME,
-                              *TENANT_RULES)
+                              *TENANT_RULES, *DISAGGREGATION_RULES)
 
     model: ModelSource
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
@@ -76,6 +78,11 @@ class InferenceServiceSpec(SpecModel):
     inference_pool: InferencePoolSpec | None = Field(
         default=None, description="Also make an InferencePool NAME of the replicas for a Gateway API Inference "
                                   "Extension gateway (when its CRD is served).")
+    disaggregation: Disaggregation | None = Field(
+        default=None, description="Prefill and decode on separate pools of replicas (NAME-prefill, NAME-decode), "
+                                  "each sized and autoscaled on its own, paired per request by the router "
+                                  "(needs spec.router; docs/disaggregation.md). Replaces spec.replicas and "
+                                  "spec.autoscaling.")
     scheduling: Scheduling = Field(default_factory=Scheduling)
     rollout: Rollout = Field(default_factory=Rollout)
     api_key_secret_ref: SecretKeyRef | None = Field(
@@ -127,6 +134,13 @@ class InferenceServiceSpec(SpecModel):
     @model_validator(mode="after")
     def _tenants(self) -> InferenceServiceSpec:
         errors = tenant_errors(self.tenants, self.api_key_secret_ref, self.runtime.scheduling_policy, self.router)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    @model_validator(mode="after")
+    def _disaggregation(self) -> InferenceServiceSpec:
+        errors = disaggregation_errors(self)
         if errors:
             raise ValueError("; ".join(errors))
         return self

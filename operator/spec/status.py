@@ -60,6 +60,34 @@ class AdapterStatus(SpecModel):
     pods: list[AdapterPodStatus] = Field(default_factory=list)
 
 
+class PoolStatus(SpecModel):
+    """One pool of spec.disaggregation: its counts (reconcile) and, when autoscaled, the autoscaler's state for it
+    (the same fields as at the top of status, for this pool)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    replicas: int | None = Field(default=None, description="Pods of the pool's Deployment.")
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    desired_replicas: int | None = Field(default=None, description="The pool's replicas in the spec (the "
+                                                                   "autoscaler's last decision when autoscaled).")
+    queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
+    ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
+    last_scale_time: str | None = None
+    cold_start_seconds: float | None = None
+    cold_start_samples: list[ColdStartObservation] | None = None
+    last_signals: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
+    predictive: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
+    scaling_history: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE)
+
+
+class DisaggregationStatus(SpecModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    prefill: PoolStatus | None = None
+    decode: PoolStatus | None = None
+
+
 class InferenceServiceStatus(SpecModel):
     """Every field a writer puts under status; a real API server prunes undeclared ones."""
 
@@ -77,6 +105,9 @@ class InferenceServiceStatus(SpecModel):
     )
     adapters: list[AdapterStatus] | None = Field(
         default=None, description="Each adapter of spec.adapters and where it is loaded (with runtime.lora).")
+    disaggregation: DisaggregationStatus | None = Field(
+        default=None, description="Each pool of spec.disaggregation: replicas, readyReplicas, desiredReplicas and "
+                                  "the autoscaler's state for it. The top-level counts are the sums of both pools.")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
     ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
     tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")

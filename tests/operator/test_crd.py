@@ -156,6 +156,9 @@ def test_cel_rules_carry_messages_for_the_documented_mistakes() -> None:
     assert "with spec.tenants the replicas' waiting queue follows tenants.schedulingPolicy" in messages
     assert "tenants.maxInFlightPerTenant is enforced by the router" in messages
     assert "set maxInFlightPerTenant once: in tenants or in router, not both" in messages
+    assert "spec.disaggregation needs spec.router" in messages
+    assert "disaggregation.decode.replicas must be above 0 while disaggregation.prefill.replicas is" in messages
+    assert "spec.replicas and spec.autoscaling do not apply with spec.disaggregation" in messages
     for rule in _rules(_schema()):
         assert rule["rule"] and rule["message"]
 
@@ -215,6 +218,33 @@ BAD_SPECS = {
     "two tenant caps": ({"tenants": {"secretRef": {"name": "t"}, "maxInFlightPerTenant": 4},
                          "router": {"maxInFlightPerTenant": 8}}, "set maxInFlightPerTenant once"),
     "tenants without a secret": ({"tenants": {"schedulingPolicy": "fair"}}, "tenants.secretRef"),
+    **{f"disaggregation: {name}": ({"router": {}, **patch, "disaggregation": {"prefill": {}, "decode": {}, **pools}},
+                                   message) for name, (patch, pools, message) in {
+        "without a router": ({"router": None}, {}, "spec.disaggregation needs spec.router"),
+        "router off": ({"router": {"enabled": False}}, {}, "spec.disaggregation needs spec.router"),
+        "no decode for the prefill pool": ({}, {"prefill": {"replicas": 2}, "decode": {"replicas": 0}},
+                                           "disaggregation.decode.replicas must be above 0"),
+        "no decode for the default prefill pool": ({}, {"decode": {"replicas": 0}},
+                                                   "disaggregation.decode.replicas must be above 0"),
+        "spec.replicas beside it": ({"replicas": 2}, {}, "spec.replicas and spec.autoscaling do not apply"),
+        "spec.autoscaling beside it": ({"autoscaling": {"maxReplicas": 2}}, {}, "do not apply with spec.disaggregation"),
+        "one pool autoscaled": ({}, {"decode": {"autoscaling": {"maxReplicas": 2}}},
+                                "disaggregation.prefill.autoscaling and disaggregation.decode.autoscaling go together"),
+        "one pool to zero": ({}, {"prefill": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}},
+                                  "decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}},
+                             "are 0 together or not at all"),
+        "pool replicas out of bounds": ({}, {"prefill": {"replicas": 3, "autoscaling": {"maxReplicas": 2}},
+                                             "decode": {"autoscaling": {"maxReplicas": 2}}},
+                                        "disaggregation.prefill.replicas must lie within"),
+        "decode replicas out of bounds": ({}, {"prefill": {"autoscaling": {"maxReplicas": 2}},
+                                               "decode": {"replicas": 0, "autoscaling": {"minReplicas": 0,
+                                                                                         "maxReplicas": 2}}},
+                                          "disaggregation.decode.replicas must be above 0"),
+        "tensor parallel": ({"parallelism": {"tensor": 2}}, {}, "runs with parallelism.tensor 1 and parallelism.expert 1"),
+        "LoRA": ({"runtime": {"lora": {}}}, {}, "spec.disaggregation does not serve LoRA yet"),
+        "two GPUs in a pool": ({}, {"decode": {"resources": {"gpus": 2}}}, "must be 0 (run on CPU) or 1"),
+        "KV port on the HTTP port": ({}, {"kvPort": 8000}, "disaggregation.kvPort must not be 8000"),
+    }.items()},
 }
 
 
@@ -247,7 +277,7 @@ def test_unknown_fields_are_refused() -> None:
 def test_wire_names_are_camel_case() -> None:
     props = _schema()["properties"]["spec"]["properties"]
     assert {"model", "runtime", "parallelism", "resources", "replicas", "autoscaling", "router", "inferencePool",
-            "scheduling", "rollout", "apiKeySecretRef", "tenants", "adapters"} == set(props)
+            "scheduling", "rollout", "apiKeySecretRef", "tenants", "adapters", "disaggregation"} == set(props)
     assert "queueTimeoutSeconds" in props["router"]["properties"]
     assert "maxNumBatchedTokens" in props["runtime"]["properties"]
     assert props["rollout"]["properties"]["maxSurge"]["x-kubernetes-int-or-string"] is True
@@ -264,3 +294,26 @@ def test_tenants_specs_that_are_accepted(patch: dict[str, Any]) -> None:
     raw = {"model": {"uri": "hf://org/model"}, **patch}
     jsonschema.Draft4Validator(_schema()).validate({"apiVersion": spec.API_VERSION, "kind": spec.KIND, "spec": raw})
     spec.parse_spec(raw)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in BAD_SPECS if n.startswith("disaggregation: ")))
+def test_each_disaggregation_refusal_is_also_a_cel_rule(name: str) -> None:
+    """The pydantic check and the API server's CEL rule say the same words (the rules themselves run on a real API
+    server in tests/e2e/test_kubectl.py)."""
+    _, message = BAD_SPECS[name]
+    assert any(message in r["message"] for r in _rules(_schema())), message
+
+
+@pytest.mark.parametrize("disaggregation", [
+    {"prefill": {}, "decode": {}},
+    {"prefill": {"replicas": 0}, "decode": {"replicas": 0}},   # scaled to zero by hand
+    {"prefill": {"replicas": 0}, "decode": {"replicas": 2}},   # decode alone: served colocated
+    {"kvPort": 9200, "prefill": {"resources": {"gpus": 1}}, "decode": {"resources": {"gpus": 0, "memory": "8Gi"}}},
+    {"prefill": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}},
+     "decode": {"replicas": 1, "autoscaling": {"minReplicas": 0, "maxReplicas": 4}}},
+])
+def test_disaggregation_specs_that_are_accepted(disaggregation: dict[str, Any]) -> None:
+    raw = {"model": {"uri": "hf://org/model"}, "router": {}, "disaggregation": disaggregation}
+    jsonschema.Draft4Validator(_schema()).validate({"apiVersion": spec.API_VERSION, "kind": spec.KIND, "spec": raw})
+    parsed = spec.parse_spec(raw)
+    assert parsed.disaggregation is not None and parsed.disaggregation.kv_port == disaggregation.get("kvPort", 9100)
