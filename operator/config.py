@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Literal
@@ -45,6 +46,9 @@ class OperatorConfig:
     # Services with spec.adapters get a reconcile pass this often besides their events: it loads what the
     # replicas' fetchers have downloaded since, and retries refused adapters (reconcile.lora).
     adapter_sync_seconds: float = 15.0
+    # The cluster's pod networks (CIDRs, comma-separated in the environment): the only KV sources decode replicas
+    # of spec.disaggregation accept (--kv-source-networks). Empty: the runtime's default, the private networks.
+    pod_networks: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
@@ -65,6 +69,12 @@ class OperatorConfig:
             raise ValueError("KUBEINFER_AUTOSCALE_INTERVAL_SECONDS must be > 0")
         if config.adapter_sync_seconds <= 0:
             raise ValueError("KUBEINFER_ADAPTER_SYNC_SECONDS must be > 0")
+        for network in config.pod_networks:
+            try:
+                ipaddress.ip_network(network)
+            except ValueError as e:
+                raise ValueError(f"KUBEINFER_POD_NETWORKS: {network!r} is not a network (e.g. 10.244.0.0/16): {e}") \
+                    from None
         return config
 
 

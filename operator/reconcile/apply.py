@@ -18,8 +18,8 @@ from typing import Any, Literal
 from kubernetes.client import ApiException
 from kubernetes.utils import parse_quantity
 
-from kubeinfer.operator.kube import Kube, object_path
-from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
+from kubeinfer.operator.kube import Kube, object_path, resource_path
+from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION, Owner
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +89,21 @@ def ensure(kube: Kube, desired: dict[str, Any], seen: dict[str, dict[str, Any]] 
     outcome: Outcome = "created" if live is None else "updated"
     log.info("%s %s", outcome, what)
     return outcome
+
+
+def delete_owned(kube: Kube, owner: Owner, api_version: str, kind: str, name: str, why: str) -> bool:
+    """Deletes a child that no longer belongs, if it is there and this owner's (a namesake of someone else's is
+    left alone); returns whether it deleted it. A 404 meanwhile is the same outcome."""
+    path = resource_path(api_version, kind, owner.namespace, name)
+    live = kube.get(path)
+    if live is None or not any(ref.get("uid") == owner.uid
+                               for ref in (live.get("metadata") or {}).get("ownerReferences") or ()):
+        return False
+    try:
+        kube.request("DELETE", path)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    log.info("deleted %s %s/%s (%s)", kind, owner.namespace, name, why)
+    return True

@@ -14,9 +14,9 @@ import json
 from typing import Any
 
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.reconcile import pod
+from kubeinfer.operator.reconcile import pod, pools
 from kubeinfer.operator.reconcile.lora import fetch as lora_fetch
-from kubeinfer.operator.spec import API_VERSION, GROUP, KIND, InferenceServiceSpec
+from kubeinfer.operator.spec import API_VERSION, GROUP, KIND, POOLS, InferenceServiceSpec
 
 INSTANCE_LABEL = f"{GROUP}/inferenceservice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -139,6 +139,21 @@ def deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig)
     }})
 
 
+def pool_deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig, role: str) -> dict[str, Any]:
+    """`NAME-prefill` or `NAME-decode` of spec.disaggregation: the colocated Deployment of the pool's spec, its
+    pods labelled with their pool (which it selects on) and running the pool's role (reconcile.pools)."""
+    body = {"spec": deployment(pools.pool_spec(spec, role), owner, config)["spec"]}
+    role_label = {pools.POOL_LABEL: role}
+    body["spec"]["selector"]["matchLabels"].update(role_label)
+    template = body["spec"]["template"]
+    template["metadata"]["labels"].update(role_label)
+    container = template["spec"]["containers"][0]
+    container["args"] += pools.kv_args(spec, role, config)
+    if role == "prefill":
+        container["ports"].append(pools.kv_container_port(spec))
+    return _finish("apps/v1", "Deployment", owner, body, name=pools.pool_name(owner.name, role))
+
+
 def service(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
     return _finish("v1", "Service", owner, {"spec": {
         "type": "ClusterIP",
@@ -157,11 +172,21 @@ def pod_disruption_budget(spec: InferenceServiceSpec, owner: Owner) -> dict[str,
 
 
 def service_monitor(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
+    endpoint: dict[str, Any] = {"port": pod.PORT_NAME, "path": "/metrics", "interval": "15s"}
+    if spec.disaggregation is not None:   # each series says its pool: the autoscaler reads the pools apart
+        source = "__meta_kubernetes_pod_label_" + _prometheus_name(pools.POOL_LABEL)
+        endpoint["relabelings"] = [{"sourceLabels": [source], "targetLabel": pools.POOL_SERIES_LABEL,
+                                    "action": "replace"}]
     return _finish("monitoring.coreos.com/v1", "ServiceMonitor", owner, {"spec": {
         "selector": {"matchLabels": selector_labels(owner)},
         "namespaceSelector": {"matchNames": [owner.namespace]},
-        "endpoints": [{"port": pod.PORT_NAME, "path": "/metrics", "interval": "15s"}],
+        "endpoints": [endpoint],
     }})
+
+
+def _prometheus_name(label: str) -> str:
+    """A Kubernetes label as Prometheus' service discovery names it (every character outside [a-zA-Z0-9_] is _)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in label)
 
 
 def adapters_configmap(spec: InferenceServiceSpec, owner: Owner) -> dict[str, Any]:
@@ -173,9 +198,14 @@ def adapters_configmap(spec: InferenceServiceSpec, owner: Owner) -> dict[str, An
 def children(
         spec: InferenceServiceSpec, owner: Owner, config: OperatorConfig, *, with_service_monitor: bool,
 ) -> list[dict[str, Any]]:
-    """Everything one InferenceService owns, in apply order (the adapters' list before the pods that read it)."""
+    """Everything one InferenceService owns, in apply order (the adapters' list before the pods that read it).
+    With spec.disaggregation the two pools' Deployments replace the colocated one (reconcile.pools)."""
     objs = [adapters_configmap(spec, owner)] if spec.runtime.lora is not None else []
-    objs += [deployment(spec, owner, config), service(spec, owner), pod_disruption_budget(spec, owner)]
+    if spec.disaggregation is not None:
+        objs += [pool_deployment(spec, owner, config, role) for role in POOLS]
+    else:
+        objs.append(deployment(spec, owner, config))
+    objs += [service(spec, owner), pod_disruption_budget(spec, owner)]
     if with_service_monitor:
         objs.append(service_monitor(spec, owner))
     return objs

@@ -19,11 +19,11 @@ from pydantic import ValidationError
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.events import EventRecorder, condition_events
 from kubeinfer.operator.kube import Kube, resource_path
-from kubeinfer.operator.reconcile import builders, inference_pool, router, status
-from kubeinfer.operator.reconcile.apply import ensure
+from kubeinfer.operator.reconcile import builders, inference_pool, pool_status, pools, router, status
+from kubeinfer.operator.reconcile.apply import delete_owned, ensure
 from kubeinfer.operator.reconcile.lora import fetch as lora_fetch, status as lora_status, sync as lora_sync
 from kubeinfer.operator.reconcile.validation import semantic_errors
-from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
+from kubeinfer.operator.spec import API_VERSION, KIND, POOLS, InferenceServiceSpec, parse_spec
 from kubeinfer.operator.times import rfc3339
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ class Context:
     _queued: set[tuple[str, str]] = dataclasses.field(default_factory=set)   # see reconcile_soon
     # Services (namespace, name, uid) whose router is known not to exist: see `_remove_router`.
     _routerless: set[tuple[str, str, str]] = dataclasses.field(default_factory=set)
+    # Services (namespace, name, uid) -> whether disaggregated, for those whose other layout's Deployments are known
+    # not to exist: see `_remove_other_layout`.
+    _layouts: dict[tuple[str, str, str], bool] = dataclasses.field(default_factory=dict)
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """One pass at a time per InferenceService (handlers run in a thread pool)."""
@@ -90,6 +93,7 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         if spec is not None and not errors:
             for child in builders.children(spec, owner, ctx.config, with_service_monitor=ctx.with_service_monitor):
                 ensure(ctx.kube, child, seen)
+            _remove_other_layout(ctx, owner, disaggregated=spec.disaggregation is not None)
             if spec.router_enabled:
                 ctx._routerless.discard((owner.namespace, owner.name, owner.uid))
             for child in router.children(spec, owner, ctx.config):
@@ -102,20 +106,11 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
                 ensure(ctx.kube, inference_pool.inference_pool(spec, owner))
             else:
                 pool_unavailable = True
-        deployment_path = resource_path("apps/v1", "Deployment", owner.namespace, owner.name)
-        deployment = seen[deployment_path] if deployment_path in seen else ctx.kube.get(deployment_path)
-        pods = own_pods(ctx.kube, owner) if deployment is not None else []
-        routed = spec is not None and not errors and spec.router_enabled
-        if routed:
-            router.sync_endpoints(ctx.kube, owner, pods)
-        adapters = None if spec is None or errors else sync_adapters(ctx, spec, owner, pods)
         current = body.get("status") or {}
-        observed = status.compute_status(
-            desired=spec.desired_replicas if spec is not None else 0, selector=builders.selector_string(owner),
-            endpoint=router.endpoint(owner) if routed else builders.endpoint(owner),
-            generation=generation, deployment=deployment, pods=pods, spec_errors=errors,
-            current=current, now=rfc3339(time.time()),
-            autoscaled=None if spec is None else spec.autoscaling is not None, adapters=adapters)
+        if spec is not None and not errors and spec.disaggregation is not None:
+            observed = _observe_pools(ctx, spec, owner, generation, current, seen)
+        else:
+            observed = _observe_colocated(ctx, spec, owner, generation, current, seen, errors)
         patch = status.status_patch(current, observed)
         if patch:
             ctx.kube.patch_status(resource_path(API_VERSION, KIND, owner.namespace, owner.name), patch)
@@ -135,6 +130,59 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         raise InvalidSpec("invalid spec: " + "; ".join(errors))
     if pool_unavailable:
         raise inference_pool.PoolUnavailable()
+
+
+def _observe_colocated(ctx: Context, spec: InferenceServiceSpec | None, owner: builders.Owner, generation: int | None,
+                       current: dict[str, Any], seen: dict[str, dict[str, Any]], errors: list[str]) -> dict[str, Any]:
+    """The status of the replicas' Deployment `NAME` and its pods, after telling the router the ready ones."""
+    deployment_path = resource_path("apps/v1", "Deployment", owner.namespace, owner.name)
+    deployment = seen[deployment_path] if deployment_path in seen else ctx.kube.get(deployment_path)
+    pods = own_pods(ctx.kube, owner) if deployment is not None else []
+    routed = spec is not None and not errors and spec.router_enabled
+    if routed:
+        router.sync_endpoints(ctx.kube, owner, pods)
+    adapters = None if spec is None or errors else sync_adapters(ctx, spec, owner, pods)
+    observed = status.compute_status(
+        desired=spec.desired_replicas if spec is not None else 0, selector=builders.selector_string(owner),
+        endpoint=router.endpoint(owner) if routed else builders.endpoint(owner),
+        generation=generation, deployment=deployment, pods=pods, spec_errors=errors,
+        current=current, now=rfc3339(time.time()),
+        autoscaled=None if spec is None else spec.autoscaling is not None, adapters=adapters)
+    if spec is not None and not errors and current.get("disaggregation") is not None:
+        observed["disaggregation"] = None   # turned off: a merge patch's null removes the pools' status
+    return observed
+
+
+def _observe_pools(ctx: Context, spec: InferenceServiceSpec, owner: builders.Owner, generation: int | None,
+                   current: dict[str, Any], seen: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The status of both pools of spec.disaggregation, after telling the router each pool's ready replicas (the
+    router is always on with it: a CEL rule)."""
+    assert spec.disaggregation is not None
+    paths = {role: resource_path("apps/v1", "Deployment", owner.namespace, pools.pool_name(owner.name, role))
+             for role in POOLS}
+    deployments = {role: seen[path] if path in seen else ctx.kube.get(path) for role, path in paths.items()}
+    pods = own_pods(ctx.kube, owner) if any(deployments.values()) else []
+    router.sync_endpoints(ctx.kube, owner, pools.pods_of(pods, "decode"), pools.pods_of(pods, "prefill"))
+    observations = {role: pool_status.PoolObservation(spec.disaggregation.pool(role).desired_replicas,
+                                                      deployments[role], pools.pods_of(pods, role))
+                    for role in POOLS}
+    return pool_status.compute_status(
+        pools=observations, selector=builders.selector_string(owner), endpoint=router.endpoint(owner),
+        generation=generation, current=current, now=rfc3339(time.time()), autoscaled=spec.disaggregation.autoscaled)
+
+
+def _remove_other_layout(ctx: Context, owner: builders.Owner, *, disaggregated: bool) -> None:
+    """Turning spec.disaggregation on deletes the colocated Deployment `NAME`; turning it off deletes the pools'.
+    Looked for once per service, layout and operator process, as `_remove_router` does: only this operator makes
+    them, in a pass under the same lock."""
+    key = (owner.namespace, owner.name, owner.uid)
+    if ctx._layouts.get(key) is disaggregated:
+        return
+    names = [owner.name] if disaggregated else [pools.pool_name(owner.name, role) for role in POOLS]
+    for name in names:
+        delete_owned(ctx.kube, owner, "apps/v1", "Deployment", name,
+                     "disaggregation turned on" if disaggregated else "disaggregation turned off")
+    ctx._layouts[key] = disaggregated
 
 
 def sync_adapters(ctx: Context, spec: InferenceServiceSpec, owner: builders.Owner,

@@ -13,6 +13,9 @@ Policy, decided here (docs/router.md argues it):
   Service, PDB and Deployment must not select them.
 - The router is CPU-only: it does not inherit the replicas' node selector, tolerations or GPUs.
 - Turned off (`spec.router.enabled: false`, or `spec.router` removed): its Deployment and Service are deleted.
+- With `spec.disaggregation` the replicas above are the decode pool's, and the prefill pool's ready replicas go
+  into a second annotation, `kubeinfer.dev/router-prefill-endpoints`, read the same way (`--prefill-endpoints-file`);
+  both are written in one patch.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kubernetes.client import ApiException
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, Kube, resource_path
 from kubeinfer.operator.reconcile import builders, pod, security
+from kubeinfer.operator.reconcile.apply import delete_owned
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,8 @@ ENDPOINTS_ANNOTATION = f"{GROUP}/router-endpoints"
 PORT = 8080
 ENDPOINTS_DIR = "/etc/kubeinfer/router"
 ENDPOINTS_FILE = f"{ENDPOINTS_DIR}/endpoints"
+PREFILL_ENDPOINTS_ANNOTATION = f"{GROUP}/router-prefill-endpoints"
+PREFILL_ENDPOINTS_FILE = f"{ENDPOINTS_DIR}/prefill-endpoints"
 
 
 def name(owner: builders.Owner) -> str:
@@ -82,6 +88,8 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
         *(["--api-keys-file", pod.API_KEYS_FILE] if spec.keys_secret_ref is not None else []),
         *(["--max-in-flight-per-tenant", str(spec.max_in_flight_per_tenant)]
           if spec.max_in_flight_per_tenant is not None else []),
+        # The replicas above are then the decode pool.
+        *(["--prefill-endpoints-file", PREFILL_ENDPOINTS_FILE] if spec.disaggregation is not None else []),
     ]
 
 
@@ -106,8 +114,12 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
     }
     if spec.runtime.image_pull_policy:
         container["imagePullPolicy"] = spec.runtime.image_pull_policy
-    volumes = [{"name": "endpoints", "downwardAPI": {"items": [{
-        "path": "endpoints", "fieldRef": {"fieldPath": f"metadata.annotations['{ENDPOINTS_ANNOTATION}']"}}]}}]
+    files = [("endpoints", ENDPOINTS_ANNOTATION)]
+    if spec.disaggregation is not None:
+        files.append(("prefill-endpoints", PREFILL_ENDPOINTS_ANNOTATION))
+    volumes = [{"name": "endpoints", "downwardAPI": {"items": [
+        {"path": path, "fieldRef": {"fieldPath": f"metadata.annotations['{annotation}']"}}
+        for path, annotation in files]}}]
     if (ref := spec.keys_secret_ref) is not None:   # the same Secret as the replicas'
         volumes.append({"name": "api-keys", "secret": {
             "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
@@ -174,20 +186,28 @@ def router_pods(kube: Kube, owner: builders.Owner) -> list[dict[str, Any]]:
     return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(ROUTER_LABEL) == owner.name]
 
 
-def sync_endpoints(kube: Kube, owner: builders.Owner, replica_pods: list[dict[str, Any]]) -> int:
+def sync_endpoints(kube: Kube, owner: builders.Owner, replica_pods: list[dict[str, Any]],
+                   prefill_pods: list[dict[str, Any]] | None = None) -> int:
     """Writes the ready replicas into the annotation of every router pod where it differs; returns the writes.
+    `prefill_pods` (spec.disaggregation): the prefill pool's, into the second annotation (`replica_pods` are then
+    the decode pool's).
 
-    A merge patch of one annotation: the ReplicaSet controller owns the rest of the pod. A router pod is written
+    A merge patch of the annotations: the ReplicaSet controller owns the rest of the pod. A router pod is written
     as soon as it exists (Pending too), so it usually starts with its list already in the file."""
-    value = endpoints_value(ready_endpoints(replica_pods))
+    wanted = {ENDPOINTS_ANNOTATION: endpoints_value(ready_endpoints(replica_pods))}
+    if prefill_pods is not None:
+        wanted[PREFILL_ENDPOINTS_ANNOTATION] = endpoints_value(ready_endpoints(prefill_pods))
     writes = 0
     for p in router_pods(kube, owner):
         meta = p.get("metadata") or {}
-        if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get(ENDPOINTS_ANNOTATION) == value:
+        have = meta.get("annotations") or {}
+        if meta.get("deletionTimestamp") or all(have.get(k) == v for k, v in wanted.items()):
             continue
+        value = wanted[ENDPOINTS_ANNOTATION] + (f", prefill {wanted[PREFILL_ENDPOINTS_ANNOTATION]}"
+                                                if prefill_pods is not None else "")
         try:
             kube.request("PATCH", resource_path("v1", "Pod", owner.namespace, meta["name"]),
-                         body={"metadata": {"annotations": {ENDPOINTS_ANNOTATION: value}}},
+                         body={"metadata": {"annotations": wanted}},
                          content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})
         except ApiException as e:
             if e.status != 404:   # gone meanwhile: nothing to tell it
@@ -201,14 +221,4 @@ def sync_endpoints(kube: Kube, owner: builders.Owner, replica_pods: list[dict[st
 def remove(kube: Kube, owner: builders.Owner) -> None:
     """Deletes the router's Deployment and Service if they are there and this InferenceService's."""
     for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment")):
-        path = resource_path(api_version, kind, owner.namespace, name(owner))
-        live = kube.get(path)
-        if live is None or not any(ref.get("uid") == owner.uid
-                                   for ref in (live.get("metadata") or {}).get("ownerReferences") or ()):
-            continue
-        try:
-            kube.request("DELETE", path)
-            log.info("deleted %s %s/%s (router turned off)", kind, owner.namespace, name(owner))
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        delete_owned(kube, owner, api_version, kind, name(owner), "router turned off")

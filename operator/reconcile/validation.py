@@ -10,7 +10,8 @@ import re
 
 from kubernetes.utils import parse_quantity
 
-from kubeinfer.operator.spec import InferenceServiceSpec, Resources
+from kubeinfer.operator.reconcile import pools
+from kubeinfer.operator.spec import POOLS, InferenceServiceSpec, Resources
 
 MAX_NAME_WITH_ROUTER = 63 - len("-router")   # a Service name is a DNS label
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -26,11 +27,18 @@ def semantic_errors(spec: InferenceServiceSpec, name: str = "") -> list[str]:
     if spec.model.scheme in ("hf", "s3") and not spec.model.location.strip("/"):
         errors.append(f"model.uri {spec.model.uri!r} names no repository or bucket")
     errors += _quantity_errors(spec.resources)
+    if spec.disaggregation is not None:
+        for role in POOLS:
+            if (own := spec.disaggregation.pool(role).resources) is not None:
+                errors += [f"disaggregation.{role}.{e}" for e in _quantity_errors(own)]
     errors += _adapter_errors(spec, name)
     if spec.router_enabled:
         errors += _router_errors(spec, name)
-    if not errors:
+    if not errors and spec.disaggregation is None:
         errors += _kv_cache_errors(spec)
+    elif not errors:
+        for role in POOLS:
+            errors += [f"disaggregation.{role}: {e}" for e in _kv_cache_errors(pools.pool_spec(spec, role))]
     return errors
 
 
