@@ -80,6 +80,28 @@ ONE_MESSAGE = {
     "negative minReplicas": ({"autoscaling": {"minReplicas": -1, "maxReplicas": 2}}, "spec.autoscaling.minReplicas",
                              "should be greater than or equal to 0"),
     "ftp model": ({"model": {"uri": "ftp://host/m"}}, "spec.model.uri", "must start with hf://, pvc://, s3:// or file://"),
+    # spec.disaggregation (operator/spec/disaggregation.py)
+    "disaggregation without a router": ({"disaggregation": {"prefill": {}, "decode": {}}}, "spec",
+                                        "spec.disaggregation needs spec.router"),
+    "disaggregation beside spec.replicas": ({"router": {}, "replicas": 2, "disaggregation": {"prefill": {},
+                                                                                             "decode": {}}},
+                                            "spec", "spec.replicas and spec.autoscaling do not apply"),
+    "disaggregation with tensor parallelism": ({"router": {}, "parallelism": {"tensor": 2},
+                                                "disaggregation": {"prefill": {}, "decode": {}}}, "spec",
+                                               "runs with parallelism.tensor 1 and parallelism.expert 1"),
+    "no decode replica for the prefill pool": ({"router": {}, "disaggregation": {"prefill": {"replicas": 1},
+                                                                                 "decode": {"replicas": 0}}},
+                                               "spec.disaggregation", "disaggregation.decode.replicas must be above 0"),
+    "one pool autoscaled": ({"router": {}, "disaggregation": {"prefill": {"autoscaling": {"maxReplicas": 2}},
+                                                              "decode": {}}},
+                            "spec.disaggregation", "autoscale both pools or neither"),
+    "one pool to zero": ({"router": {}, "disaggregation": {
+        "prefill": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}},
+        "decode": {"autoscaling": {"maxReplicas": 2}}}}, "spec.disaggregation", "are 0 together or not at all"),
+    "the KV port on the HTTP port": ({"router": {}, "disaggregation": {"kvPort": 8000, "prefill": {}, "decode": {}}},
+                                     "spec.disaggregation.kvPort", "disaggregation.kvPort must not be 8000"),
+    "two GPUs in a pool": ({"router": {}, "disaggregation": {"prefill": {}, "decode": {"resources": {"gpus": 2}}}},
+                           "spec.disaggregation.decode", "must be 0 (run on CPU) or 1"),
 }
 
 
