@@ -35,7 +35,7 @@ from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason
 from kubeinfer.operator.reconcile import builders, inference_pool, router
 from kubeinfer.operator.reconcile.controller import Context, InvalidSpec, reconcile_named, reconcile_soon
-from kubeinfer.operator.spec import GROUP, PLURAL, VERSION
+from kubeinfer.operator.spec import GROUP, PLURAL, POOLS, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any
 
 
 def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
-    return bool(spec.get("autoscaling"))
+    pools = spec.get("disaggregation") or {}
+    return bool(spec.get("autoscaling")) or any((pools.get(role) or {}).get("autoscaling") for role in POOLS)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=_autoscaled,

@@ -1,7 +1,8 @@
 """The autoscaler's pass over one InferenceService: measure, decide, write spec.replicas, status, Events.
 
-`plan_pass()` is pure: from the stored object, its pods and the signals it computes everything the pass
-writes (a `Plan`). `Autoscaler` does the I/O around it and `run()` is the loop of the per-object kopf
+`plan.plan_pass()` is pure: from the stored object, its pods and the signals it computes everything the pass
+writes (a `Plan`); with spec.disaggregation, `pool_pass` plans each pool so and binds them. `Autoscaler` does the
+I/O around it and `run()` is the loop of the per-object kopf
 daemon registered in `kubeinfer.operator.handlers`.
 
 Policy of the pass (the scaling rules themselves are in `policy.decide`, and with `autoscaling.policy:
@@ -33,7 +34,6 @@ say; its state and last forecast are in `status.predictive`):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -42,148 +42,23 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time
-from kubeinfer.operator.autoscaling.history_status import RememberedHistory, history_for, history_status
+from kubeinfer.operator.autoscaling import pool_pass, pool_signals
+from kubeinfer.operator.autoscaling.history_status import RememberedHistory
 from kubeinfer.operator.autoscaling.metrics_source import (
     PodSelector, ScrapeSource, router_queue, with_router_queue,
 )
-from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleDecision, Signals
-from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
-from kubeinfer.operator.autoscaling.readers import SharedReaders
-from kubeinfer.operator.events import EventSpec, condition_events
-from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
-from kubeinfer.operator.reconcile import builders, pod as pod_builder, router, status as status_mod
-from kubeinfer.operator.reconcile.controller import own_pods
-from kubeinfer.operator.spec import (
-    API_VERSION, KIND, METRICS_AVAILABLE, SCALING_ACTIVE, InferenceServiceSpec, parse_spec,
+from kubeinfer.operator.autoscaling.plan import (  # noqa: F401  (replica_counts, scrape_targets: this module's API)
+    MANUAL_SCALE_OVERRIDDEN, PROMETHEUS_LABELS, Plan, _is_ready, live_pods, plan_pass, replica_counts,
+    scrape_targets,
 )
-from kubeinfer.operator.times import rfc3339
+from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.readers import SharedReaders
+from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
+from kubeinfer.operator.reconcile import builders, router, status as status_mod
+from kubeinfer.operator.reconcile.controller import own_pods
+from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
 
 log = logging.getLogger(__name__)
-
-MANUAL_SCALE_OVERRIDDEN = "ManualScaleOverridden"
-# Labels that the Prometheus Operator attaches to series scraped through our ServiceMonitor.
-PROMETHEUS_LABELS = ("namespace", "service")
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Everything one pass writes. `replicas` is None when spec.replicas already holds the decision."""
-
-    decision: ScaleDecision
-    current: int  # the count the policy decided from
-    replicas: int | None
-    status: dict[str, Any]
-    events: tuple[EventSpec, ...]
-
-
-def _is_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in ((pod.get("status") or {}).get("conditions") or []))
-
-
-def live_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pods that are not being deleted."""
-    return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-
-
-def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: float, now: float) -> ReplicaCounts:
-    """Ready = Ready condition and created at least initialDelaySeconds ago (a real API server always sets
-    creationTimestamp; without one a pod counts as old). Pending = the rest of the larger of the desired
-    count and the live pods: replicas the Deployment has not created yet are pending too."""
-    live = live_pods(pods)
-    ready = 0
-    for p in live:
-        created = parse_time((p.get("metadata") or {}).get("creationTimestamp"))
-        if _is_ready(p) and (created is None or now - created >= initial_delay_s):
-            ready += 1
-    return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)
-
-
-def scrape_targets(pods: list[dict[str, Any]]) -> list[str]:
-    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests)."""
-    return [f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics" for p in live_pods(pods)
-            if _is_ready(p) and (p.get("status") or {}).get("podIP")]
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
-
-
-def _conditions(signals: Signals, decision: ScaleDecision) -> list[dict[str, Any]]:
-    def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-        return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
-
-    holding = decision.reason in (METRICS_UNAVAILABLE, METRICS_STALE)
-    if holding:
-        metrics = cond(METRICS_AVAILABLE, False, decision.reason, decision.message)
-    else:
-        metrics = cond(METRICS_AVAILABLE, True, "SignalsRead",
-                       f"queue {signals.queue_depth:g}, running {signals.num_running or 0:g}, "
-                       f"TTFT P95 {'n/a' if signals.ttft_p95_seconds is None else f'{signals.ttft_p95_seconds:.3f}s'}")
-    scaling = cond(SCALING_ACTIVE, not holding, decision.reason, decision.message)
-    return [scaling, metrics]
-
-
-def _last_signals(signals: Signals, decision: ScaleDecision) -> dict[str, Any]:
-    """status.lastSignals: the values, rounded, without their time (a time would rewrite status every pass; the
-    null removes the one an older operator wrote)."""
-    values = {k: (_round(v) if isinstance(v, float) else v) for k, v in signals.to_dict().items()}
-    return {**values, "timestamp": None, "recommendation": decision.recommendation, "reason": decision.reason}
-
-
-def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals, pods: list[dict[str, Any]],
-              now: float, remembered: RememberedHistory | None = None, previous_pass: float | None = None) -> Plan:
-    """The decision for one pass and every write it implies; pure. `remembered`: what the previous pass of this
-    process decided from and wrote (None: decide from status alone, as a restarted operator does);
-    `previous_pass`: the latest time the previous pass can have been (None: unknown)."""
-    assert spec.autoscaling is not None
-    st = body.get("status") or {}
-    cold_start = ColdStartRecord.from_status(st).with_pods(pods)
-    config = PolicyConfig.from_spec(spec.autoscaling, learned_cold_start_seconds=cold_start.seconds,
-                                    max_num_seqs=spec.runtime.max_num_seqs,
-                                    max_num_batched_tokens=spec.runtime.max_num_batched_tokens)
-    last = st.get("desiredReplicas") if st.get("scalingHistory") else None   # its own decision, or none yet
-    manual = spec.replicas is not None and last is not None and spec.replicas != last
-    current = last if manual else spec.desired_replicas
-    counts = replica_counts(current, pods, config.initial_delay_seconds, now)
-    history = history_for(st.get("scalingHistory"), remembered, previous_pass)
-    decision = decide(signals, counts, history, config, now)
-    predictive = None
-    if spec.autoscaling.policy == "predictive":
-        outcome = decide_predictive(decision, history, signals, counts, st.get("predictive"), config, now)
-        decision, predictive = outcome.decision, outcome.status
-    desired = decision.desired_replicas
-
-    events: list[EventSpec] = []
-    if manual:
-        events.append(EventSpec("Normal", MANUAL_SCALE_OVERRIDDEN,
-                                f"spec.replicas was set to {spec.replicas} while autoscaling is on; the autoscaler "
-                                f"owns it and set it to {desired} ({decision.reason}: {decision.message})"))
-    if desired != current:
-        events.append(EventSpec("Normal", decision.reason, f"{current} -> {desired} replicas: {decision.message}"))
-    conditions = status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision), rfc3339(now),
-                                             (body.get("metadata") or {}).get("generation"))
-    events += condition_events(st.get("conditions") or [], conditions)
-
-    available = decision.reason not in (METRICS_UNAVAILABLE, METRICS_STALE)
-    status: dict[str, Any] = {
-        "desiredReplicas": desired,
-        "queueDepth": _round(signals.queue_depth) if available else None,
-        "ttftP95Seconds": _round(signals.ttft_p95_seconds) if available else None,
-        "lastSignals": _last_signals(signals, decision),
-        "scalingHistory": history_status(decision.history, st.get("scalingHistory"), now),
-        "conditions": conditions,
-    }
-    if predictive is not None:
-        status["predictive"] = predictive
-    if decision.history.last_scale_time is not None:
-        status["lastScaleTime"] = rfc3339(decision.history.last_scale_time)
-    if cold_start.samples:
-        status.update(cold_start.to_status())
-    return Plan(decision=decision, current=current, replicas=desired if spec.replicas != desired else None,
-                status=status, events=tuple(events))
 
 
 class Autoscaler:
@@ -200,6 +75,9 @@ class Autoscaler:
         self.router_client = self.readers.router_client
         self.path = resource_path(API_VERSION, KIND, namespace, name)
         self.remembered: RememberedHistory | None = None  # the last pass's history, and what it wrote
+        # With spec.disaggregation (pool_pass): each pool's scrape history, and its last pass's history.
+        self.pool_readers: pool_signals.PoolReaders | None = None
+        self.pool_remembered: dict[str, RememberedHistory] = {}
         self.clock = time.time  # the passes' time (a test drives its own)
 
     async def aclose(self) -> None:
@@ -214,7 +92,7 @@ class Autoscaler:
             spec = parse_spec(body.get("spec") or {})
         except ValidationError:
             return body, None, []  # reconcile reports it; nothing to scale
-        if spec.autoscaling is None:
+        if spec.autoscaling is None and not pool_pass.autoscaled(spec):
             return body, None, []
         return body, spec, own_pods(self.ctx.kube, builders.Owner.from_body(body))
 
@@ -226,6 +104,10 @@ class Autoscaler:
         elif spec.router_enabled:
             signals = with_router_queue(signals, await self._router_pods_queue(body), len(pods))
         return signals
+
+    async def router_waiting(self, body: dict[str, Any], url: str | None) -> float | None:
+        """Requests waiting at the router: at `url` (a routerMetricsUrl), else at the operator's router pods."""
+        return await router_queue(self.router_client, url) if url else await self._router_pods_queue(body)
 
     async def _router_pods_queue(self, body: dict[str, Any]) -> float | None:
         """Requests waiting at the operator's router pods, summed (each holds its own); read directly from the
@@ -247,11 +129,13 @@ class Autoscaler:
         assert isinstance(self.source, ScrapeSource)
         return await self.source.fetch(scrape_targets(pods), window, model_name=served)
 
-    async def step(self) -> Plan | None:
+    async def step(self) -> Plan | pool_pass.PoolsPlan | None:
         """One pass; None when the object is gone, invalid, or no longer autoscaled."""
         body, spec, pods = await asyncio.to_thread(self._read)
         if body is None or spec is None:
             return None
+        if spec.disaggregation is not None:   # each pool on its own signals, bound together
+            return await pool_pass.step(self, body, spec, pods)
         signals = await self._signals(spec, body, pods)
         return await asyncio.to_thread(self._decide_and_write, signals)
 

@@ -194,9 +194,36 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
             rec_t = ready
         why_t = f"TTFT P95 {ttft:.3f}s (target {config.target_ttft_p95_seconds:g}s)"
 
+    rec_d, why_d, overload_d = _decode_pressure(signals, replicas, config)
+    if rec_d > max(rec_q, rec_t):
+        return rec_d, why_d, overload_d
     if rec_t > rec_q:
         return rec_t, why_t, overload_t
-    return rec_q, why_q + (f", {why_t}" if why_t else ""), overload_q or overload_t
+    return rec_q, why_q + (f", {why_t}" if why_t else "") + (f", {why_d}" if why_d else ""), \
+        overload_q or overload_t
+
+
+# A decode pool's own pressure (spec.disaggregation.decode.autoscaling; a colocated fleet has no such target): the
+# KV cache in use (mean over its replicas) and the inter-token latency P95, each against its target; the worse
+# ratio speaks. Above the band: the ready count times it (at most max_ttft_scale_up_ratio, at least +1), made under
+# overload (it holds scale-down for one metric window: the KV in use then is the running streams', which finish);
+# inside: the ready count; below: no objection. Nothing ready: no objection (the queue rule wakes the pool).
+def _decode_pressure(signals: Signals, replicas: ReplicaCounts, config: PolicyConfig) -> tuple[int, str, bool]:
+    ratios = []
+    if config.target_kv_cache_usage is not None and signals.kv_cache_usage is not None:
+        ratios.append((signals.kv_cache_usage / config.target_kv_cache_usage,
+                       f"KV cache {signals.kv_cache_usage:.0%} in use (target {config.target_kv_cache_usage:.0%})"))
+    itl = signals.itl_p95_seconds
+    if config.target_itl_p95_seconds is not None and itl is not None and math.isfinite(itl):
+        ratios.append((itl / config.target_itl_p95_seconds,
+                       f"ITL P95 {itl:.3f}s (target {config.target_itl_p95_seconds:g}s)"))
+    ready, tol = replicas.ready, config.tolerance
+    if not ratios or ready == 0:
+        return 0, "", False
+    ratio, why = max(ratios)
+    if ratio > 1 + tol:
+        return max(ready + 1, math.ceil(ready * min(ratio, config.max_ttft_scale_up_ratio))), why, True
+    return (ready if ratio >= 1 - tol else 0), why, False
 
 
 def _floor(config: PolicyConfig, current: int, idle: bool) -> int:

@@ -30,6 +30,9 @@ _SPEC_KEYS: dict[str, str] = {
     "initialDelaySeconds": "initial_delay_seconds",
     "tolerance": "tolerance",
     "throughputPerReplica": "assumed_throughput_per_replica",
+    # The decode pool of spec.disaggregation only (its autoscaling has them).
+    "targetKvCacheUsage": "target_kv_cache_usage",
+    "targetITLP95Seconds": "target_itl_p95_seconds",
 }
 
 MAX_EVENTS = 10
@@ -84,6 +87,9 @@ class PolicyConfig:
     # replica model the predictive policy calibrates (None: the model's defaults).
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # A decode pool's targets (spec.disaggregation.decode.autoscaling; None: no such rule, as for a colocated fleet).
+    target_kv_cache_usage: float | None = None
+    target_itl_p95_seconds: float | None = None
 
     def __post_init__(self) -> None:
         assert self.min_replicas >= 0, "minReplicas must be >= 0"
@@ -136,6 +142,8 @@ class Signals:
     error: str | None = None  # why the source could not measure
     usage: ReplicaUsage | None = None  # the replicas' steps and request lengths over the window (calibration)
     recent_request_rate: float | None = None  # first tokens per second over the last few seconds (recent_arrivals)
+    itl_p95_seconds: float | None = None   # a decode pool's inter-token latency P95 (spec.disaggregation only)
+    kv_cache_usage: float | None = None    # a decode pool's KV cache use, mean over its pods (0-1; the same)
 
     @property
     def available(self) -> bool:
@@ -153,7 +161,9 @@ class Signals:
         return {"timestamp": rfc3339_precise(self.timestamp), "queueDepth": self.queue_depth, "numRunning": self.num_running,
                 "ttftP95Seconds": self.ttft_p95_seconds, "requestRate": self.request_rate,
                 "recentRequestRate": self.recent_request_rate, "numPodsReporting": self.num_pods_reporting,
-                "error": self.error}
+                "error": self.error,
+                **({"itlP95Seconds": self.itl_p95_seconds} if self.itl_p95_seconds is not None else {}),
+                **({"kvCacheUsage": self.kv_cache_usage} if self.kv_cache_usage is not None else {})}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The Prometheus signals of every autoscaled InferenceService from one round of queries.
 
 Each object's daemon asks `FleetSignals.signals()` for its own service; the first to ask in an interval sends
-one query per signal for the whole fleet (`sum by (namespace, service, model_name) (...)`), and every daemon
+one query per signal for the whole fleet (`sum by (namespace, service, model_name, pool) (...)`), and every daemon
 of that interval reads its service's row from that answer. 1,000 services make 12 queries per interval (per
 distinct metricWindowSeconds), not 11,000.
 
@@ -32,9 +32,10 @@ from kubeinfer.operator.metric_names import (
 
 log = logging.getLogger(__name__)
 
-# The labels a series of one service carries (the ServiceMonitor's namespace and service, the runtime's model).
-ROW_LABELS = ("namespace", "service", "model_name")
-Row = tuple[str, str, str]
+# The labels a series of one service carries (the ServiceMonitor's namespace and service, the runtime's model), and
+# the pool of spec.disaggregation (the ServiceMonitor's relabeling; "" on a colocated replica's series).
+ROW_LABELS = ("namespace", "service", "model_name", "pool")
+Row = tuple[str, str, str, str]
 
 
 def fleet_queries(window_s: int) -> dict[str, str]:
@@ -81,7 +82,8 @@ class Snapshot:
         if self.error is not None:
             return Signals.missing(self.error, self.taken_at)
         assert selector.model_name is not None, "a fleet row is one model's"
-        v = self.values.get((selector.labels["namespace"], selector.labels["service"], selector.model_name), {})
+        v = self.values.get((selector.labels["namespace"], selector.labels["service"], selector.model_name,
+                             selector.labels.get("pool", "")), {})
         if "queue" not in v:
             return Signals.missing(f"no {WAITING} series for {selector.promql()}", self.taken_at)
         return Signals(timestamp=v.get("oldest", self.taken_at), queue_depth=v["queue"], num_running=v.get("running"),

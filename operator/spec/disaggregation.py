@@ -133,6 +133,25 @@ class PoolSpec(SpecModel):
         return 1
 
 
+class DecodeAutoscaling(Autoscaling):
+    """The decode pool's autoscaling: spec.autoscaling's fields, and the decode pool's own targets."""
+
+    target_kv_cache_usage: float = Field(
+        default=0.8, gt=0, le=1,
+        description="Share of the decode replicas' KV cache in use (mean over them) to hold: above it the pool "
+                    "grows before requests are preempted for room.")
+    target_itl_p95_seconds: float | None = Field(
+        default=None, gt=0, alias="targetITLP95Seconds",
+        description="Inter-token latency P95 of the decode pool to hold: above it the pool grows (its right value "
+                    "depends on the model and hardware; unset: no ITL rule).")
+
+
+class DecodePoolSpec(PoolSpec):
+    autoscaling: DecodeAutoscaling | None = Field(
+        default=None, description="The decode pool's autoscaling: on its queue, running requests, KV cache use and "
+                                  "(with targetITLP95Seconds) inter-token latency; set on both pools or neither.")
+
+
 class Disaggregation(SpecModel):
     """Prefill and decode on separate pools of replicas, paired per request by the router."""
 
@@ -145,7 +164,7 @@ class Disaggregation(SpecModel):
         json_schema_extra={"x-kubernetes-validations": [cel(
             f"self != {RUNTIME_PORT}", f"disaggregation.kvPort must not be {RUNTIME_PORT}, the replicas' HTTP port")]})
     prefill: PoolSpec = Field(description="The replicas that compute prompts' KV and first tokens.")
-    decode: PoolSpec = Field(description="The replicas that pull the KV and stream the answers.")
+    decode: DecodePoolSpec = Field(description="The replicas that pull the KV and stream the answers.")
 
     @model_validator(mode="after")
     def _pools(self) -> Disaggregation:

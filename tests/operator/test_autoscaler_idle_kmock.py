@@ -29,7 +29,7 @@ def status_writes(cluster: Any, start: int = 0) -> list[Any]:
 
 def passes(prom: FakePrometheus) -> int:
     """Fleet rounds of queries: one per autoscaler pass here (one service)."""
-    return sum(q.startswith("sum by (namespace, service, model_name) (kubeinfer_num_requests_waiting")
+    return sum(q.startswith("sum by (namespace, service, model_name, pool) (kubeinfer_num_requests_waiting")
                for q in prom.queries)
 
 

@@ -58,7 +58,7 @@ async def test_queue_above_target_scales_up_through_spec_replicas(cluster: Any, 
     assert "kubeinfer.dev/finalizer" in obj["metadata"]["finalizers"]
     # one query for the fleet; the pass reads the row of its service (namespace, service, served model), not the
     # decoy's queue of 100
-    assert "sum by (namespace, service, model_name) (kubeinfer_num_requests_waiting)" in prom.queries
+    assert "sum by (namespace, service, model_name, pool) (kubeinfer_num_requests_waiting)" in prom.queries
 
 
 async def test_manual_scale_is_overridden_with_an_event(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
