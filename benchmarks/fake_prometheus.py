@@ -3,7 +3,7 @@
 Every InferenceService of one namespace is a series with labels namespace, service and model_name (the
 service's name): an idle replica (queue 0, running 0, one pod reporting, no traffic so no TTFT). A query with
 `service="X"` in it answers for that service only; any other query answers one sample per service, the way
-`sum by (namespace, service, model_name) (...)` does. The sample timestamp advances every 15 s, as a scrape
+`sum by (namespace, service, model_name, pool) (...)` does. The sample timestamp advances every 15 s, as a scrape
 interval would.
 """
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory
 from kubeinfer.operator.autoscaling.plan import MANUAL_SCALE_OVERRIDDEN, Plan, _conditions, plan_pass
+from kubeinfer.operator.autoscaling.policy import SCALE_FROM_ZERO
 from kubeinfer.operator.autoscaling.pool_signals import PoolReaders, pool_signals
 from kubeinfer.operator.autoscaling.policy_types import Signals
 from kubeinfer.operator.events import EventSpec, condition_events
@@ -91,14 +92,15 @@ def plan_pools(body: dict[str, Any], spec: InferenceServiceSpec, signals: dict[s
     for role, plan in plans.items():
         d, asked = plan.decision, spec.disaggregation.pool(role).replicas
         why = d.message if desired[role] == d.desired_replicas else \
-            f"{d.message}; kept at {desired[role]}: the pools scale to zero together"
+            f"{d.message}; {desired[role]} instead: the pools are at zero together or not at all"
         if asked is not None and plan.current != asked:
             events.append(EventSpec("Normal", MANUAL_SCALE_OVERRIDDEN,
                                     f"disaggregation.{role}.replicas was set to {asked} while autoscaling is on; the "
                                     f"autoscaler owns it and set it to {desired[role]} ({d.reason}: {why})"))
         if desired[role] != plan.current:
-            events.append(EventSpec("Normal", d.reason, f"{role} pool: {plan.current} -> {desired[role]} replicas: "
-                                                        f"{why}"))
+            reason = SCALE_FROM_ZERO if plan.current == 0 else d.reason   # woken with the other pool, or by itself
+            events.append(EventSpec("Normal", reason, f"{role} pool: {plan.current} -> {desired[role]} replicas: "
+                                                      f"{why}"))
         pool_status[role] = {**{k: v for k, v in plan.status.items() if k != "conditions"},
                              "desiredReplicas": desired[role]}
         if asked != desired[role]:

@@ -39,17 +39,17 @@ class FakePrometheus:
 
     def answer(self, query: str) -> float | None:
         self.queries.append(query)
-        if query.startswith("sum by (namespace, service, model_name) (kubeinfer_num_requests_waiting"):
+        if query.startswith("sum by (namespace, service, model_name, pool) (kubeinfer_num_requests_waiting"):
             return self.queue
-        if query.startswith("sum by (namespace, service, model_name) (kubeinfer_num_requests_running"):
+        if query.startswith("sum by (namespace, service, model_name, pool) (kubeinfer_num_requests_running"):
             return self.running
         if query.startswith("histogram_quantile(0.95"):
             return self.ttft_p95
-        if query.startswith("sum by (namespace, service, model_name) (rate("):
+        if query.startswith("sum by (namespace, service, model_name, pool) (rate("):
             return self.rate
         if query.startswith("count by ("):
             return self.pods if self.queue is not None else None
-        if query.startswith("min by (namespace, service, model_name) (timestamp("):
+        if query.startswith("min by (namespace, service, model_name, pool) (timestamp("):
             return time.time() if self.queue is not None else None
         if "increase(kubeinfer_engine_step" in query or "increase(kubeinfer_request_" in query:
             return None   # the predictive policy's calibration series: none here (the reactive policy decides)
