@@ -43,7 +43,8 @@ from kubeinfer.operator.spec.status import (
 __all__ = [
     "ADAPTERS_READY", "API_VERSION", "DEGRADED", "GROUP", "KIND", "MANAGED_ENV", "MANAGED_FLAGS", "METRICS_AVAILABLE", "MODEL_URI_RE",
     "PLURAL", "PROGRESSING", "READY", "SCALING_ACTIVE", "SHORT_NAMES", "SINGULAR", "TENSOR_PARALLEL_SIZES", "VERSION",
-    "POOLS", "Adapter", "Autoscaling", "Disaggregation", "PoolSpec", "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
+    "POOLS", "Adapter", "Autoscaling", "Disaggregation", "PoolSpec",
+    "ColdStartObservation", "CompileCache", "Condition", "EnvVar", "InferencePoolSpec",
     "InferenceServiceSpec", "InferenceServiceStatus", "Lora", "ModelSource", "Parallelism", "Resources", "Rollout",
     "RouterSpec", "RuntimeSpec", "Scheduling", "SecretKeyRef", "SpecModel", "Speculative", "TenantsSpec", "Toleration",
     "cel",

@@ -72,7 +72,8 @@ class PoolStatus(SpecModel):
     desired_replicas: int | None = Field(default=None, description="The pool's replicas in the spec (the "
                                                                    "autoscaler's last decision when autoscaled).")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
-    ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
+    ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds",
+                                           description="Written by the autoscaler.")
     last_scale_time: str | None = None
     cold_start_seconds: float | None = None
     cold_start_samples: list[ColdStartObservation] | None = None
