@@ -98,6 +98,7 @@ def run_fault(scene: Scene, fault: str, injected: str, inject: Callable[[], Any]
         time.sleep(SETTLE_S)
         fault_at = time.monotonic()
         inject()
+        in_place = time.monotonic() - fault_at
         eventually(recovered or scene.serving, RECOVERY_LIMIT_S, f"the service recovered after: {injected}", 0.5)
         recovery = time.monotonic() - fault_at
         time.sleep(AFTER_S)
@@ -110,6 +111,7 @@ def run_fault(scene: Scene, fault: str, injected: str, inject: Callable[[], Any]
     row = {"fault": fault, "injected": injected, "sent": len(outcomes), "completed": counts["completed"],
            "resumed": int(resumes["resumed"]), "retried": int(resumes["retried"]), "failed": counts["failed"],
            "lost": counts["lost"], "differs": load.differs(), "recovery_s": round(recovery, 1),
+           "inject_s": round(in_place, 1),
            "bound_s": round(load.bound_s, 1), "problems": [describe(o) for o in outcomes if o.outcome != "completed"],
            "routers_before": before, "routers_after": after}
     ROWS.append(row)

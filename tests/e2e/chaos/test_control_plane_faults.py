@@ -34,15 +34,20 @@ def local_cluster() -> Path:
     return folder
 
 
-def cluster_script(folder: Path, command: str) -> None:
-    """A line of bash with the local cluster's lib.sh sourced, K8S_LOCAL set."""
-    subprocess.run(["bash", "-c", f"source {K8S_SCRIPTS}/lib.sh && {command}"], check=True, timeout=SCRIPT_LIMIT_S,
-                   env={**os.environ, "K8S_LOCAL": str(folder)}, stdout=subprocess.DEVNULL)
+def cluster_script(folder: Path, command: str, *args: str) -> None:
+    """A line of bash with the local cluster's lib.sh sourced, K8S_LOCAL set; `args` are its "$@"."""
+    subprocess.run(["bash", "-c", f"source {K8S_SCRIPTS}/lib.sh && {command}", "bash", *args], check=True,
+                   timeout=SCRIPT_LIMIT_S, env={**os.environ, "K8S_LOCAL": str(folder)}, stdout=subprocess.DEVNULL)
 
 
 def restore_cluster(folder: Path) -> None:
     """Starts whatever of the control plane and the node is not running (both scripts skip what runs)."""
     cluster_script(folder, f"bash {K8S_SCRIPTS}/up.sh && bash {K8S_SCRIPTS}/node-up.sh")
+
+
+def node_ready(scene: Scene) -> bool:
+    return all(any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+               for node in scene.kube.list("/api/v1/nodes"))
 
 
 def deployment(scene: Scene) -> dict:
@@ -119,12 +124,16 @@ def test_the_kubelet_stopped_for_30_s_loses_nothing(scene: Scene) -> None:
     folder = local_cluster()
 
     def inject() -> None:
+        # Started again with its own command line: node-up.sh would first redo the node's network and images.
+        pid = (folder / "run" / "kubelet.pid").read_text().strip()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
         cluster_script(folder, "stop kubelet")
         time.sleep(KUBELET_DOWN_S)
-        restore_cluster(folder)
+        cluster_script(folder, 'start kubelet "$@"', *command)
+        eventually(lambda: node_ready(scene), SCRIPT_LIMIT_S, "the node Ready again", 0.5)
     try:
         row = run_fault(scene, f"kubelet stopped {KUBELET_DOWN_S} s",
-                        f"lib.sh stop kubelet (SIGTERM), node-up.sh {KUBELET_DOWN_S} s later", inject)
+                        f"lib.sh stop kubelet (SIGTERM), started again {KUBELET_DOWN_S} s later", inject)
     finally:
         restore_cluster(folder)
     assert_nothing_lost(row)
