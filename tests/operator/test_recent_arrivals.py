@@ -75,18 +75,26 @@ def history(*queue: tuple[float, float]) -> ScaleHistory:
     return ScaleHistory(queue_samples=tuple((t, q, 0.0, 2) for t, q in queue))
 
 
-def test_the_recent_rate_is_first_tokens_plus_the_queues_change_over_the_counts_span():
+def test_the_recent_rate_is_first_tokens_plus_the_queues_last_change_while_it_does_not_fall():
     hist = history((900.0, 0.0), (985.0, 4.0), (990.0, 10.0), (995.0, 16.0), (1000.0, 24.0))
     signals = Signals(1000.0, queue_depth=24.0, request_rate=2.0, recent_request_rate=5.0)
-    assert recent_arrival_rate(hist, signals) == pytest.approx(5.0 + (24.0 - 10.0) / RECENT_COUNT_SPAN_S)
-    jittered = history((900.0, 0.0), (989.2, 10.0), (994.6, 16.0), (1000.0, 24.0))   # scrape times are not exact
-    assert recent_arrival_rate(jittered, signals) == pytest.approx(5.0 + (24.0 - 10.0) / 10.8)
-    short = history((995.0, 16.0), (1000.0, 24.0))   # a history shorter than the span: over what there is
+    assert recent_arrival_rate(hist, signals) == pytest.approx(5.0 + (24.0 - 16.0) / 5.0)   # a ramp: the newest
+    short = history((995.0, 16.0), (1000.0, 24.0))
     assert recent_arrival_rate(short, signals) == pytest.approx(5.0 + (24.0 - 16.0) / 5.0)
-    draining = history((990.0, 80.0), (995.0, 40.0), (1000.0, 0.0))
-    assert recent_arrival_rate(draining, signals) == 0.0   # a queue drained faster than first tokens: none
     assert recent_arrival_rate(history((1000.0, 24.0)), signals) == 5.0   # one sample: no change known
     assert recent_arrival_rate(hist, Signals(1000.0, queue_depth=24.0, request_rate=2.0)) is None
+
+
+def test_where_the_queue_fell_within_the_counts_span_its_change_is_over_that_span():
+    signals = Signals(1000.0, queue_depth=10.0, request_rate=2.0, recent_request_rate=15.0)
+    drained_then_rose = history((900.0, 0.0), (990.0, 100.0), (995.0, 0.0), (1000.0, 10.0))
+    assert recent_arrival_rate(drained_then_rose, signals) == pytest.approx(15.0 + (10.0 - 100.0) / 10.0)
+    jittered = history((900.0, 0.0), (989.2, 100.0), (994.6, 0.0), (1000.0, 10.0))   # scrape times are not exact
+    assert recent_arrival_rate(jittered, signals) == pytest.approx(15.0 + (10.0 - 100.0) / 10.8)
+    fell_before = history((980.0, 100.0), (985.0, 0.0), (990.0, 0.0), (995.0, 0.0), (1000.0, 10.0))
+    assert recent_arrival_rate(fell_before, signals) == pytest.approx(15.0 + 10.0 / 5.0)   # not within the span
+    draining = history((990.0, 200.0), (995.0, 100.0), (1000.0, 0.0))
+    assert recent_arrival_rate(draining, signals) == 0.0   # a queue drained faster than first tokens: none
 
 
 def test_a_backlog_drained_at_steady_arrivals_is_no_rise():
