@@ -100,7 +100,7 @@ def test_where_the_queue_fell_within_the_counts_span_its_change_is_over_that_spa
 def test_a_backlog_drained_at_steady_arrivals_is_no_rise():
     """4 req/s throughout; from 900 s the fleet serves 2 req/s, and at 1000 s fresh replicas drain the ~200
     waiting requests at 30 req/s within ~8 s. Their first tokens fill the 10 s count; only the queue's change over
-    the same 10 s cancels them (over the last tick it left 6.8-11 req/s of 'arrivals' at 1010-1015 s)."""
+    the same 10 s cancels them (over the last tick only: 11.0 and 10.1 req/s, rises, at 1010 and 1015 s)."""
     arrivals = poisson_arrivals(lambda t: 4.0, 1100.0, seed=3, peak=4.0)
     capacity = lambda t: 2.0 if 900.0 <= t < 1000.0 else 30.0   # requests the fleet starts per second
     waiting, served_at, hist, reads = 0.0, [], ScaleHistory(), {}
