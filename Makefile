@@ -6,6 +6,7 @@
 #                     the runtime (IMAGE, IMAGE_VARIANT=cpu|gpu); make image-operator / image-runtime: one of them
 #   make image-test   runs the runtime image as the operator's pods run it and checks it serves and drains
 #   make e2e          the chart, the operator, the image and the autoscaler on a real cluster (KUBEINFER_E2E_KUBECONFIG)
+#   make chaos        faults injected under load through the router on that cluster (docs/e2e.md, "Chaos suite")
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -25,7 +26,7 @@ E2E_LOAD_IMAGE ?=
 HELM_CHECK = @command -v helm >/dev/null || test -x $(BIN)/helm || .ci/install-k8s-tools.sh $(BIN) helm \
 	  || echo "warning: could not install helm; the Helm tests will be skipped"
 
-.PHONY: install install-test demo test test-all crds image image-operator image-runtime image-test e2e
+.PHONY: install install-test demo test test-all crds image image-operator image-runtime image-test e2e chaos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,4 +78,14 @@ e2e: install-test
 	  || echo "warning: could not install kubectl; the CRD upgrade test will be skipped"
 	KUBEINFER_E2E_IMAGE=$(IMAGE) KUBEINFER_E2E_OPERATOR_IMAGE=$(OPERATOR_IMAGE) \
 	  KUBEINFER_E2E_LOAD_IMAGE='$(E2E_LOAD_IMAGE)' \
-	  $(BIN)/python -m pytest tests/e2e -v -m "not gpu" --durations=0
+	  $(BIN)/python -m pytest tests/e2e -v -m "not gpu and not chaos" --durations=0
+
+# One fault per test under steady load through the router; it restarts the local cluster's API server and stops its
+# kubelet for 30 s (../shared/k8s-local), restoring both whatever fails. KUBEINFER_CHAOS_REPORT: the table as JSON.
+chaos: install-test
+	@test -n "$$KUBEINFER_E2E_KUBECONFIG" || { echo "make chaos: set KUBEINFER_E2E_KUBECONFIG (see docs/e2e.md)"; exit 2; }
+	@command -v kubectl >/dev/null || test -x $(BIN)/kubectl || .ci/install-k8s-tools.sh $(BIN) kubectl \
+	  || echo "warning: could not install kubectl; the engine-kill test will be skipped"
+	KUBEINFER_E2E_IMAGE=$(IMAGE) KUBEINFER_E2E_OPERATOR_IMAGE=$(OPERATOR_IMAGE) \
+	  KUBEINFER_E2E_LOAD_IMAGE='$(E2E_LOAD_IMAGE)' \
+	  $(BIN)/python -m pytest tests/e2e/chaos -v -s -m chaos --durations=0

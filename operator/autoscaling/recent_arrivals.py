@@ -3,19 +3,18 @@ they say, beyond their own Poisson noise, that the rate is well above the metric
 
 The slow estimate (`observations.arrival_rate`: first tokens per second over the 60 s metric window plus the
 queue's change over it) is smooth but follows a step over a whole window. The recent estimate (first tokens per
-second over `RECENT_RANGE_S`, from the same fleet round of queries, plus the queue's change over the last
-tick, where arrivals beyond a short fleet show first) follows it within a tick or two, but is noisy: fed on
-steady traffic, it would buy replicas for Poisson clumps. So it replaces the slow estimate only where its count is significantly above what
-the slow rate predicts (`Z_SIGNIFICANT` standard deviations of a Poisson count, one-sided), i.e. on a rise; a
-fall, and so every scale-down, stays on the slow estimate. A missing recent signal is no signal: the slow
-estimate stands.
+second over `RECENT_RANGE_S`, from the same fleet round of queries, plus the queue's recent change, where arrivals
+beyond a short fleet show first: `recent_queue_change`) follows it within a tick or two, but is noisy: fed on
+steady traffic, it would buy replicas for Poisson clumps. So it replaces the slow estimate only where its count is
+significantly above what the slow rate predicts (`Z_SIGNIFICANT` standard deviations of a Poisson count,
+one-sided), i.e. on a rise; a fall, and so every scale-down, stays on the slow estimate. A missing recent signal is
+no signal: the slow estimate stands.
 """
 
 from __future__ import annotations
 
 import math
 
-from kubeinfer.operator.autoscaling.observations import queue_growth
 from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
 
 # The PromQL range of the recent first-token rate (`rate(...[15s])`), and the span its count covers: at the
@@ -28,12 +27,35 @@ RECENT_COUNT_SPAN_S = 10.0
 Z_SIGNIFICANT = 3.0
 
 
+def recent_queue_change(hist: ScaleHistory, span_s: float = RECENT_COUNT_SPAN_S) -> float:
+    """Waiting requests added per second, to add to the first tokens per second over the `span_s` before the last
+    queue sample (0 with fewer than two samples):
+    - where the queue fell between two of its samples within the span (from the earlier sample nearest to the
+      span's start, or the history's oldest), its change over that span: first tokens plus it are then the
+      requests that arrived in the span. Over the last tick only, a backlog that fresh replicas drain within the
+      count's span reads as arrivals: its first tokens count in full, its fall only in part (burst 10x at 15 s:
+      176 waiting requests drained read 32.6 req/s for 15 arriving, and the fleet went 7 -> 11).
+    - where it did not fall (a rise, or none waiting), its change over the last tick: the fleet answered at its
+      own pace over the span, and the newest change tells the newest arrivals, which the span's average lags on a
+      ramp (flash crowd at 5 s: 97.2% of requests within target against 96.1% with the span's change)."""
+    samples = hist.queue_samples
+    if len(samples) < 2:
+        return 0.0
+    last = samples[-1]
+    first = min(samples[:-1], key=lambda s: abs(s[0] - (last[0] - span_s)))
+    within = samples[samples.index(first):]
+    if any(later[1] < earlier[1] for earlier, later in zip(within, within[1:])):
+        return (last[1] - first[1]) / (last[0] - first[0])
+    tick = samples[-2]
+    return (last[1] - tick[1]) / (last[0] - tick[0])
+
+
 def recent_arrival_rate(hist: ScaleHistory, signals: Signals) -> float | None:
     """Requests arriving per second recently: first tokens per second over the recent range plus the queue's
-    change over the last tick (None without a recent first-token rate)."""
+    recent change (`recent_queue_change`; None without a recent first-token rate)."""
     if signals.recent_request_rate is None or not math.isfinite(signals.recent_request_rate):
         return None
-    return max(0.0, signals.recent_request_rate + queue_growth(hist))
+    return max(0.0, signals.recent_request_rate + recent_queue_change(hist))
 
 
 def significantly_above(recent_rate: float, slow_rate: float, span_s: float = RECENT_COUNT_SPAN_S,

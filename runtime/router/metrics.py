@@ -28,7 +28,8 @@ class RouterMetrics:
                              ["replica", "reason"], registry=r)
         self.upstream_errors = Counter("kubeinfer_router_upstream_errors",
                                        "Failures talking to a replica: connect and draining (both retried "
-                                       "elsewhere), disconnect (mid-request), timeout", ["kind"], registry=r)
+                                       "elsewhere), disconnect (mid-request), engine_dead (its engine died), "
+                                       "timeout", ["kind"], registry=r)
         self.resumes = Counter("kubeinfer_router_resumes", "Requests whose replica failed: retried (before its "
                                "answer started), resumed (a stream, on another replica), failed (ended with an "
                                "error event)", ["outcome"], registry=r)
@@ -58,7 +59,7 @@ class RouterMetrics:
                                 "a KV endpoint)", registry=r)
         for outcome in LORA_LOAD_OUTCOMES:
             self.lora_loads.labels(outcome)
-        for kind in ("connect", "draining", "disconnect", "timeout"):
+        for kind in ("connect", "draining", "disconnect", "engine_dead", "timeout"):
             self.upstream_errors.labels(kind)
         for outcome in ("retried", "resumed", "failed"):
             self.resumes.labels(outcome)

@@ -4,10 +4,12 @@
   the request goes to another (or waits for one), within the request's deadline.
 - A replica that answers 503 `draining` (it is shutting down; the request never reached its engine) is
   treated the same way, and left out of the pick for `DRAINING_HOLD_SECONDS`.
-- A replica that fails after the request reached it, before its answer started (it died), is marked down and the
-  request goes to another, at most `MAX_RESUMES` times: the client got nothing yet.
+- A replica that fails after the request reached it, before its answer started (it died, or it answers 503
+  `engine_dead`: its engine died), is marked down and the request goes to another, at most `MAX_RESUMES` times: the
+  client got nothing yet.
 - A replica that dies mid-stream: a resumable stream (`resume.py`: one choice, completions or chat, no tools) goes
-  on on another replica from where the client's stream stopped, under the same id, at most `MAX_RESUMES` times.
+  on on another replica from where the client's stream stopped, under the same id, at most `MAX_RESUMES` times;
+  so does one whose replica says its engine died (`resume.failed_event`).
   Any other stream, or one that finds no replica within the queue timeout, ends with an OpenAI-style error event,
   as the runtime's own streams end when its engine dies; a response that is not a stream ends cut.
 - A request for a LoRA adapter goes to a replica that has it loaded, after having it loaded on one if none has
@@ -44,6 +46,10 @@ REPLICA_HEADER = "x-kubeinfer-replica"
 DRAINING_HOLD_SECONDS = 5.0
 FAILED_HOLD_SECONDS = 5.0   # a replica that failed a request stays out of the pick this long, even if it scrapes
 MAX_NOT_LOADED = 2          # placements again of a request whose replica had dropped its adapter
+
+
+class EngineDied(UpstreamError):
+    """The replica said, in a stream, that its engine died (`resume.failed_event`)."""
 
 
 class UpstreamFailed(Exception):
@@ -132,7 +138,7 @@ class Proxy:
                 return await send({"type": "http.response.body", "body": b"", "more_body": False})
             logger.info("resuming a stream of replica %s after %d tokens", replica.url, len(progress.token_ids))
             self.metrics.resumes.labels("resumed").inc()
-            body = progress.resume_body(parsed)
+            body, progress.failed = progress.resume_body(parsed), None   # a fresh attempt
 
     async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, adapter: str | None,
                     received_at: float | None, tenant: Tenant = ANONYMOUS, decode: bool = False):
@@ -195,6 +201,13 @@ class Proxy:
                     if isinstance(error, UpstreamError):
                         raise UpstreamFailed(f"replica {replica.url} failed: {error}") from None
                     raise
+                if response.status == 503 and b'"engine_dead"' in prefetched:   # it never answered: elsewhere
+                    replica.in_flight -= 1
+                    response.release()
+                    self.metrics.upstream_errors.labels("engine_dead").inc()
+                    self.replicas.mark_down(replica, "its engine died", FAILED_HOLD_SECONDS)
+                    self.chooser.forget(replica)
+                    raise UpstreamFailed(f"replica {replica.url}: its engine died")
                 if response.status == 503 and b'"draining"' in prefetched:
                     replica.in_flight -= 1
                     response.release()
@@ -249,13 +262,17 @@ class Proxy:
                         learn = None
                     if track is not None:
                         chunk = track.feed(chunk)
+                        if track.failed is not None:   # its engine died: the events before go out, the rest elsewhere
+                            if chunk:
+                                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                            raise EngineDied(f"its engine failed: {track.failed}")
                         if not chunk and not response.ended:
                             continue
                     body_closed = response.ended   # the last chunk goes with the end of the body: one write less
                     await send({"type": "http.response.body", "body": chunk, "more_body": not body_closed})
             finished = True
         except UpstreamError as error:
-            self.metrics.upstream_errors.labels("disconnect").inc()
+            self.metrics.upstream_errors.labels("engine_dead" if isinstance(error, EngineDied) else "disconnect").inc()
             logger.warning("replica %s failed mid-response: %s", replica.url, error)
             return error
         finally:

@@ -6,12 +6,17 @@ choice. The replica then puts SSE comment lines in its events (docs/router.md): 
 events without those lines and keeps, as of the last event relayed whole, the stream's id, its output token ids
 and the characters of text sent. If the replica dies, `resume_body` is the same request with `kubeinfer_resume`:
 the next replica prefills the prompt and those tokens and streams what follows, under the same id.
+
+A replica whose engine died (the API process lives a moment longer, then exits) ends such a stream with its error
+event marked `: ki-failed`: the router relays neither that event nor anything after it (`failed` says why) and
+resumes the stream elsewhere, as if the connection had broken. A client without a router gets the error event.
 """
 import json
 
 RESUMABLE_HEADER = b"x-kubeinfer-resumable"
 PROGRESS_PREFIX, ID_PREFIX = ": ki ", ": ki-id "   # the replica's SSE comment lines (`progress_line`, `id_line`)
-_PROGRESS, _ID = PROGRESS_PREFIX.encode(), ID_PREFIX.encode()
+FAILED_LINE = ": ki-failed\n"   # starts the event of a stream whose replica's engine died (`failed_event`)
+_PROGRESS, _ID, _FAILED = PROGRESS_PREFIX.encode(), ID_PREFIX.encode(), FAILED_LINE.strip().encode()
 RESUMABLE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_RESUMES = 3   # continuations (or retries) of one request: a request that kills every replica stops here
 
@@ -39,6 +44,11 @@ def progress_line(text_chars: int, new_token_ids: list[int]) -> str:
     return f"{PROGRESS_PREFIX}{text_chars} {' '.join(map(str, new_token_ids))}\n"
 
 
+def failed_event(error_event: str) -> str:
+    """The replica's error event for a stream its dead engine cannot finish, marked so that a router resumes it."""
+    return FAILED_LINE + error_event
+
+
 class StreamProgress:
     def __init__(self):
         self.id: str | None = None     # set once the replica declared the stream resumable
@@ -46,6 +56,7 @@ class StreamProgress:
         self.token_ids: list[int] = []
         self.text_chars = 0
         self.done = False              # `data: [DONE]` was relayed: nothing is left to resume
+        self.failed: str | None = None  # the replica said its engine died (its error event): resume elsewhere
         self._pending = b""            # the start of an event not yet whole
 
     @property
@@ -62,8 +73,13 @@ class StreamProgress:
         self._pending = data[end + 2:]
         relayed = []
         for event in data[:end].split(b"\n\n"):
+            lines = event.split(b"\n")
+            if lines[0] == _FAILED:   # nothing of it, nor after it, is relayed
+                self.failed = b"\n".join(lines[1:]).decode(errors="replace")[:500]
+                self._pending = b""
+                break
             kept = []
-            for line in event.split(b"\n"):
+            for line in lines:
                 if line.startswith(_PROGRESS):
                     chars, _, ids = line[len(_PROGRESS):].partition(b" ")
                     self.text_chars = int(chars)

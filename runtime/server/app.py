@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server import lora_api, openai_api, responses_api
-from kubeinfer.runtime.server.engine_client import EngineDeadError
+from kubeinfer.runtime.server.engine_client import ENGINE_DEAD_CODE, EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
 from kubeinfer.runtime.server.admission import ServerState
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -76,8 +76,8 @@ def create_app(state: ServerState) -> FastAPI:
         return error_response(error.status_code, str(error.detail))
 
     @app.exception_handler(EngineDeadError)
-    async def engine_dead(request: Request, error: EngineDeadError):
-        return error_response(503, str(error))
+    async def engine_dead(request: Request, error: EngineDeadError):   # a router sends the request elsewhere
+        return error_response(503, str(error), code=ENGINE_DEAD_CODE)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception):

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 ENGINE_MODES = ("process", "thread")
 
 
+ENGINE_DEAD_CODE = "engine_dead"   # the error code of a 503 answered because of it
+
+
 class EngineDeadError(RuntimeError):
     """The engine failed; no request can be served any more."""
 

@@ -19,9 +19,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.engine.output_processor import RequestOutput
-from kubeinfer.runtime.router.resume import RESUMABLE_HEADER, id_line, progress_line
+from kubeinfer.runtime.router.resume import RESUMABLE_HEADER, failed_event, id_line, progress_line
 from kubeinfer.runtime.server.admission import Job, ServerState, admit, authenticate
 from kubeinfer.runtime.server.chat import render_chat
+from kubeinfer.runtime.server.engine_client import EngineDeadError
 from kubeinfer.runtime.server.kv_source import start_pulled
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from kubeinfer.runtime.server.responses import Formatter, sse
@@ -179,7 +180,8 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
                 remaining -= 1
             elif isinstance(item, Exception):
                 state.metrics.count_error(500)
-                yield sse({"error": {"message": str(item), "type": "server_error", "param": None, "code": None}})
+                event = sse({"error": {"message": str(item), "type": "server_error", "param": None, "code": None}})
+                yield failed_event(event) if progress and isinstance(item, EngineDeadError) else event
                 return
             else:
                 emitted[index] = len(item.token_ids)

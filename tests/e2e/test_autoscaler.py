@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from support import PROMETHEUS_BIN, Prometheus, streams
-from support.pod_discovery import PodDiscovery
+from support.pod_discovery import PodDiscovery, scrape_config
 from support.cluster import (
     OperatorProcess, condition, eventually, isvc_path, namespace_scene,
     pod_counter, pods_of, ready_pods, service_url, start_operator,
@@ -30,27 +30,6 @@ NAME = "scaled"
 LOAD_STREAMS, LOAD_TOKENS, LOAD_LIMIT_S = 8, 300, 240
 AUTOSCALING = {"minReplicas": 1, "maxReplicas": 2, "targetQueueDepthPerReplica": 2, "metricWindowSeconds": 10,
                "scaleDownStabilizationSeconds": 15, "initialDelaySeconds": 0}
-
-
-def scrape_config(discovery_url: str) -> dict[str, Any]:
-    """Pods found through the API server, kept when annotated for scraping, labelled as the autoscaler's
-    PromQL expects (namespace, service = the InferenceService, pod). With a Prometheus built with
-    kubernetes_sd_configs, `{"role": "pod", "namespaces": {"names": [ns]}}` replaces the http_sd_configs
-    and the relabel rules stay the same (support/pod_discovery.py says why Debian's cannot)."""
-    return {
-        "job_name": "kubeinfer-pods", "scrape_interval": "1s",
-        "http_sd_configs": [{"url": discovery_url, "refresh_interval": "2s"}],
-        "relabel_configs": [
-            {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "regex": "true",
-             "action": "keep"},
-            {"source_labels": ["__meta_kubernetes_pod_ip", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
-             "regex": "(.+);(.+)", "replacement": "$1:$2", "target_label": "__address__"},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_pod_label_kubeinfer_dev_inferenceservice"],
-             "target_label": "service"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-        ],
-    }
 
 
 class Load:

@@ -27,9 +27,8 @@ from support import streams
 from support.cluster import (
     OperatorProcess, condition, eventually, isvc_path, pods_of, ready_pods, namespace_scene, service_url, start_operator,
 )
+from support.router_view import metrics, replica_urls, router_pods, told, total
 
-ROUTER_LABEL = "kubeinfer.dev/router"
-ENDPOINTS_ANNOTATION = "kubeinfer.dev/router-endpoints"
 SPEC = {"model": {"uri": "file:///opt/kubeinfer/models/demo"}, "runtime": {"imagePullPolicy": "IfNotPresent"},
         "resources": {"gpus": 0, "cpu": "250m", "memory": "2Gi"}}
 # The load: 4 shared system prompts x users, streams of up to 48 tokens, 12 at a time; one in three clients
@@ -51,36 +50,6 @@ def create(kube: Any, ns: str, name: str, spec: dict[str, Any]) -> None:
     kube.request("POST", f"/apis/kubeinfer.dev/v1alpha1/namespaces/{ns}/inferenceservices", body={
         "apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name, "namespace": ns},
         "spec": spec})
-
-
-def router_pods(kube: Any, ns: str, name: str) -> list[dict[str, Any]]:
-    return [p for p in kube.list(f"/api/v1/namespaces/{ns}/pods", f"{ROUTER_LABEL}={name}")
-            if not p["metadata"].get("deletionTimestamp")]
-
-
-def told(pod: dict[str, Any]) -> list[str] | None:
-    value = (pod["metadata"].get("annotations") or {}).get(ENDPOINTS_ANNOTATION)
-    return None if value is None else sorted(json.loads(value))
-
-
-def replica_urls(kube: Any, ns: str, name: str) -> list[str]:
-    return sorted(f"http://{p['status']['podIP']}:8000" for p in ready_pods(kube, ns, name))
-
-
-def metrics(url: str) -> dict[str, float]:
-    """A /metrics page as {'name{labels}': value} (labels as printed)."""
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
-def total(values: dict[str, float], name: str, **labels: str) -> float:
-    """The sum of one metric's samples, of those with these labels."""
-    return sum(v for k, v in values.items() if (k == name or k.startswith(name + "{"))
-               and all(f'{key}="{value}"' in k for key, value in labels.items()))
 
 
 def test_operator_deploys_the_router_and_tells_it_the_ready_replicas(

@@ -9,7 +9,8 @@ from bisect import bisect_right
 
 import pytest
 
-from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.observations import arrival_rate, observe_queue
+from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
 from kubeinfer.operator.autoscaling.recent_arrivals import (
     RECENT_COUNT_SPAN_S, Z_SIGNIFICANT, arrival_estimate, recent_arrival_rate, significantly_above,
 )
@@ -74,14 +75,51 @@ def history(*queue: tuple[float, float]) -> ScaleHistory:
     return ScaleHistory(queue_samples=tuple((t, q, 0.0, 2) for t, q in queue))
 
 
-def test_the_recent_rate_is_first_tokens_plus_the_queues_change_over_the_last_tick():
+def test_the_recent_rate_is_first_tokens_plus_the_queues_last_change_while_it_does_not_fall():
     hist = history((900.0, 0.0), (985.0, 4.0), (990.0, 10.0), (995.0, 16.0), (1000.0, 24.0))
     signals = Signals(1000.0, queue_depth=24.0, request_rate=2.0, recent_request_rate=5.0)
-    assert recent_arrival_rate(hist, signals) == pytest.approx(5.0 + (24.0 - 16.0) / 5.0)
-    draining = history((995.0, 40.0), (1000.0, 0.0))
-    assert recent_arrival_rate(draining, signals) == 0.0   # a queue drained faster than first tokens: none
+    assert recent_arrival_rate(hist, signals) == pytest.approx(5.0 + (24.0 - 16.0) / 5.0)   # a ramp: the newest
+    short = history((995.0, 16.0), (1000.0, 24.0))
+    assert recent_arrival_rate(short, signals) == pytest.approx(5.0 + (24.0 - 16.0) / 5.0)
     assert recent_arrival_rate(history((1000.0, 24.0)), signals) == 5.0   # one sample: no change known
     assert recent_arrival_rate(hist, Signals(1000.0, queue_depth=24.0, request_rate=2.0)) is None
+
+
+def test_where_the_queue_fell_within_the_counts_span_its_change_is_over_that_span():
+    signals = Signals(1000.0, queue_depth=10.0, request_rate=2.0, recent_request_rate=15.0)
+    drained_then_rose = history((900.0, 0.0), (990.0, 100.0), (995.0, 0.0), (1000.0, 10.0))
+    assert recent_arrival_rate(drained_then_rose, signals) == pytest.approx(15.0 + (10.0 - 100.0) / 10.0)
+    jittered = history((900.0, 0.0), (989.2, 100.0), (994.6, 0.0), (1000.0, 10.0))   # scrape times are not exact
+    assert recent_arrival_rate(jittered, signals) == pytest.approx(15.0 + (10.0 - 100.0) / 10.8)
+    fell_before = history((980.0, 100.0), (985.0, 0.0), (990.0, 0.0), (995.0, 0.0), (1000.0, 10.0))
+    assert recent_arrival_rate(fell_before, signals) == pytest.approx(15.0 + 10.0 / 5.0)   # not within the span
+    draining = history((990.0, 200.0), (995.0, 100.0), (1000.0, 0.0))
+    assert recent_arrival_rate(draining, signals) == 0.0   # a queue drained faster than first tokens: none
+
+
+def test_a_backlog_drained_at_steady_arrivals_is_no_rise():
+    """4 req/s throughout; from 900 s the fleet serves 2 req/s, and at 1000 s fresh replicas drain the ~200
+    waiting requests at 30 req/s within ~8 s. Their first tokens fill the 10 s count; only the queue's change over
+    the same 10 s cancels them (over the last tick only: 11.0 and 10.1 req/s, rises, at 1010 and 1015 s)."""
+    arrivals = poisson_arrivals(lambda t: 4.0, 1100.0, seed=3, peak=4.0)
+    capacity = lambda t: 2.0 if 900.0 <= t < 1000.0 else 30.0   # requests the fleet starts per second
+    waiting, served_at, hist, reads = 0.0, [], ScaleHistory(), {}
+    config = PolicyConfig(max_replicas=10, metric_window_seconds=int(WINDOW_S))
+    for second in range(1, 1100):
+        waiting += count(arrivals, second - 1, second)
+        served = min(waiting, capacity(second - 1))
+        waiting -= served
+        served_at.append((second, served))
+        if second % TICK_S == 0 and second >= 120:
+            def first_tokens(span):
+                return sum(n for t, n in served_at if t > second - span)
+            signals = Signals(float(second), queue_depth=waiting, request_rate=first_tokens(WINDOW_S) / WINDOW_S,
+                              recent_request_rate=first_tokens(RECENT_COUNT_SPAN_S) / RECENT_COUNT_SPAN_S)
+            hist = observe_queue(hist, signals, ReplicaCounts(current=2, ready=2), config)
+            if second >= 1000:
+                reads[second] = arrival_estimate(hist, signals, arrival_rate(hist, signals))
+    assert not [t for t, (_, recent) in reads.items() if recent], reads
+    assert all(3.0 < rate < 5.0 for rate, _ in reads.values())   # the window's: the 4 req/s that kept arriving
 
 
 def test_the_estimate_is_the_recent_rate_on_a_rise_and_the_windows_otherwise():

@@ -214,3 +214,7 @@ class Prometheus:
 
     def stop(self) -> None:
         stop_process(self.proc)
+
+    def start_again(self) -> None:
+        """After `stop()`: the same command again (same port, same storage)."""
+        self.proc = subprocess.Popen(self.proc.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

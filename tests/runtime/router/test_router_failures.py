@@ -1,6 +1,5 @@
 """The router when replicas fail or are missing: errors, retries, waiting, scale from zero."""
 import contextlib
-import json
 import signal
 import threading
 import time
@@ -10,45 +9,9 @@ import httpx
 import pytest
 
 from support import RuntimeServer, free_port, wait_for
+from support.router_streams import stream_events, stream_text, victim_beside
 
 BODY = {"model": "tiny", "prompt": "Kubernetes", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-
-
-@contextlib.contextmanager
-def victim_beside(replica, llama_dir, start_router, log):
-    """A second replica (the victim) and a round-robin router over both that picks the victim first and scrapes
-    so rarely that it learns what became of the victim only by trying it; yields (victim, router)."""
-    victim = RuntimeServer(llama_dir, log, "--max-model-len", "512", "--cpu-threads", "1")
-    try:
-        victim.wait_ready()
-        router = start_router([victim.url, replica.url], "--policy", "round-robin",
-                              "--scrape-interval", "60", "--stale-after", "120").wait_up(2)
-        yield victim, router
-    finally:
-        victim.stop()
-
-
-def stream_events(url: str, path: str, body: dict, victim=None, kill_after: int = 3) -> tuple[list[dict], str]:
-    """The `data:` events of a stream (the error event included) and the replica header; `victim` is SIGKILLed
-    once `kill_after` events arrived (it must be the replica serving the stream)."""
-    events = []
-    with httpx.stream("POST", url + path, json=body, timeout=60) as response:
-        assert response.status_code == 200, response.read()
-        replica = response.headers.get("x-kubeinfer-replica")   # None: straight to a replica
-        for line in response.iter_lines():
-            assert not line.startswith(":"), line   # the replica's progress lines never reach the client
-            if not line.startswith("data: "):
-                continue
-            events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
-            if victim is not None and len(events) == kill_after:
-                assert replica == victim.url
-                victim.proc.kill()
-    return events, replica
-
-
-def stream_text(events: list) -> str:
-    choices = [c for e in events if e != "[DONE]" for c in e.get("choices", ())]
-    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices)
 
 
 def test_a_stream_whose_replica_is_killed_goes_on_on_another_replica_with_the_same_text(

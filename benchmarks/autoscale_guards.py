@@ -1,0 +1,191 @@
+"""The autoscaler's guards at fleet scale: 50 autoscaled InferenceServices under bursty traffic at once, on a real
+API server with a fake node whose pods turn Ready a cold start after they are created.
+
+    # a control plane of its own (other ports), so a cluster in use elsewhere is left alone:
+    mkdir -p /work/k8s-guards && ln -sfn /work/k8s-local/bin /work/k8s-guards/bin
+    K8S_LOCAL=/work/k8s-guards K8S_PORT=7443 ETCD_PORT=3379 ETCD_PEER_PORT=3380 KCM_PORT=11257 SCHED_PORT=11259 \\
+        FRESH=1 bash ../shared/k8s-local/up.sh
+    python -P benchmarks/autoscale_guards.py --kubeconfig /work/k8s-guards/kubeconfig [--count 50] [--seconds 900]
+
+`kubeinfer operator` runs as a process on this machine (reactive policy, 5 s interval) against a stand-in
+Prometheus (benchmarks/trace_prometheus.py) whose queue and arrival series follow each service's own bursty
+trace, served by the pods the API server says are Ready. The fake node (shared/k8s-local/fake_node.py) makes a
+pod Ready `--cold-start` seconds after it is created. Every second the Deployments are read; at the end:
+- **scale-ups while pods were pending**, and of those **stacked**: ordered while the replicas already ordered
+  were still starting and the arrival rate had not risen by 10% since the scale-up that ordered them (the bug of
+  AIBrix #2670: the queue keeps growing during a cold start and each pass orders more);
+- **the peak fleet against the need**: the most replicas a service held, against the replicas its peak rate
+  needs at full use (the fleet must also drain the backlog the cold start let build, so some excess is due);
+- **flaps**: changes of direction of spec.replicas per service, per hour, against the policy's own bound (a
+  scale-down needs a scale-down window of lower recommendations, so at most 2 changes of direction a window).
+Needs a fresh control plane (the namespace must not exist); leaves the fleet in place.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config as kube_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from operator_scale import FAKE_NODE, GROUP, PLURAL, ROOT, VERSION, OperatorProcess  # noqa: E402
+from trace_prometheus import RATE_PER_REPLICA, BurstyTrace, TracePrometheus  # noqa: E402
+
+import operator_scale  # noqa: E402
+
+NAMESPACE = "kubeinfer-guards"
+INSTANCE_LABEL = f"{GROUP}/inferenceservice"
+RISE = 1.1   # an arrival rate 10% above the last scale-up's is a new reason to order more
+SCALE_UP = re.compile(rf"autoscale {NAMESPACE}/(\S+): Scale(?:Up|FromZero) \d+ -> \d+ \(recommended (\d+)\)")
+
+
+def service(name: str, args: argparse.Namespace) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
+            "spec": {"model": {"uri": "file:///models/tiny", "servedName": name},
+                     "resources": {"gpus": 0, "cpu": "10m", "memory": "256Mi"}, "runtime": {"maxModelLen": 512},
+                     "autoscaling": {"minReplicas": 1, "maxReplicas": args.max_replicas,
+                                     "targetQueueDepthPerReplica": 4, "metricWindowSeconds": 30,
+                                     "scaleDownStabilizationSeconds": args.scale_down_window,
+                                     "initialDelaySeconds": 0, "throughputPerReplica": 2}}}
+
+
+def read_fleet(apps: client.AppsV1Api, names: set[str]) -> dict[str, tuple[int, int]]:
+    """(spec.replicas, readyReplicas) of each service's Deployment."""
+    fleet = {}
+    for d in apps.list_namespaced_deployment(NAMESPACE).items:
+        name = (d.metadata.labels or {}).get(INSTANCE_LABEL)
+        if name in names:
+            fleet[name] = (d.spec.replicas or 0, d.status.ready_replicas or 0)
+    return fleet
+
+
+def recommendations(log_text: str) -> dict[str, list[int]]:
+    """Each service's recommendation at each of its scale-ups, in order, from the operator's log."""
+    recs: dict[str, list[int]] = {}
+    for name, rec in SCALE_UP.findall(log_text):
+        recs.setdefault(name, []).append(int(rec))
+    return recs
+
+
+def drain_need(rate: float, queue: float, cold_start_s: float) -> int:
+    """Replicas that serve `rate` and drain `queue` within one cold start, at full use."""
+    return max(1, math.ceil((rate + queue / cold_start_s) / RATE_PER_REPLICA))
+
+
+def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace: BurstyTrace,
+            cold_start_s: float) -> dict:
+    """Scale-ups, those while pending, those stacked and those beyond the drain need; direction changes; the peak
+    against the need. A scale-up that only goes on towards the recommendation of the last one (held back by
+    maxScaleUpStep) is not stacked."""
+    ups = while_pending = stacked = beyond = changes = 0
+    last_up_rate, last_rec, direction = None, None, 0
+    for (t0, spec0, ready0, _), (t1, spec1, _, queue) in zip(samples, samples[1:]):
+        if spec1 == spec0:
+            continue
+        step = 1 if spec1 > spec0 else -1
+        changes += direction != 0 and step != direction
+        direction = step
+        if step > 0:
+            rec = recs[ups] if ups < len(recs) else spec1
+            ups += 1
+            rate = trace.rate(t1)
+            if ready0 < spec0:
+                while_pending += 1
+                stacked += last_up_rate is not None and rate <= RISE * last_up_rate and rec > last_rec
+                beyond += spec1 > drain_need(rate, queue, cold_start_s)
+            last_up_rate, last_rec = rate, rec
+    peak = max(spec for _, spec, _, _ in samples)
+    need = max(trace.need(t) for t, _, _, _ in samples)
+    return {"ups": ups, "while_pending": while_pending, "stacked": stacked, "beyond": beyond, "changes": changes,
+            "peak": peak, "need": need}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), required=not os.environ.get("KUBECONFIG"))
+    parser.add_argument("--count", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=900, help="how long the traffic is replayed")
+    parser.add_argument("--cold-start", type=float, default=20, help="seconds from a pod's creation to Ready")
+    parser.add_argument("--scale-down-window", type=int, default=60)
+    parser.add_argument("--max-replicas", type=int, default=10)
+    parser.add_argument("--log", type=Path, default=Path("/tmp/autoscale_guards.log"))
+    args = parser.parse_args()
+    operator_scale.NAMESPACE = NAMESPACE   # the operator process watches this namespace
+
+    kube_config.load_kube_config(config_file=args.kubeconfig)
+    core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        for doc in filter(None, yaml.safe_load_all(path.read_text())):
+            try:
+                client.ApiextensionsV1Api().create_custom_resource_definition(doc)
+            except client.ApiException as error:
+                if error.status != 409:
+                    raise
+    time.sleep(2)   # the CRD becomes served
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    names = [f"svc-{i:03d}" for i in range(args.count)]
+    traces = {name: BurstyTrace(seed=i, duration_s=args.seconds) for i, name in enumerate(names)}
+    fake_node = subprocess.Popen([sys.executable, "-P", str(FAKE_NODE), "--name", "guards-node", "--cpu", "64",
+                                  "--pods", str(args.count * args.max_replicas + 50), "--ready-after",
+                                  str(args.cold_start), "--kubeconfig", args.kubeconfig],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prometheus = TracePrometheus(NAMESPACE, traces)
+    operator = OperatorProcess(args.kubeconfig, prometheus.url, args.log)
+    samples: dict[str, list[tuple[float, int, int, float]]] = {name: [] for name in names}
+    args.log.unlink(missing_ok=True)   # the recommendations are read from this run's log
+    try:
+        operator.start()
+        for name in names:
+            custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, service(name, args))
+        wanted = set(names)
+        while len({n for n, (_, ready) in read_fleet(apps, wanted).items() if ready >= 1}) < len(names):
+            time.sleep(1)
+        print(f"{len(names)} services Ready at 1 replica; replaying {args.seconds:.0f} s of traffic", flush=True)
+        prometheus.start()
+        next_report = 60.0
+        while (t := prometheus.now()) < args.seconds:
+            fleet = read_fleet(apps, wanted)
+            prometheus.set_ready({n: ready for n, (_, ready) in fleet.items()})
+            for n, (spec, ready) in fleet.items():
+                samples[n].append((t, spec, ready, prometheus.models[n].queue))
+            if t >= next_report:
+                print(f"  {t:4.0f} s: {sum(s for s, _ in fleet.values())} replicas ordered, "
+                      f"{sum(r for _, r in fleet.values())} Ready", flush=True)
+                next_report += 60
+            time.sleep(max(0.0, 1.0 - (prometheus.now() - t)))
+        cpu = operator.cpu_s()
+    finally:
+        prometheus.stop()
+        if operator.proc is not None and operator.proc.poll() is None:
+            operator.stop()
+        fake_node.terminate()
+        fake_node.wait(30)
+    recs = recommendations(args.log.read_text())
+    rows = [analyse(samples[n], recs.get(n, []), traces[n], args.cold_start) for n in names if len(samples[n]) > 1]
+    hours = args.seconds / 3600
+    bound = 2 * 3600 / args.scale_down_window
+    flaps = [r["changes"] / hours for r in rows]
+    excess = [r["peak"] - r["need"] for r in rows]
+    print(f"\nautoscaler guards: {len(rows)} services, {args.seconds:.0f} s of bursty traffic, cold start "
+          f"{args.cold_start:.0f} s, scale-down window {args.scale_down_window} s, {os.cpu_count()} CPUs; "
+          f"operator CPU {cpu:.0f} s; unknown queries: {sorted(prometheus.unknown) or 'none'}")
+    print(f"scale-ups: {sum(r['ups'] for r in rows)}; while pods were pending: "
+          f"{sum(r['while_pending'] for r in rows)}; stacked (rate not up {RISE - 1:.0%} since the last): "
+          f"{sum(r['stacked'] for r in rows)}; beyond the drain need (rate + queue / cold start, at "
+          f"{RATE_PER_REPLICA:g} req/s a replica): {sum(r['beyond'] for r in rows)}")
+    print(f"peak replicas - need at the peak rate: mean {statistics.mean(excess):+.2f}, max {max(excess):+d} "
+          f"(services above: {sum(e > 0 for e in excess)})")
+    print(f"direction changes per hour per service: mean {statistics.mean(flaps):.1f}, max {max(flaps):.1f}, "
+          f"bound {bound:.0f} (2 per scale-down window)")
+
+
+if __name__ == "__main__":
+    main()
