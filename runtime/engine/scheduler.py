@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.bulk_decode import postprocess_decodes, schedule_decodes
-from kubeinfer.runtime.engine.fair_chunks import PromptCaps
 from kubeinfer.runtime.engine.fair_preemption import victim_for
 from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.scheduler_stats import SchedulerStats, next_draft_limit
@@ -114,7 +113,6 @@ class Scheduler:
         # chunks (they wait one step): its first token then comes after its own prefill and the decodes only.
         head = self.waiting.peek() if self.fair and self.waiting else None
         favoured = head.params.tenant if head is not None and self._make_room_for(head) else None
-        caps = PromptCaps(running, self.waiting, self.max_num_seqs, budget) if self.fair else None
         index = schedule_decodes(self, batch) if self.bulk_decodes else 0
         budget -= index
         while index < len(running) and budget > 0:
@@ -123,10 +121,6 @@ class Scheduler:
                 index += 1
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
-            chunk = caps is not None and seq.num_uncomputed_tokens > 1   # a prompt's (or a recompute's) tokens
-            if chunk and (num_new := caps.allow(seq, num_new)) == 0:
-                index += 1   # its tenant's prompt tokens for this step are spent (runtime/engine/fair_chunks.py)
-                continue
             if self.speculative_method is not None and num_new == seq.num_uncomputed_tokens == 1:
                 seq.draft_token_ids = self._propose(seq, budget - 1)
                 if not block_manager.can_append(seq, 1 + len(seq.draft_token_ids)):
@@ -144,14 +138,10 @@ class Scheduler:
                 batch.num_new_tokens.append(num_new)
                 budget -= num_new
                 index += 1
-                if chunk:
-                    caps.take(seq, num_new)
         while self.waiting and budget > 0 and len(running) < self.max_num_seqs and not preempted:
             seq = self.waiting.peek()
             hits = block_manager.find_cached_blocks(seq)
             num_new = min(seq.num_tokens - len(hits) * block_manager.block_size, budget)
-            if caps is not None and num_new > 1 and (num_new := caps.allow(seq, num_new)) == 0:
-                break
             if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)):
                 break
             self.waiting.pop()
@@ -169,8 +159,6 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
-            if caps is not None and num_new > 1:
-                caps.take(seq, num_new)
         for seq in reversed(deferred):   # back at the head, in their order
             self.waiting.push_preempted(seq)
         self.waiting.charge(batch.seqs, batch.num_new_tokens)

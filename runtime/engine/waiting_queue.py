@@ -129,14 +129,6 @@ class FairQueue:
         """The weight of each tenant of class `priority` that has sequences waiting."""
         return {tenant: queue[0].params.tenant_weight for tenant, queue in self._classes.get(priority, {}).items()}
 
-    def tenant_backlogs(self) -> dict[str, tuple[float, int]]:
-        """(weight, sequences waiting) of each tenant with sequences waiting, of any class."""
-        backlogs: dict[str, tuple[float, int]] = {}
-        for queues in self._classes.values():
-            for tenant, queue in queues.items():
-                backlogs[tenant] = (queue[0].params.tenant_weight, backlogs.get(tenant, (0.0, 0))[1] + len(queue))
-        return backlogs
-
     def _rank(self, tenant: str, queues: dict[str, deque[Sequence]]) -> tuple:
         """Fewest tokens per weight first; on a tie, a tenant that just came back, then the oldest head."""
         return self.counters.get(tenant, 0.0), tenant not in self._returned, queues[tenant][0].arrival_time

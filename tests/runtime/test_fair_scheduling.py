@@ -244,41 +244,6 @@ def test_the_step_that_starts_a_favoured_sequence_leaves_other_tenants_prompt_ch
     assert manager.num_free_blocks == manager.num_blocks
 
 
-def prompt_tokens_per_step(scheduler, steps: int, tenant: str) -> list[int]:
-    """The prompt (not decode) tokens `tenant`'s sequences compute in each of `steps` steps."""
-    counts = []
-    for _ in range(steps):
-        batch = scheduler.schedule()
-        counts.append(sum(n for s, n in zip(batch.seqs, batch.num_new_tokens)
-                          if s.params.tenant == tenant and s.num_tokens - s.num_computed_tokens > 1))
-        scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
-                                      for s, n in zip(batch.seqs, batch.num_new_tokens)])
-    return counts
-
-
-def test_a_tenant_filling_its_share_gets_a_quarter_of_a_step_for_prompts_and_one_below_it_the_whole_step(
-        llama_dir):
-    """A floods a running set of 4 with 200-token prompts: holding its whole share, it computes at most 64 prompt
-    tokens a step (a quarter of 256), so a step in flight when B arrives stays short. B's 180-token prompt, below
-    its share, is computed in one step. A with 2 long prompts, below its share of 4, takes whole steps."""
-    scheduler, manager = make(llama_dir, max_num_seqs=4, max_num_batched_tokens=256)
-    for i in range(40):
-        scheduler.add(request(f"A{i}", "A", 200, 8))
-    flooded = prompt_tokens_per_step(scheduler, 40, "A")
-    assert max(flooded) == 64 and sum(flooded) > 30 * 64, flooded   # capped, and the cap's worth every step
-    scheduler.add(Sequence("B0", list(range(1, 181)), SamplingParams(max_tokens=8, ignore_eos=True, tenant="B")))
-    batch = scheduler.schedule()
-    assert dict(zip((s.request_id for s in batch.seqs), batch.num_new_tokens)).get("B0") == 180
-    scheduler.postprocess(batch, [[7] if s.num_computed_tokens + n == s.num_tokens else []
-                                  for s, n in zip(batch.seqs, batch.num_new_tokens)])
-    while scheduler.num_unfinished:
-        run(scheduler, 1)
-    assert manager.num_free_blocks == manager.num_blocks
-    for i in range(2):
-        scheduler.add(request(f"L{i}", "A", 400, 8))
-    assert max(prompt_tokens_per_step(scheduler, 3, "A")) == 256
-
-
 def test_recomputing_a_preempted_sequence_is_not_charged_to_its_tenant():
     from kubeinfer.runtime.engine.waiting_queue import FairQueue
     queue, seq = FairQueue(), request("A0", "A", 200, 10, weight=2)
