@@ -53,3 +53,13 @@ class Autoscaling(SpecModel):
             raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
         return self
 
+
+def desired_replicas(replicas: int | None, autoscaling: Autoscaling | None) -> int:
+    """The replicas a spec asks for (the service's, or a pool's): `replicas` wins; with autoscaling and no replicas,
+    start at minReplicas but never cold (at least one) unless the ceiling says otherwise; else one."""
+    if replicas is not None:
+        return replicas
+    if autoscaling is not None:
+        return min(max(autoscaling.min_replicas, 1), autoscaling.max_replicas)
+    return 1
+

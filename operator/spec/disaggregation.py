@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from kubeinfer.operator.spec.autoscaling import Autoscaling
+from kubeinfer.operator.spec.autoscaling import Autoscaling, desired_replicas
 from kubeinfer.operator.spec.placement import Resources
 from kubeinfer.operator.spec.schema import SpecModel, cel, checked_by
 
@@ -125,12 +125,7 @@ class PoolSpec(SpecModel):
 
     @property
     def desired_replicas(self) -> int:
-        # As spec.replicas: replicas wins; with autoscaling start at minReplicas but never cold.
-        if self.replicas is not None:
-            return self.replicas
-        if self.autoscaling is not None:
-            return min(max(self.autoscaling.min_replicas, 1), self.autoscaling.max_replicas)
-        return 1
+        return desired_replicas(self.replicas, self.autoscaling)
 
 
 class DecodeAutoscaling(Autoscaling):

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from kubeinfer.operator.spec.adapters import (
     ADAPTER_NAMES_UNIQUE, ADAPTER_NOT_SERVED_NAME, ADAPTERS_NEED_LORA, MAX_ADAPTERS, Adapter,
 )
-from kubeinfer.operator.spec.autoscaling import Autoscaling
+from kubeinfer.operator.spec.autoscaling import Autoscaling, desired_replicas
 from kubeinfer.operator.spec.disaggregation import RULES as DISAGGREGATION_RULES
 from kubeinfer.operator.spec.disaggregation import Disaggregation, disaggregation_errors
 from kubeinfer.operator.spec.model import ModelSource
@@ -177,13 +177,7 @@ class InferenceServiceSpec(SpecModel):
 
     @property
     def desired_replicas(self) -> int:
-        # Policy: spec.replicas wins; with autoscaling and no replicas, start at
-        # minReplicas but never cold (at least one) unless the ceiling says otherwise.
-        if self.replicas is not None:
-            return self.replicas
-        if self.autoscaling is not None:
-            return min(max(self.autoscaling.min_replicas, 1), self.autoscaling.max_replicas)
-        return 1
+        return desired_replicas(self.replicas, self.autoscaling)
 
 
 
