@@ -32,11 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from kubernetes import client, config as kube_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from operator_scale import FAKE_NODE, GROUP, PLURAL, ROOT, VERSION, OperatorProcess  # noqa: E402
+from operator_scale import FAKE_NODE, GROUP, PLURAL, VERSION, OperatorProcess, create_crds  # noqa: E402
 from trace_prometheus import RATE_PER_REPLICA, BurstyTrace, TracePrometheus  # noqa: E402
 
 import operator_scale  # noqa: E402
@@ -122,14 +121,7 @@ def main() -> None:
 
     kube_config.load_kube_config(config_file=args.kubeconfig)
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
-        for doc in filter(None, yaml.safe_load_all(path.read_text())):
-            try:
-                client.ApiextensionsV1Api().create_custom_resource_definition(doc)
-            except client.ApiException as error:
-                if error.status != 409:
-                    raise
-    time.sleep(2)   # the CRD becomes served
+    create_crds()
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     names = [f"svc-{i:03d}" for i in range(args.count)]
     traces = {name: BurstyTrace(seed=i, duration_s=args.seconds) for i, name in enumerate(names)}

@@ -59,7 +59,10 @@ class FakePrometheus:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass   # the operator stopped mid-answer
 
             def log_message(self, *args: object) -> None:
                 pass

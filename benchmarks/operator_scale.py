@@ -55,6 +55,19 @@ def service(name: str) -> dict:
                      "runtime": {"maxModelLen": 512}, "replicas": 1}}
 
 
+def create_crds() -> None:
+    """The project's CRDs on the cluster of the loaded kubeconfig (those there already are left as they are)."""
+    crds = client.ApiextensionsV1Api()
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        for doc in filter(None, yaml.safe_load_all(path.read_text())):
+            try:
+                crds.create_custom_resource_definition(doc)
+            except client.ApiException as error:
+                if error.status != 409:
+                    raise
+    time.sleep(2)   # the CRD becomes served
+
+
 class Rows(list):
     """The table's rows, each also printed as soon as it is measured (a long run shows its progress)."""
 
@@ -166,16 +179,7 @@ def main() -> None:
 
     kube_config.load_kube_config(config_file=args.kubeconfig)
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
-    crds = client.ApiextensionsV1Api()
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                try:
-                    crds.create_custom_resource_definition(doc)
-                except client.ApiException as error:
-                    if error.status != 409:
-                        raise
-    time.sleep(2)   # the CRD becomes served
+    create_crds()
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     names = [f"svc-{i:04d}" for i in range(args.count)]
     fake_node = subprocess.Popen([sys.executable, "-P", str(FAKE_NODE), "--name", "scale-node", "--gpus", "8",

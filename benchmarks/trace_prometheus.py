@@ -10,7 +10,6 @@ emulated (empty answers: the policy reads the queue and the arrival rate).
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -18,9 +17,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
+from fake_prometheus import FakePrometheus
 from kubeinfer.operator.autoscaling.prometheus_fleet import fleet_queries
 from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_COUNT_SPAN_S
 
@@ -83,17 +81,15 @@ def _poisson(rng: random.Random, mean: float) -> int:
     return count
 
 
-class TracePrometheus:
+class TracePrometheus(FakePrometheus):
+    """fake_prometheus's HTTP side (it counts the queries) with answers from each service's trace."""
+
     def __init__(self, namespace: str, traces: dict[str, BurstyTrace], port: int = 0) -> None:
-        self.namespace, self.started = namespace, time.monotonic()
+        self.started = time.monotonic()
         self.models = {name: ServiceModel(trace, i) for i, (name, trace) in enumerate(traces.items())}
         self.lock, self.unknown = threading.Lock(), set()
-        self.queries = 0
-        server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{server.server_address[1]}"
-        threading.Thread(target=server.serve_forever, daemon=True).start()
         self._stop = threading.Event()
+        super().__init__(namespace, list(traces), port)
 
     def start(self) -> None:
         """Starts the trace (its time 0) and the replicas' model; until then every queue is empty."""
@@ -137,26 +133,3 @@ class TracePrometheus:
                     rows.append({"metric": {"namespace": self.namespace, "service": name, "model_name": name},
                                  "value": [time.time(), str(value)]})
         return rows
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                query = parse_qs(urlparse(self.path).query).get("query", [""])[0]
-                fake.queries += 1
-                body = json.dumps({"status": "success",
-                                   "data": {"resultType": "vector", "result": fake.answer(query)}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass   # the operator stopped mid-answer
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
