@@ -11,6 +11,7 @@ import logging
 import math
 from dataclasses import replace
 
+from kubeinfer.operator.autoscaling.drain_sizing import drain_fleet
 from kubeinfer.operator.autoscaling.observations import (
     arrival_rate, learn_capacity, observe_queue, observe_ready, overloaded_in_window, queue_growth,
 )
@@ -120,11 +121,14 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
 
 
 # Recommendation of each signal; the larger wins. Returns (replicas, why, made under overload).
-# - Queue above the band (overload): the replicas are saturated at their present running batch. The
-#   fleet that, by the time a new replica can serve (the cold start learned from the service's pods,
-#   else initialDelaySeconds), holds every request present and every one the queue's present growth
-#   adds meanwhile, each replica running its present batch
-#   with `target` waiting: (running + waiting + growth * initialDelay) / (running per replica + target).
+# - Queue above the band (overload): the replicas are saturated at their present running batch. With a
+#   saturation throughput per replica (measured, or spec throughputPerReplica): the fleet that serves the
+#   arrivals now and drains the backlog within backlog_drain_seconds, the replicas already ordered counted as
+#   capacity on its way, never fewer than the ready ones (`drain_sizing`). Without one: the fleet that, by the
+#   time a new replica can serve (the cold start learned from the service's pods, else initialDelaySeconds),
+#   holds every request present and every one the queue's present growth adds meanwhile, each replica running
+#   its present batch with `target` waiting: (running + waiting + growth * cold start) / (running per replica
+#   + target), at least one more than the ready count.
 # - Queue inside the band: keep the ready count.
 # - Queue below the band (steady): with a saturation throughput per replica (measured, or else
 #   spec.autoscaling.throughputPerReplica), square-root staffing for the arrival rate of the last
@@ -159,7 +163,10 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
         queue_ratio = waiting / ready / target_q
         per_replica = running / ready
         why_q = f"queue {waiting:.0f} on {ready} ready (target {target_q:g}/replica)"
-        if queue_ratio > 1 + tol:
+        if queue_ratio > 1 + tol and throughput:
+            rec_q, why_drain = drain_fleet(waiting, throughput, replicas, hist, config, now)
+            why_q, overload_q = f"{why_q}, {why_drain}", True
+        elif queue_ratio > 1 + tol:
             growth = max(0.0, queue_growth(hist))
             horizon = config.cold_start_seconds
             projected = running + waiting + growth * horizon

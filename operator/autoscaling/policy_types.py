@@ -52,7 +52,7 @@ def _time(value: str | float) -> float:
 class PolicyConfig:
     """`spec.autoscaling` (defaults as in docs/contracts.md) plus operator-level knobs that the spec
     does not expose (stale_after_seconds, max_ttft_scale_up_ratio, assumed_capacity_per_replica,
-    headroom, learned_cold_start_seconds)."""
+    headroom, learned_cold_start_seconds, backlog_drain_seconds)."""
 
     max_replicas: int
     min_replicas: int = 1
@@ -83,6 +83,9 @@ class PolicyConfig:
     # Pod creation -> Ready as the operator measured it on this service's pods (cold_start);
     # replaces initialDelaySeconds as the horizon over which an overload's queue growth is projected.
     learned_cold_start_seconds: float | None = None
+    # Under overload with a known throughput per replica, the backlog is to be drained within this long once the
+    # replicas counted for it serve (`drain_sizing`; the predictive policy's drain_s, so both answer it alike).
+    backlog_drain_seconds: float = 20.0
     # A replica's batch cap and prefill token budget (spec.runtime maxNumSeqs, maxNumBatchedTokens), for the
     # replica model the predictive policy calibrates (None: the model's defaults).
     max_num_seqs: int | None = None
@@ -105,6 +108,7 @@ class PolicyConfig:
         assert self.max_ttft_scale_up_ratio > 1
         assert self.headroom >= 0, "headroom must be >= 0"
         assert self.learned_cold_start_seconds is None or self.learned_cold_start_seconds >= 0
+        assert self.backlog_drain_seconds > 0, "backlog_drain_seconds must be > 0"
 
     @property
     def cold_start_seconds(self) -> float:
