@@ -2,7 +2,8 @@
 # The GPU bring-up in one command: correctness on the device, then the figures, each step bounded.
 #
 #   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: device tests tests-gpu tests-quick tests-attention
-#                                                            kernels moe-kernel model speculative startup
+#                                                            kernels moe-kernel model speculative startup lora
+#                                                            structured
 #                                                            (default: tests kernels model startup)
 #
 # tests-gpu runs every test marked gpu, spread over $GPU_TEST_WORKERS pytest-xdist workers (default 8: Triton's
@@ -49,7 +50,7 @@ for step in $steps; do
         ;;
     tests-gpu)
         run_step tests-gpu "${GPU_TESTS_LIMIT:-300}" 30 "$py" -P -m pytest -m gpu -q -p no:cacheprovider \
-            -n "${GPU_TEST_WORKERS:-8}" ${GPU_TESTS:-tests/kernels tests/runtime/test_gpu.py tests/runtime/test_moe_models.py}
+            -n "${GPU_TEST_WORKERS:-8}" ${GPU_TESTS:-tests/kernels tests/runtime/test_gpu.py tests/runtime/test_moe_models.py tests/runtime/test_lora.py}
         ;;
     moe-kernel) run_step bench-moe-kernel 120 30 "$py" -P benchmarks/moe_kernel.py ;;
     speculative) run_step bench-speculative "${SPECULATIVE_LIMIT:-150}" 20 "$py" -P benchmarks/speculative.py \
@@ -74,7 +75,10 @@ for step in $steps; do
     tests-attention) run_step tests-attention 450 8 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py ;;
     startup) run_step bench-startup 300 15 "$py" -P benchmarks/gpu_startup.py ;;
+    lora) run_step bench-lora "${LORA_LIMIT:-240}" 20 "$py" -P benchmarks/lora_throughput.py --device cuda --repeats 1 ;;
+    structured) run_step bench-structured 150 10 "$py" -P benchmarks/structured_mask_cost.py --device cuda \
+            --batch 256 --vocab 32000 ${TORCH_THREADS:+--torch-threads $TORCH_THREADS} ;;
     *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels moe-kernel model" \
-            "speculative startup)"; exit 2 ;;
+            "speculative startup lora structured)"; exit 2 ;;
     esac
 done

@@ -9,6 +9,7 @@ import glob
 import json
 import random
 import statistics
+import sysconfig
 import time
 
 import torch
@@ -41,7 +42,9 @@ def documents(count: int, rng: random.Random) -> list[str]:
 
 def big_tokenizer(vocab_size: int) -> Tokenizer:
     corpus = []
-    for path in sorted(glob.glob("/usr/lib/python3*/**/*.py", recursive=True))[:1500]:
+    paths = sorted(glob.glob("/usr/lib/python3*/**/*.py", recursive=True)) \
+        or sorted(glob.glob(f"{sysconfig.get_paths()['stdlib']}/**/*.py", recursive=True))   # no system Python
+    for path in paths[:1500]:
         with open(path, encoding="utf-8", errors="ignore") as handle:
             corpus.append(handle.read())
     return train_tokenizer(vocab_size, corpus)

@@ -90,11 +90,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
 
 def lora_add(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot_ids: torch.Tensor,
              plan, parts: list[tuple[int, int]] | None = None) -> torch.Tensor:
-    """`out` plus what a batch's LoRA adapters add to a linear layer's output (see `references.lora_delta`): two
-    grouped GEMMs in Triton; elsewhere, in place, as `plan` (`references.lora_plan(slot_ids)`, once per forward)
-    says: a shrink and an expand per adapter with many rows, one batched pair for all the others; a fused layer's
-    `parts` are expanded each alone."""
+    """`out` plus what a batch's LoRA adapters add to a linear layer's output (see `references.lora_delta`), in
+    place. In Triton: a split shrink and an expand into `out` over the rows grouped by slot, `plan` being the groups
+    (`lora.lora_groups(slot_ids)`, once per forward; None: made here). Elsewhere, as `plan`
+    (`references.lora_plan(slot_ids)`, once per forward) says: a shrink and an expand per adapter with many rows, one
+    batched pair for all the others; a fused layer's `parts` are expanded each alone."""
     if use_triton(x):
-        from kubeinfer.kernels.lora import lora_delta as triton_lora_delta
-        return out + triton_lora_delta(x, lora_a, lora_b, slot_ids)
+        from kubeinfer.kernels.lora import lora_add as triton_lora_add
+        return triton_lora_add(out, x, lora_a, lora_b, slot_ids, plan)
     return references.lora_add_(out, x, lora_a, lora_b, plan, parts)

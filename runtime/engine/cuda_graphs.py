@@ -13,6 +13,10 @@ Policy:
 - The decode attention kernel's split count is fixed at capture from `max_model_len` (its worst case), so a
   graph stays correct however long the sequences grow; the kernel skips splits with no keys.
 - Only the forward is captured. The LM head (one large GEMM) and the sampler run eagerly on the rows to sample.
+- With LoRA slots (`max_loras` > 0) a second graph per batch size is captured with each row's adapter slot in a
+  static buffer (the batched LoRA kernel has no host sync, so it captures); a decode step that carries adapters
+  replays it, padding rows and the base model's rows holding slot `max_loras` (they add nothing). Slots are
+  filled in place (`LoraWeights.apply`), so a graph reads whatever adapters they hold at replay.
 """
 import logging
 
@@ -33,8 +37,9 @@ def graph_batch_sizes(max_batch_size: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: nn.Module, max_batch_size: int, max_blocks_per_seq: int, max_model_len: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, max_loras: int = 0):
         self.model = model
+        self.max_loras = max_loras
         self.max_model_len = max_model_len
         self.batch_sizes = graph_batch_sizes(max_batch_size)
         n = self.batch_sizes[-1]
@@ -45,8 +50,11 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.lora_slot_ids = torch.full((n,), max_loras, dtype=torch.int64, device=device) if max_loras else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.num_replays = 0
+        self.num_lora_replays = 0
 
     @property
     def max_batch_size(self) -> int:
@@ -58,8 +66,13 @@ class DecodeGraphs:
             block_tables=self.block_tables[:batch_size], max_seqlen_q=1, max_seqlen_k=self.max_model_len,
             slot_mapping=self.slot_mapping[:batch_size])
 
-    def _forward(self, batch_size: int) -> None:
-        set_context(ForwardContext(self._meta(batch_size)))
+    def _forward(self, batch_size: int, with_lora: bool) -> None:
+        lora = None
+        if with_lora:   # the rows grouped by slot: captured once, before the layers that share them
+            from kubeinfer.kernels.lora import lora_groups
+            slot_ids = self.lora_slot_ids[:batch_size]
+            lora = (slot_ids, lora_groups(slot_ids, self.max_loras))
+        set_context(ForwardContext(self._meta(batch_size), lora))
         try:
             self.hidden[:batch_size] = self.model(self.input_ids[:batch_size], self.positions[:batch_size])
         finally:
@@ -69,26 +82,31 @@ class DecodeGraphs:
     def capture(self) -> None:
         """Captures every batch size, largest first so that the smaller graphs reuse its memory pool.
 
-        The buffers hold padding while capturing (slot -1, seq_len 0): nothing is written to the KV cache."""
+        The buffers hold padding while capturing (slot -1, seq_len 0, the base model's adapter slot): nothing is
+        written to the KV cache."""
         self.slot_mapping.fill_(-1)
         self.seq_lens.zero_()
         pool = None
-        for batch_size in reversed(self.batch_sizes):
-            self._forward(batch_size)          # warm-up: compiles this shape's kernels outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(batch_size)
-            pool = pool or graph.pool()
-            self.graphs[batch_size] = graph
+        variants = [(False, self.graphs)] + ([(True, self.lora_graphs)] if self.lora_slot_ids is not None else [])
+        for with_lora, graphs in variants:
+            for batch_size in reversed(self.batch_sizes):
+                self._forward(batch_size, with_lora)   # warm-up: compiles this shape's kernels outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._forward(batch_size, with_lora)
+                pool = pool or graph.pool()
+                graphs[batch_size] = graph
         torch.cuda.synchronize()
 
     def fits(self, num_seqs: int) -> bool:
         return 0 < num_seqs <= self.max_batch_size
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
-               block_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-        """The hidden states of a decode step of `len(input_ids)` sequences (a view of the static output)."""
+               block_tables: torch.Tensor, slot_mapping: torch.Tensor,
+               lora_slot_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The hidden states of a decode step of `len(input_ids)` sequences (a view of the static output);
+        `lora_slot_ids`: each row's adapter slot, None when no row has an adapter."""
         n = input_ids.shape[0]
         batch_size = next(size for size in self.batch_sizes if size >= n)
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
@@ -98,6 +116,12 @@ class DecodeGraphs:
         self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
         self.seq_lens[n:batch_size].zero_()
         self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
-        self.graphs[batch_size].replay()
+        graphs = self.graphs
+        if lora_slot_ids is not None:
+            self.lora_slot_ids[:n].copy_(lora_slot_ids, non_blocking=True)
+            self.lora_slot_ids[n:batch_size].fill_(self.max_loras)
+            graphs = self.lora_graphs
+            self.num_lora_replays += 1
+        graphs[batch_size].replay()
         self.num_replays += 1
         return self.hidden[:n]

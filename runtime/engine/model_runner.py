@@ -180,7 +180,7 @@ class ModelRunner:
     def _capture_graphs(self, config: EngineConfig) -> None:
         self.cuda_graphs = DecodeGraphs(
             self.model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), config.max_blocks_per_seq,
-            config.max_model_len, config.model_config.hidden_size, self.dtype, self.device)
+            config.max_model_len, config.model_config.hidden_size, self.dtype, self.device, config.max_loras)
         started = time.monotonic()
         self.cuda_graphs.capture()
         logger.info("captured CUDA graphs for decode batch sizes up to %d (%d graphs) in %.1f s",
@@ -239,10 +239,9 @@ class ModelRunner:
         graphs = self.cuda_graphs
         if step.lora_loads:
             self.lora.apply(step.lora_loads)
-        if graphs is not None and step.max_seqlen_q == 1 and graphs.fits(len(step.input_ids)) \
-                and step.lora_slot_ids is None:   # adapters run eagerly (not captured yet)
+        if graphs is not None and step.max_seqlen_q == 1 and graphs.fits(len(step.input_ids)):
             hidden = graphs.replay(step.input_ids, step.positions, step.seq_lens, step.block_tables,
-                                   step.slot_mapping)
+                                   step.slot_mapping, step.lora_slot_ids)
         else:
             input_ids, positions, meta, _ = self._to_device(step)
             set_context(ForwardContext(meta, self._lora_batch(step)))
@@ -259,7 +258,10 @@ class ModelRunner:
         if step.lora_slot_ids is None:
             return None
         slot_ids = step.lora_slot_ids.to(self.device, non_blocking=True)
-        return slot_ids, None if use_triton(slot_ids) else lora_plan(slot_ids, self.config.max_loras)
+        if use_triton(slot_ids):   # the rows grouped by slot, once per forward, shared by every layer
+            from kubeinfer.kernels.lora import lora_groups
+            return slot_ids, lora_groups(slot_ids, self.config.max_loras)
+        return slot_ids, lora_plan(slot_ids, self.config.max_loras)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager

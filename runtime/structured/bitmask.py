@@ -6,6 +6,8 @@ A sequence with draft tokens (speculation) gets one mask row per draft plus one:
 0..j-1, computed by advancing the matcher through the drafts and rolling it back. Rows after a draft the grammar
 refuses are left open: that draft is masked out, so it is never accepted and those rows are never used.
 """
+import os
+
 import llguidance
 import torch
 
@@ -13,10 +15,15 @@ _SHIFTS = {}
 _executor: llguidance.LLExecutor | None = None
 
 
+def fill_threads() -> int:
+    """The fill pool's threads: llguidance's own default, 80% of the CPUs this process may run on, at most 32."""
+    return max(1, min(32, int(len(os.sched_getaffinity(0)) * 0.8)))
+
+
 def _pool() -> llguidance.LLExecutor:
     global _executor
     if _executor is None:
-        _executor = llguidance.LLExecutor()
+        _executor = llguidance.LLExecutor(num_threads=fill_threads())
     return _executor
 
 

@@ -50,7 +50,8 @@ triton = pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("num_tokens,d_in,d_out,num_slots,rank", [(1, 16, 16, 1, 16), (7, 24, 40, 4, 16),
-                                                                   (70, 64, 96, 16, 32), (33, 48, 20, 3, 64)])
+                                                                   (70, 64, 96, 16, 32), (33, 48, 20, 3, 64),
+                                                                   (40, 600, 72, 5, 48)])   # 3 shrink splits
 def test_triton_kernel_matches_reference(device, dtype, num_tokens, d_in, d_out, num_slots, rank):
     from kubeinfer.kernels.lora import lora_delta
     x, lora_a, lora_b, slot_ids = (t.to(device) for t in make(num_tokens, d_in, d_out, num_slots, rank,
@@ -70,3 +71,20 @@ def test_triton_kernel_all_base_rows_add_nothing_and_one_adapter_takes_all(devic
     assert torch.count_nonzero(lora_delta(x, lora_a, lora_b, base)) == 0
     one = torch.full((21,), 2, device=device)
     torch.testing.assert_close(lora_delta(x, lora_a, lora_b, one), x @ lora_a[2].T @ lora_b[2].T, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_update_is_added_in_place_with_groups_made_once(device, dtype):
+    """The engine's form: `out += update` in place, the rows grouped once (`lora_groups`) and shared by two layers
+    of different shapes; `in` spans several shrink splits, the last one partial."""
+    if dtype != torch.float32:
+        pytest.skip("the routing, not the dtype, is under test here")
+    from kubeinfer.kernels.lora import SHRINK_K_CHUNK, lora_add, lora_groups
+    x, lora_a, lora_b, slot_ids = (t.to(device) for t in make(37, 2 * SHRINK_K_CHUNK + 40, 56, 6, 16, seed=7))
+    x2, lora_a2, lora_b2, _ = (t.to(device) for t in make(37, 24, 300, 6, 32, seed=8))
+    groups = lora_groups(slot_ids, 6)
+    for x, lora_a, lora_b in ((x, lora_a, lora_b), (x2, lora_a2, lora_b2)):
+        base = torch.randn(37, lora_b.shape[1], device=device)
+        out = base.clone()
+        assert lora_add(out, x, lora_a, lora_b, slot_ids, groups) is out
+        torch.testing.assert_close(out, base + references.lora_delta(x, lora_a, lora_b, slot_ids),
+                                   atol=1e-4, rtol=1e-4)

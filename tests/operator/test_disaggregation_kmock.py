@@ -12,6 +12,7 @@ from typing import Any
 from kubeinfer.operator.reconcile import pools, router
 from kubeinfer.operator.reconcile.builders import INSTANCE_LABEL
 
+from support.manifests import condition, isvc_manifest
 from support.operator_harness import NAMESPACE, child_path, isvc_path, rbac_checked_requests, settle
 
 NAME = "qwen"
@@ -25,14 +26,7 @@ POOLS = {"prefill": {"replicas": 2, "resources": {"gpus": 0, "cpu": 4, "memory":
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen", "generation": 1,
-                         "resourceVersion": "1"},
-            "spec": {"model": {"uri": "pvc://models/qwen"}, **spec}}
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+    return isvc_manifest(NAME, NAMESPACE, "uid-qwen", **spec)
 
 
 def pool_pod(role: str, i: int, ready: bool, ip: str) -> dict[str, Any]:

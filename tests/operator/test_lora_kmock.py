@@ -20,6 +20,7 @@ from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION, INSTANCE_LABE
 from kubeinfer.operator.reconcile.lora import fetch, sync
 from kubeinfer.operator.spec import parse_spec
 
+from support.manifests import condition
 from support.lora_runtime import LoraRuntime, serve
 from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator,
                                       settle, write_requests)
@@ -58,10 +59,6 @@ def replica_pod(i: int, ready: bool = True) -> dict[str, Any]:
                          "labels": {INSTANCE_LABEL: NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
             "status": {"phase": "Running", "podIP": HOSTS[i],
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 def entry(obj: dict[str, Any], name: str) -> dict[str, Any]:

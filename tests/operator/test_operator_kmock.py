@@ -16,6 +16,7 @@ import pytest
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 
+from support.manifests import condition
 from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator, settle,
                                       write_requests)
 
@@ -29,10 +30,6 @@ def manifest(**spec: Any) -> dict[str, Any]:
     return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen", "generation": 1},
             "spec": {"model": {"uri": "pvc://models/qwen"}, **spec}}
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 def gpus(dep: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from kubeinfer.operator.reconcile import router
 from kubeinfer.operator.reconcile.builders import INSTANCE_LABEL
 from kubeinfer.runtime.router.metrics import RouterMetrics
 
+from support.manifests import condition, isvc_manifest
 from support.operator_harness import (NAMESPACE, TEST_USER_AGENT, child_path, isvc_path, operator_requests,
                                       rbac_checked_requests, running_operator, settle, write_requests)
 
@@ -33,14 +34,7 @@ PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-qwen", "generation": 1,
-                         "resourceVersion": "1"},
-            "spec": {"model": {"uri": "pvc://models/qwen"}, **spec}}
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+    return isvc_manifest(NAME, NAMESPACE, "uid-qwen", **spec)
 
 
 def replica_pod(i: int, ready: bool, ip: str | None = None) -> dict[str, Any]:
@@ -66,7 +60,7 @@ def endpoints_of(pod: dict[str, Any] | None) -> list[str] | None:
 
 async def writes_settle(server: Any) -> None:
     """Wait until nothing has been written for 1 s (reads may go on: kmock replays pod events)."""
-    await settle(server, quiet=1.0, timeout=10.0, requests=write_requests)
+    await settle(server, quiet=1.0, requests=write_requests)
 
 
 async def test_router_deployment_and_service_are_built_and_status_names_the_router(operator: Any, kapi: Any) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from kubeinfer.operator.reconcile import pod
 
+from support.manifests import condition, isvc_manifest
 from support.operator_harness import NAMESPACE, child_path, isvc_path, settle
 
 NAME = "teams"
@@ -19,19 +20,12 @@ KEYS_MOUNT = {"name": "api-keys", "mountPath": pod.API_KEYS_DIR, "readOnly": Tru
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-teams", "generation": 1,
-                         "resourceVersion": "1"},
-            "spec": {"model": {"uri": "pvc://models/qwen"}, **spec}}
+    return isvc_manifest(NAME, NAMESPACE, "uid-teams", **spec)
 
 
 def flags(container: dict[str, Any]) -> dict[str, str]:
     args = container["args"]
     return {arg: args[i + 1] for i, arg in enumerate(args[:-1]) if arg.startswith("--")}
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 async def test_tenants_mount_the_secret_in_replicas_and_router_with_the_fair_queue_and_the_cap(

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kubeinfer.operator.config import OperatorConfig
 
+from support.manifests import condition
 from support.operator_harness import NAMESPACE, child_path, isvc_path
 from support.query_endpoint import serve_query_endpoint
 
@@ -111,10 +112,6 @@ async def ready_pods(kapi: Any, n: int, first: int = 0) -> None:
                 "kubeinfer.dev/inferenceservice": NAME, "app.kubernetes.io/managed-by": "kubeinfer"}},
             "status": {"phase": "Running", "podIP": "127.0.0.1",
                        "conditions": [{"type": "Ready", "status": "True"}]}})
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 async def events(kapi: Any, reason: str | None = None) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from support.manifests import condition  # noqa: F401  (the e2e tests read conditions through this module)
+
 GROUP_PATH = "/apis/kubeinfer.dev/v1alpha1"
 
 
@@ -148,10 +150,6 @@ class OperatorProcess:
 
 def isvc_path(ns: str, name: str) -> str:
     return f"{GROUP_PATH}/namespaces/{ns}/inferenceservices/{name}"
-
-
-def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 def pods_of(kube: Any, ns: str, name: str) -> list[dict[str, Any]]:

@@ -88,17 +88,24 @@ def rbac_checked_requests(server: Any) -> set[tuple[str, str, str]]:
     return used
 
 
-async def settle(server: Any, quiet: float = 0.4, timeout: float = 5.0,
+async def settle(server: Any, quiet: float = 0.4, timeout: float = 60.0,
                  requests: Callable[[Any], list[Any]] = list) -> None:
-    """Wait until the operator has made no request (of those `requests(server)` lists) for ``quiet`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    seen = -1
-    while asyncio.get_running_loop().time() < deadline:
-        now = len(requests(server))
-        if now == seen:
+    """Wait until the operator has made no request (of those `requests(server)` lists) for a quiet window: ``quiet``
+    seconds, or four times the longest pause it made between two requests while it was still working, whichever is
+    longer (at most 10 s). On a loaded machine a reconcile's requests are spaced out, and a pause inside one pass
+    must not pass for the end of its work. ``timeout`` bounds an operator that never stops making requests."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    seen, last_change, longest_pause, started = len(requests(server)), loop.time(), 0.0, False
+    while loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        now, count = loop.time(), len(requests(server))
+        if count != seen:
+            if started:   # the wait before the first new request is the operator's reaction, not a pause
+                longest_pause = max(longest_pause, now - last_change)
+            seen, last_change, started = count, now, True
+        elif now - last_change >= min(10.0, max(quiet, 4 * longest_pause)):
             return
-        seen = now
-        await asyncio.sleep(quiet)
     raise AssertionError(f"the operator never went quiet: {[(r.method, str(r.url)) for r in requests(server)[-8:]]}")
 
 
