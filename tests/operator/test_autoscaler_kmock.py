@@ -114,10 +114,10 @@ async def test_load_gone_scales_down_after_the_window_one_step_at_a_time(cluster
         await ready_pods(kapi, 3)
         start = time.time()
         await kapi.create(isvc_path(NAMESPACE), manifest(replicas=3, scaleDownStabilizationSeconds=1))
-        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2, timeout=6)
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2)
         # a fresh history never scales down before one full window
         assert time.time() - start >= 1.0
-        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 1, timeout=6)
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 1)
         await quiesce(kapi)
     downs = [e for e in obj["status"]["scalingHistory"]["events"] if e["reason"] == "ScaleDown"]
     assert [(e["from"], e["to"]) for e in downs] == [(3, 2), (2, 1)]

@@ -198,7 +198,7 @@ async def test_requests_waiting_at_the_router_pods_scale_from_zero_without_route
         await asyncio.sleep(1.0)   # several passes with nobody waiting: zero stays zero
         assert (await kapi.get(ISVC))["spec"]["replicas"] == 0
         router_metrics.queue_requests.set(1)
-        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 1, timeout=5)
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 1)
         assert obj["status"]["lastSignals"]["reason"] == "ScaleFromZero"
         status, _ = await kapi.call("DELETE", ISVC)   # releases kopf's finalizer while the operator runs
         assert status == 200

@@ -109,7 +109,7 @@ async def settle(server: Any, quiet: float = 0.4, timeout: float = 60.0,
     raise AssertionError(f"the operator never went quiet: {[(r.method, str(r.url)) for r in requests(server)[-8:]]}")
 
 
-async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
+async def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
@@ -202,8 +202,9 @@ class KApi:
         status, data = await self.call("DELETE", path)
         assert status == 200, (status, data)
 
-    async def eventually(self, path: str, check: Any, timeout: float = 5.0) -> dict[str, Any]:
-        """Poll ``path`` until ``check(obj)`` is true; returns the object."""
+    async def eventually(self, path: str, check: Any, timeout: float = 30.0) -> dict[str, Any]:
+        """Poll ``path`` until ``check(obj)`` is true; returns the object. ``timeout`` only bounds a state that never
+        comes: a passing test waits for the operator alone (on a busy 2-core box one of its passes took over 5 s)."""
         deadline = asyncio.get_running_loop().time() + timeout
         last = None
         while asyncio.get_running_loop().time() < deadline:
