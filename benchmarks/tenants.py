@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,9 @@ def start(policy: str, keys_file: str, args, port: int, extra: tuple[str, ...] =
                "demo", "--served-model-name", "demo", "--host", "127.0.0.1", "--port", str(port), "--api-keys-file", keys_file,
                "--max-num-seqs", str(args.max_num_seqs), "--max-waiting-requests", "4096",
                "--scheduling-policy", policy, *extra]
+    with socket.socket() as probe:   # else the phase would measure whichever server holds the port
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            sys.exit(f"port {port} is taken (a server left from another run?): free it or pass --port")
     server = subprocess.Popen(command, env=os.environ.copy())
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and server.poll() is None:
