@@ -88,12 +88,20 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     return references.fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
 
 
+def lora_plan(slot_ids: torch.Tensor, num_slots: int):
+    """How `lora_add` computes a forward's updates, made once per forward and shared by every layer: in Triton the
+    rows grouped by slot (`lora.lora_groups`), elsewhere `references.lora_plan`."""
+    if use_triton(slot_ids):
+        from kubeinfer.kernels.lora import lora_groups
+        return lora_groups(slot_ids, num_slots)
+    return references.lora_plan(slot_ids, num_slots)
+
+
 def lora_add(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slot_ids: torch.Tensor,
              plan, parts: list[tuple[int, int]] | None = None) -> torch.Tensor:
     """`out` plus what a batch's LoRA adapters add to a linear layer's output (see `references.lora_delta`), in
-    place. In Triton: a split shrink and an expand into `out` over the rows grouped by slot, `plan` being the groups
-    (`lora.lora_groups(slot_ids)`, once per forward; None: made here). Elsewhere, as `plan`
-    (`references.lora_plan(slot_ids)`, once per forward) says: a shrink and an expand per adapter with many rows, one
+    place, as `plan` (`lora_plan(slot_ids)`) says. In Triton: a split shrink and an expand into `out` over the rows
+    grouped by slot (a None plan: grouped here). Elsewhere: a shrink and an expand per adapter with many rows, one
     batched pair for all the others; a fused layer's `parts` are expanded each alone."""
     if use_triton(x):
         from kubeinfer.kernels.lora import lora_add as triton_lora_add

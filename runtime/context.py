@@ -13,8 +13,8 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 @dataclass
 class ForwardContext:
     attn: AttentionMetadata
-    # Each token's adapter slot (max_loras: the base model) and its plan, made once per forward (Triton:
-    # kernels.lora.lora_groups; else references.lora_plan); None: no adapters.
+    # Each token's adapter slot (max_loras: the base model) and its plan, made once per forward
+    # (kernels.ops.lora_plan); None: no adapters.
     lora: tuple[torch.Tensor, list] | None = None
 
 

@@ -23,6 +23,7 @@ import logging
 import torch
 from torch import nn
 
+from kubeinfer.kernels import ops
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.context import ForwardContext, set_context
 
@@ -68,10 +69,9 @@ class DecodeGraphs:
 
     def _forward(self, batch_size: int, with_lora: bool) -> None:
         lora = None
-        if with_lora:   # the rows grouped by slot: captured once, before the layers that share them
-            from kubeinfer.kernels.lora import lora_groups
+        if with_lora:   # the plan is captured once, before the layers that share it
             slot_ids = self.lora_slot_ids[:batch_size]
-            lora = (slot_ids, lora_groups(slot_ids, self.max_loras))
+            lora = (slot_ids, ops.lora_plan(slot_ids, self.max_loras))
         set_context(ForwardContext(self._meta(batch_size), lora))
         try:
             self.hidden[:batch_size] = self.model(self.input_ids[:batch_size], self.positions[:batch_size])

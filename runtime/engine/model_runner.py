@@ -6,8 +6,7 @@ import time
 
 import torch
 
-from kubeinfer.kernels import get_backend, set_backend
-from kubeinfer.kernels.references import lora_plan
+from kubeinfer.kernels import get_backend, ops, set_backend
 from kubeinfer.kernels.backend import use_triton
 from kubeinfer.kernels.metadata import FP8_DTYPE, AttentionMetadata
 from kubeinfer.runtime.config import EngineConfig
@@ -258,10 +257,7 @@ class ModelRunner:
         if step.lora_slot_ids is None:
             return None
         slot_ids = step.lora_slot_ids.to(self.device, non_blocking=True)
-        if use_triton(slot_ids):   # the rows grouped by slot, once per forward, shared by every layer
-            from kubeinfer.kernels.lora import lora_groups
-            return slot_ids, lora_groups(slot_ids, self.config.max_loras)
-        return slot_ids, lora_plan(slot_ids, self.config.max_loras)
+        return slot_ids, ops.lora_plan(slot_ids, self.config.max_loras)   # once per forward, shared by every layer
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager
