@@ -29,6 +29,14 @@ def lora_groups(slot_ids: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, t
 
 
 @triton.jit
+def _block_tokens(TokenOfRow, block, num_tokens, BLOCK_M: tl.constexpr):
+    """The padded rows of a row block, the token of each, and which of them are tokens (not padding)."""
+    rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tokens = tl.load(TokenOfRow + rows)
+    return rows, tokens, tokens < num_tokens
+
+
+@triton.jit
 def _shrink_kernel(X, A, Partial, TokenOfRow, BlockSlot, num_tokens, num_slots, R, K, k_chunk,
                    stride_x, stride_as, stride_ar, stride_ps, stride_pr,
                    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -36,9 +44,7 @@ def _shrink_kernel(X, A, Partial, TokenOfRow, BlockSlot, num_tokens, num_slots, 
     slot = tl.load(BlockSlot + block)
     if (slot < 0) | (slot >= num_slots):
         return
-    rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    tokens = tl.load(TokenOfRow + rows)
-    valid = tokens < num_tokens
+    rows, tokens, valid = _block_tokens(TokenOfRow, block, num_tokens, BLOCK_M)
     rs = tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     a_base = A + slot.to(tl.int64) * stride_as
@@ -60,9 +66,7 @@ def _expand_add_kernel(Shrunk, B, Out, TokenOfRow, BlockSlot, num_tokens, num_sl
     slot = tl.load(BlockSlot + block)
     if (slot < 0) | (slot >= num_slots):
         return
-    rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    tokens = tl.load(TokenOfRow + rows)
-    valid = tokens < num_tokens
+    rows, tokens, valid = _block_tokens(TokenOfRow, block, num_tokens, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rs = tl.arange(0, BLOCK_R)
     s = tl.load(Shrunk + rows[:, None] * stride_sr + rs[None, :], mask=valid[:, None] & (rs[None, :] < R), other=0.0)
