@@ -47,7 +47,7 @@ class GrammarCache:
         """A fresh matcher of `grammar` (checked and compiled once; then copied, or built apart)."""
         template = self._templates.get(grammar)
         if template is None:
-            template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+            template = self._build(grammar)
             if template.is_error():
                 raise InvalidRequestError(f"the grammar cannot be compiled: {template.get_error()}", "response_format")
             self.num_compiled += 1
@@ -55,6 +55,7 @@ class GrammarCache:
             while len(self._templates) > self.capacity:
                 self._templates.popitem(last=False)
         self._templates.move_to_end(grammar)
-        if self.copy_matchers:
-            return template.deep_copy()
+        return template.deep_copy() if self.copy_matchers else self._build(grammar)
+
+    def _build(self, grammar: str) -> llguidance.LLMatcher:
         return llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
