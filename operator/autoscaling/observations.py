@@ -80,6 +80,18 @@ def learn_capacity(hist: ScaleHistory, signals: Signals, replicas: ReplicaCounts
     return hist
 
 
+def saturation_throughput(hist: ScaleHistory, config: PolicyConfig) -> float | None:
+    """Requests per second one replica serves saturated, as the policy sizes with it: the measured throughput
+    raises the spec's `throughputPerReplica`, never lowers it. A window counts as saturated when it is at least
+    BUSY_TO_MEASURE busy, so a measured completion rate is a lower bound of the capacity; put in place of a given
+    value it made every fleet sized from it too large (issue #28: 73 of 136 drain-rule scale-ups sized at 1.33-1.88
+    req/s a replica against the real 2). Without a given value, the measured one (None until measured)."""
+    given, measured = config.assumed_throughput_per_replica, hist.throughput_per_replica
+    if given is None or measured is None:
+        return measured or given
+    return max(given, measured)
+
+
 def overloaded_in_window(hist: ScaleHistory, config: PolicyConfig) -> bool:
     """Whether any queue sample of the window was above its band."""
     limit = config.target_queue_depth_per_replica * (1 + config.tolerance)

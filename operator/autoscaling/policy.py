@@ -14,6 +14,7 @@ from dataclasses import replace
 from kubeinfer.operator.autoscaling.drain_sizing import drain_fleet
 from kubeinfer.operator.autoscaling.observations import (
     arrival_rate, learn_capacity, observe_queue, observe_ready, overloaded_in_window, queue_growth,
+    saturation_throughput,
 )
 from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig,
@@ -151,7 +152,7 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
     running = signals.num_running or 0.0
     target_q = config.target_queue_depth_per_replica
     capacity = hist.capacity_per_replica or config.assumed_capacity_per_replica
-    throughput = hist.throughput_per_replica or config.assumed_throughput_per_replica
+    throughput = saturation_throughput(hist, config)
 
     overload_q = False
     if ready == 0:

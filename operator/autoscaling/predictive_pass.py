@@ -22,7 +22,7 @@ from typing import Any
 
 from kubeinfer.operator.autoscaling import calibrated_sizing
 from kubeinfer.operator.autoscaling.calibration import Calibration
-from kubeinfer.operator.autoscaling.observations import arrival_rate
+from kubeinfer.operator.autoscaling.observations import arrival_rate, saturation_throughput
 from kubeinfer.operator.autoscaling.policy import (
     ABOVE_MAX, BELOW_MIN, METRICS_STALE, METRICS_UNAVAILABLE, SCALE_FROM_ZERO, SCALE_TO_ZERO,
 )
@@ -73,7 +73,7 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     sizing: Sizing | None = None
     if model is not None:
         sizing = calibrated_sizing.sizing(model, base, config.target_ttft_p95_seconds, config.max_replicas)
-    per_replica = reactive.history.throughput_per_replica or config.assumed_throughput_per_replica
+    per_replica = saturation_throughput(reactive.history, config)
     if sizing is None and per_replica:
         sizing = StaffedSizing(per_replica, config.headroom)
     if sizing is None:

@@ -115,7 +115,7 @@ def test_without_a_throughput_the_backlog_rule_stands_and_with_one_the_drain_rul
     # ordered now serves, 60 + 4 x 60 - 8 = 292, drained in 20 s: 3.65 more. 7.3 -> 8.
     drain_rule = ap.decide(sig(T0, 60.0, running=64.0), ReplicaCounts(2, 2), hist, cfg(), T0)
     assert drain_rule.recommendation == 8 and "backlog 292" in drain_rule.message
-    # A measured throughput wins over the spec's, as in the steady rule: at 8 req/s a replica, 16 + 4 = 20 arrive.
+    # A higher measured throughput raises the spec's, as in the steady rule: at 8 req/s a replica, 16 + 4 = 20 arrive.
     measured = ap.decide(sig(T0, 60.0, running=64.0), ReplicaCounts(2, 2), replace(hist, throughput_per_replica=8.0),
                          cfg(), T0)
     assert "20.0 req/s arriving at 8/replica" in measured.message

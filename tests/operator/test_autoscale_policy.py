@@ -210,7 +210,7 @@ def test_spec_throughput_is_used_until_one_is_measured():
     assert d.recommendation == 5  # load 4 replicas: 4 + 0.4 * 2 = 4.8 -> 5
     measured = replace(settled(3), throughput_per_replica=8.0)
     d = ap.decide(sig(T0, queue=0, running=10, ttft=0.2, rate=8.0), ReplicaCounts(3, 3), measured, c, T0)
-    assert d.recommendation == 2  # 1 + 0.4 = 1.4 -> 2: the measurement wins over the spec value
+    assert d.recommendation == 2  # 1 + 0.4 = 1.4 -> 2: a higher measurement raises the spec value
 
 
 def test_throughput_is_learned_from_a_busy_window_with_a_steady_fleet():
