@@ -45,7 +45,8 @@ class Autoscaling(SpecModel):
         default=None, gt=0,
         description="Requests per second one replica serves when saturated (e.g. measured with "
                     "benchmarks/serve.py). Optional: the autoscaler measures it on its own once the fleet "
-                    "has been busy for a metric window, and the measurement replaces this value.")
+                    "has been busy for a metric window; a measurement above this value replaces it, one below "
+                    "does not (a window counted busy need not have been saturated).")
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
