@@ -13,16 +13,24 @@ trace, served by the pods the API server says are Ready. The fake node (shared/k
 pod Ready `--cold-start` seconds after it is created. Every second the Deployments are read; at the end:
 - **scale-ups while pods were pending**, and of those **stacked**: ordered while the replicas already ordered
   were still starting and the arrival rate had not risen by 10% since the scale-up that ordered them (the bug of
-  AIBrix #2670: the queue keeps growing during a cold start and each pass orders more);
+  AIBrix #2670: the queue keeps growing during a cold start and each pass orders more). Counted twice: with the
+  trace's rate at the moment the new replicas were seen ordered, and with **the rate the policy could have seen**,
+  the trace's mean rate over the span its arrival estimate covers (the last pass interval, plus the second this
+  loop may take to see the order): the policy measures arrivals from the queue's growth between two passes, so a
+  burst that began inside that span is seen in part, and the next pass's order for the rest of the same step is
+  not a stack on pending pods, while one the rate does not explain still is;
 - **the peak fleet against the need**: the most replicas a service held, against the replicas its peak rate
   needs at full use (the fleet must also drain the backlog the cold start let build, so some excess is due);
 - **flaps**: changes of direction of spec.replicas per service, per hour, against the policy's own bound (a
   scale-down needs a scale-down window of lower recommendations, so at most 2 changes of direction a window).
-Needs a fresh control plane (the namespace must not exist); leaves the fleet in place.
+Needs a fresh control plane (the namespace must not exist); leaves the fleet in place. `--ups PATH` writes every
+scale-up made while pods were pending (time, counts, queue, both rates, whether stacked by each yardstick) as JSON
+lines, to be read beside the operator's log (`--log`: the policy's reasons, in the same order per service).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -35,7 +43,9 @@ from pathlib import Path
 from kubernetes import client, config as kube_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from operator_scale import FAKE_NODE, GROUP, PLURAL, VERSION, OperatorProcess, create_crds  # noqa: E402
+from operator_scale import (  # noqa: E402
+    AUTOSCALE_INTERVAL_S, FAKE_NODE, GROUP, PLURAL, VERSION, OperatorProcess, create_crds,
+)
 from trace_prometheus import RATE_PER_REPLICA, BurstyTrace, TracePrometheus  # noqa: E402
 
 import operator_scale  # noqa: E402
@@ -43,6 +53,9 @@ import operator_scale  # noqa: E402
 NAMESPACE = "kubeinfer-guards"
 INSTANCE_LABEL = f"{GROUP}/inferenceservice"
 RISE = 1.1   # an arrival rate 10% above the last scale-up's is a new reason to order more
+# The span the policy's arrival estimate covers before a scale-up is seen here: one pass interval (the queue's growth
+# between two passes) and the up to one second this loop takes to read the order.
+SEEN_SPAN_S = AUTOSCALE_INTERVAL_S + 1.0
 SCALE_UP = re.compile(rf"autoscale {NAMESPACE}/(\S+): Scale(?:Up|FromZero) \d+ -> \d+ \(recommended (\d+)\)")
 
 
@@ -79,13 +92,20 @@ def drain_need(rate: float, queue: float, cold_start_s: float) -> int:
     return max(1, math.ceil((rate + queue / cold_start_s) / RATE_PER_REPLICA))
 
 
+def seen_rate(trace: BurstyTrace, t: float, span_s: float = SEEN_SPAN_S) -> float:
+    """The trace's mean rate over the `span_s` before `t`: what the policy's arrival estimate could show then."""
+    steps = 60
+    return sum(trace.rate(t - span_s * (k + 0.5) / steps) for k in range(steps)) / steps
+
+
 def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace: BurstyTrace,
             cold_start_s: float) -> dict:
-    """Scale-ups, those while pending, those stacked and those beyond the drain need; direction changes; the peak
-    against the need. A scale-up that only goes on towards the recommendation of the last one (held back by
-    maxScaleUpStep) is not stacked."""
-    ups = while_pending = stacked = beyond = changes = 0
-    last_up_rate, last_rec, direction = None, None, 0
+    """Scale-ups, those while pending, those stacked (by the trace's rate, and by the rate the policy could have seen)
+    and those beyond the drain need; direction changes; the peak against the need. A scale-up that only goes on
+    towards the recommendation of the last one (held back by maxScaleUpStep) is not stacked."""
+    ups = while_pending = stacked = stacked_seen = beyond = changes = 0
+    last_up_rate = last_up_seen = last_rec = None
+    direction, pending_ups = 0, []
     for (t0, spec0, ready0, _), (t1, spec1, _, queue) in zip(samples, samples[1:]):
         if spec1 == spec0:
             continue
@@ -95,16 +115,24 @@ def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace
         if step > 0:
             rec = recs[ups] if ups < len(recs) else spec1
             ups += 1
-            rate = trace.rate(t1)
+            rate, seen = trace.rate(t1), seen_rate(trace, t1)
             if ready0 < spec0:
                 while_pending += 1
-                stacked += last_up_rate is not None and rate <= RISE * last_up_rate and rec > last_rec
+                higher = last_rec is not None and rec > last_rec
+                by_rate = higher and rate <= RISE * last_up_rate
+                by_seen = higher and seen <= RISE * last_up_seen
+                stacked += by_rate
+                stacked_seen += by_seen
                 beyond += spec1 > drain_need(rate, queue, cold_start_s)
-            last_up_rate, last_rec = rate, rec
+                pending_ups.append({"t": round(t1, 1), "up": ups, "from": spec0, "to": spec1, "ready": ready0,
+                                    "rec": rec, "queue": round(queue, 1), "rate": round(rate, 2),
+                                    "seen": round(seen, 2), "last_rate": round(last_up_rate, 2),
+                                    "last_seen": round(last_up_seen, 2), "stacked": by_rate, "stacked_seen": by_seen})
+            last_up_rate, last_up_seen, last_rec = rate, seen, rec
     peak = max(spec for _, spec, _, _ in samples)
     need = max(trace.need(t) for t, _, _, _ in samples)
-    return {"ups": ups, "while_pending": while_pending, "stacked": stacked, "beyond": beyond, "changes": changes,
-            "peak": peak, "need": need}
+    return {"ups": ups, "while_pending": while_pending, "stacked": stacked, "stacked_seen": stacked_seen,
+            "beyond": beyond, "changes": changes, "peak": peak, "need": need, "pending_ups": pending_ups}
 
 
 def main() -> None:
@@ -116,6 +144,7 @@ def main() -> None:
     parser.add_argument("--scale-down-window", type=int, default=60)
     parser.add_argument("--max-replicas", type=int, default=10)
     parser.add_argument("--log", type=Path, default=Path("/tmp/autoscale_guards.log"))
+    parser.add_argument("--ups", type=Path, default=None, help="write the scale-ups made while pods were pending")
     args = parser.parse_args()
     operator_scale.NAMESPACE = NAMESPACE   # the operator process watches this namespace
 
@@ -161,7 +190,12 @@ def main() -> None:
         fake_node.terminate()
         fake_node.wait(30)
     recs = recommendations(args.log.read_text())
-    rows = [analyse(samples[n], recs.get(n, []), traces[n], args.cold_start) for n in names if len(samples[n]) > 1]
+    analysed = {n: analyse(samples[n], recs.get(n, []), traces[n], args.cold_start)
+                for n in names if len(samples[n]) > 1}
+    rows = list(analysed.values())
+    if args.ups is not None:
+        args.ups.write_text("".join(json.dumps({"service": n, **up}) + "\n"
+                                    for n, r in analysed.items() for up in r["pending_ups"]))
     hours = args.seconds / 3600
     bound = 2 * 3600 / args.scale_down_window
     flaps = [r["changes"] / hours for r in rows]
@@ -171,8 +205,9 @@ def main() -> None:
           f"operator CPU {cpu:.0f} s; unknown queries: {sorted(prometheus.unknown) or 'none'}")
     print(f"scale-ups: {sum(r['ups'] for r in rows)}; while pods were pending: "
           f"{sum(r['while_pending'] for r in rows)}; stacked (rate not up {RISE - 1:.0%} since the last): "
-          f"{sum(r['stacked'] for r in rows)}; beyond the drain need (rate + queue / cold start, at "
-          f"{RATE_PER_REPLICA:g} req/s a replica): {sum(r['beyond'] for r in rows)}")
+          f"{sum(r['stacked'] for r in rows)}, by the rate the policy could have seen (the trace's mean over the "
+          f"{SEEN_SPAN_S:g} s before): {sum(r['stacked_seen'] for r in rows)}; beyond the drain need (rate + queue "
+          f"/ cold start, at {RATE_PER_REPLICA:g} req/s a replica): {sum(r['beyond'] for r in rows)}")
     print(f"peak replicas - need at the peak rate: mean {statistics.mean(excess):+.2f}, max {max(excess):+d} "
           f"(services above: {sum(e > 0 for e in excess)})")
     print(f"direction changes per hour per service: mean {statistics.mean(flaps):.1f}, max {max(flaps):.1f}, "

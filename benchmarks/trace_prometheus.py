@@ -4,7 +4,10 @@ Each service has its own arrival curve (`BurstyTrace`: a base rate with bursts o
 fluid model of its replicas: every second, the arrivals (Poisson draws) join the queue, and the Ready pods, read
 from the API server by the caller (`set_ready`), serve `RATE_PER_REPLICA` requests per second each. The answers
 are those of the operator's fleet round of queries (operator/autoscaling/prometheus_fleet.py): the queue, the
-running requests, first tokens per second over the metric window and over the recent range, the pods reporting.
+running requests, first tokens per second over the metric window and over the recent range, the pods reporting,
+and the time of the sample (`timestamp()`, the operator's signal time): the wall time of the tick whose queue is
+answered, as a scrape's timestamp is that of its values. (It was the answer's wall time to the second, so the span
+between two samples could read a second off the queue's: +-20% on an arrival rate measured over a 5 s pass.)
 A service with no Ready pod has no series, as no pod reports. TTFT and the calibration's step series are not
 emulated (empty answers: the policy reads the queue and the arrival rate).
 """
@@ -57,6 +60,7 @@ class ServiceModel:
     def __init__(self, trace: BurstyTrace, seed: int) -> None:
         self.trace, self.rng = trace, random.Random(seed)
         self.queue, self.running, self.ready = 0.0, 0.0, 0
+        self.sampled_at: float | None = None   # wall time of the tick the values are from
         self.served: deque[tuple[float, float]] = deque()   # (time, requests started in that second)
 
     def tick(self, t: float, dt: float) -> None:
@@ -93,7 +97,7 @@ class TracePrometheus(FakePrometheus):
 
     def start(self) -> None:
         """Starts the trace (its time 0) and the replicas' model; until then every queue is empty."""
-        self.started = time.monotonic()
+        self.started, self.started_wall = time.monotonic(), time.time()
         threading.Thread(target=self._run, daemon=True).start()
 
     def now(self) -> float:
@@ -114,6 +118,7 @@ class TracePrometheus(FakePrometheus):
             with self.lock:
                 for model in self.models.values():
                     model.tick(next_t, 1.0)
+                    model.sampled_at = self.started_wall + next_t
             next_t += 1.0
 
     def answer(self, query: str) -> list[dict]:
@@ -126,7 +131,8 @@ class TracePrometheus(FakePrometheus):
             for name, m in self.models.items():
                 if m.ready == 0:
                     continue
-                value = {"queue": m.queue, "running": m.running, "pods": float(m.ready), "oldest": float(int(time.time())),
+                value = {"queue": m.queue, "running": m.running, "pods": float(m.ready),
+                         "oldest": m.sampled_at or time.time(),
                          "rate": m.started_per_s(t, int(window.group(1)) if window else 60),
                          "recent_rate": m.started_per_s(t, RECENT_COUNT_SPAN_S)}.get(signal)
                 if value is not None:
