@@ -74,9 +74,16 @@ def backlog_when_ordered_serves(waiting: float, arrivals: float, throughput: flo
     return max(0.0, queue - target_queue * replicas.current)
 
 
+def arrivals_span(hist: ScaleHistory) -> float:
+    """Seconds between the two queue samples `arrivals_now` measures the queue's growth over (0 with one)."""
+    samples = hist.queue_samples
+    return samples[-1][0] - samples[-2][0] if len(samples) >= 2 else 0.0
+
+
 def drain_fleet(waiting: float, throughput: float, replicas: ReplicaCounts, hist: ScaleHistory,
-                config: PolicyConfig, now: float) -> tuple[int, str]:
-    """(replicas, why) under overload: the fleet that serves the arrivals and drains the backlog (module docstring)."""
+                config: PolicyConfig, now: float) -> tuple[int, str, float]:
+    """(replicas, why, the arrival rate sized for) under overload: the fleet that serves the arrivals and drains the
+    backlog (module docstring)."""
     ready, current, mu = replicas.ready, replicas.current, throughput
     cold_start = config.cold_start_seconds
     arrivals = arrivals_now(hist, mu, ready)
@@ -92,4 +99,4 @@ def drain_fleet(waiting: float, throughput: float, replicas: ReplicaCounts, hist
         why += f" ({current} ordered, {replicas.pending} pending)"
         if current < rec and need <= current * (1 + config.tolerance):
             rec = current
-    return rec, why
+    return rec, why, arrivals

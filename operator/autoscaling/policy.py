@@ -11,11 +11,12 @@ import logging
 import math
 from dataclasses import replace
 
-from kubeinfer.operator.autoscaling.drain_sizing import drain_fleet
+from kubeinfer.operator.autoscaling.drain_sizing import arrivals_span, drain_fleet
 from kubeinfer.operator.autoscaling.observations import (
     arrival_rate, learn_capacity, observe_queue, observe_ready, overloaded_in_window, queue_growth,
     saturation_throughput,
 )
+from kubeinfer.operator.autoscaling.pending_guard import held_for_pending
 from kubeinfer.operator.autoscaling.policy_types import (
     PolicyConfig,
     ReplicaCounts,
@@ -53,6 +54,8 @@ ABOVE_MAX = "AboveMaxReplicas"
 #    made under overload (queue or TTFT above target) is marked as such.
 # 4. Scale-up acts on the lowest recommendation of the last scaleUpStabilizationSeconds (0: at once),
 #    adding at most maxScaleUpStep replicas, or the current count if that is more (doubling), per decision.
+#    While replicas are pending, a recommendation sized for an arrival rate goes beyond the fleet ordered and
+#    the last scale-up's recommendation only for a rate risen beyond that scale-up's (`pending_guard`).
 # 5. Scale-down acts on the highest recommendation still in force, removes at most maxScaleDownStep per
 #    decision, and never while a replica is pending or loading. A steady recommendation stays in force
 #    for scaleDownStabilizationSeconds; an overload one for one metric window only: once the backlog it
@@ -89,19 +92,26 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
         reason = SCALE_FROM_ZERO if current == 0 else BELOW_MIN
         return _finish(current, floor, reason, f"floor is {floor}", hist, None, now)
 
-    rec, why, overload = _recommend(signals, replicas, hist, config, now)
+    rec, why, overload, arrivals = _recommend(signals, replicas, hist, config, now)
     if idle:
         rec, why, overload = 0, f"no traffic for {now - last_traffic:.0f}s", False
     rec = min(max(rec, floor), config.max_replicas)
     hist = _record(hist, rec, overload, now, config)
 
     if rec > current:
+        allowed, held = held_for_pending(rec, arrivals, replicas, hist, config)
+        if held:
+            why = f"{why}; {held}"
+            if allowed <= current:
+                return _finish(current, current, PENDING_REPLICAS, why, hist, rec, now)
         up_window = config.scale_up_stabilization_seconds
         window = [n for t, n, _ in hist.recommended_in_window(now) if t >= now - up_window]
-        stable_up = min(window) if config.scale_up_stabilization_seconds > 0 else rec
+        stable_up = min(min(window), allowed) if config.scale_up_stabilization_seconds > 0 else allowed
         if stable_up <= current:
             return _finish(current, current, STABILIZING_UP, f"{why}; waiting for it to hold", hist, rec, now)
         desired = min(stable_up, current + max(config.max_scale_up_step, current))
+        if not held:
+            hist = replace(hist, scale_up_sized_for=None if arrivals is None else (arrivals[0], rec))
         return _finish(current, desired, SCALE_FROM_ZERO if current == 0 else SCALE_UP, why, hist, rec, now)
 
     if rec < current:
@@ -121,7 +131,8 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
     return _finish(current, current, WITHIN_TOLERANCE, why, hist, rec, now)
 
 
-# Recommendation of each signal; the larger wins. Returns (replicas, why, made under overload).
+# Recommendation of each signal; the larger wins. Returns (replicas, why, made under overload, and the arrival rate
+# it was sized for with the seconds it was measured over, or None: `pending_guard`).
 # - Queue above the band (overload): the replicas are saturated at their present running batch. With a
 #   saturation throughput per replica (measured, or spec throughputPerReplica): the fleet that serves the
 #   arrivals now and drains the backlog within backlog_drain_seconds, the replicas already ordered counted as
@@ -146,7 +157,7 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
 #   Inside the band it keeps the ready count; below it, or with no first token in the window, it has
 #   no objection.
 def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, config: PolicyConfig,
-               now: float) -> tuple[int, str, bool]:
+               now: float) -> tuple[int, str, bool, tuple[float, float] | None]:
     ready, tol = replicas.ready, config.tolerance
     waiting = signals.queue_depth or 0.0
     running = signals.num_running or 0.0
@@ -154,7 +165,7 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
     capacity = hist.capacity_per_replica or config.assumed_capacity_per_replica
     throughput = saturation_throughput(hist, config)
 
-    overload_q = False
+    overload_q, arrivals_q = False, None
     if ready == 0:
         rec_q = math.ceil(waiting / ((capacity or 0.0) + target_q)) if waiting > 0 else 0
         rec_q = max(rec_q, replicas.current)  # replicas still loading are not evidence for fewer
@@ -165,8 +176,8 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
         per_replica = running / ready
         why_q = f"queue {waiting:.0f} on {ready} ready (target {target_q:g}/replica)"
         if queue_ratio > 1 + tol and throughput:
-            rec_q, why_drain = drain_fleet(waiting, throughput, replicas, hist, config, now)
-            why_q, overload_q = f"{why_q}, {why_drain}", True
+            rec_q, why_drain, rate = drain_fleet(waiting, throughput, replicas, hist, config, now)
+            why_q, overload_q, arrivals_q = f"{why_q}, {why_drain}", True, (rate, arrivals_span(hist))
         elif queue_ratio > 1 + tol:
             growth = max(0.0, queue_growth(hist))
             horizon = config.cold_start_seconds
@@ -183,6 +194,7 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
             need = load + config.headroom * math.sqrt(load)
             rec_q = ready if ready * (1 - tol) <= need <= ready else math.ceil(need - 1e-9)
             why_q += f", {arrivals:.2f} req/s = {load:.2f} replicas busy"
+            arrivals_q = (arrivals, float(config.metric_window_seconds))
         else:
             rec_q = min(ready, math.ceil((running + waiting) / (per_replica + target_q)))
 
@@ -204,11 +216,11 @@ def _recommend(signals: Signals, replicas: ReplicaCounts, hist: ScaleHistory, co
 
     rec_d, why_d, overload_d = _decode_pressure(signals, replicas, config)
     if rec_d > max(rec_q, rec_t):
-        return rec_d, why_d, overload_d
+        return rec_d, why_d, overload_d, None
     if rec_t > rec_q:
-        return rec_t, why_t, overload_t
+        return rec_t, why_t, overload_t, None
     return rec_q, why_q + (f", {why_t}" if why_t else "") + (f", {why_d}" if why_d else ""), \
-        overload_q or overload_t
+        overload_q or overload_t, arrivals_q
 
 
 # A decode pool's own pressure (spec.disaggregation.decode.autoscaling; a colocated fleet has no such target): the

@@ -218,6 +218,9 @@ class ScaleHistory:
     throughput_per_replica: float | None = None  # requests/s one replica served, saturated for a whole window
     last_ready: int | None = None
     ready_changed_at: float | None = None
+    # (arrival rate in req/s, recommended replicas) of the last scale-up, by a rule that sized for an arrival rate;
+    # None after any other: while its replicas are pending, more only for a higher rate (`pending_guard`)
+    scale_up_sized_for: tuple[float, int] | None = None
     # The last pass that made the newest recommendation run. Not kept in status (it moves at every pass): read
     # back, None, or the latest time the previous pass can have been (`history_status.history_for`).
     recommended_until: float | None = None
@@ -244,6 +247,8 @@ class ScaleHistory:
             "throughputPerReplica": self.throughput_per_replica,
             "lastReady": self.last_ready,
             "readyChangedAt": _stamp(self.ready_changed_at),
+            "scaleUpSizedFor": None if self.scale_up_sized_for is None else
+            {"arrivalRate": self.scale_up_sized_for[0], "replicas": self.scale_up_sized_for[1]},
         }
 
     @classmethod
@@ -265,10 +270,17 @@ class ScaleHistory:
             throughput_per_replica=data.get("throughputPerReplica"),
             last_ready=data.get("lastReady"),
             ready_changed_at=unix(data.get("readyChangedAt")),
+            scale_up_sized_for=_sized_for(data.get("scaleUpSizedFor")),
         )
 
     def with_event(self, event: ScaleEvent) -> ScaleHistory:
         return replace(self, events=(self.events + (event,))[-MAX_EVENTS:], last_scale_time=event.time)
+
+
+def _sized_for(data: Mapping[str, Any] | None) -> tuple[float, int] | None:
+    if not data or data.get("arrivalRate") is None or data.get("replicas") is None:
+        return None
+    return float(data["arrivalRate"]), int(data["replicas"])
 
 
 @dataclass(frozen=True)

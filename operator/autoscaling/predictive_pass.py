@@ -51,7 +51,8 @@ def _without_own_event(reactive: ScaleDecision, before: ScaleHistory, current: i
     history = reactive.history
     if reactive.desired_replicas == current:
         return history
-    return replace(history, events=history.events[:-1], last_scale_time=before.last_scale_time)
+    return replace(history, events=history.events[:-1], last_scale_time=before.last_scale_time,
+                   scale_up_sized_for=before.scale_up_sized_for)
 
 
 def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, signals: Signals,

@@ -1,0 +1,109 @@
+"""No replica stacked on pending pods (`pending_guard`): while the replicas of the last scale-up are pending, the
+reactive policy orders more only for an arrival rate risen beyond the one that scale-up was sized for, by more than
+the tolerance and the noise of the count it is measured from (issue #28)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from kubeinfer.operator.autoscaling import policy as ap
+from kubeinfer.operator.autoscaling.pending_guard import risen
+from kubeinfer.operator.autoscaling.policy_types import (
+    PolicyConfig,
+    ReplicaCounts,
+    ScaleEvent,
+    ScaleHistory,
+    Signals,
+)
+
+T0 = 1_000_000.0
+MU = 2.0   # requests/s one replica serves saturated (spec throughputPerReplica)
+
+
+def cfg(**kw) -> PolicyConfig:
+    base = dict(max_replicas=20, min_replicas=1, initial_delay_seconds=20, max_scale_up_step=20,
+                assumed_throughput_per_replica=MU)
+    return PolicyConfig(**{**base, **kw})
+
+
+def ordered(to: int, sized_for: tuple[float, int] | None, arriving: float, ready: int = 1) -> tuple:
+    """A history 10 s after a scale-up 1 -> `to` (sized for `sized_for`), its replicas pending, and the signals of a
+    pass whose queue grew from 40 over the last 5 s as `arriving` req/s on the `ready` saturated replicas."""
+    hist = ScaleHistory(started_at=T0 - 3600, last_ready=ready, ready_changed_at=T0 - 3600, last_traffic_time=T0,
+                        queue_samples=((T0 - 5, 40.0, 4.0 * ready, ready),),
+                        events=(ScaleEvent(T0 - 10, 1, to, ap.SCALE_UP),), scale_up_sized_for=sized_for)
+    signals = Signals(timestamp=T0, queue_depth=40.0 + 5 * (arriving - ready * MU), num_running=4.0 * ready)
+    return hist, signals
+
+
+def test_a_reading_within_the_noise_of_the_rate_ordered_for_orders_nothing_more():
+    # 5 ordered for 7 req/s, 4 pending. This pass's queue growth reads 9 req/s: 29% above, but a 5 s count at 7 req/s
+    # has a standard error of 1.2 req/s, and 2 is within two of them. Sized anew, 9 req/s and the backlog the pending
+    # replicas meet would be 8.2 replicas: the policy without the guard orders 4 more for the same traffic.
+    hist, signals = ordered(5, (7.0, 5), arriving=9.0)
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
+    assert (d.desired_replicas, d.reason) == (5, ap.PENDING_REPLICAS), d.message
+    assert d.recommendation == 9 and "no rise beyond it" in d.message and "9.0 req/s arriving" in d.message
+    unguarded = ap.decide(signals, ReplicaCounts(5, 1, 4), replace(hist, scale_up_sized_for=None), cfg(), T0)
+    assert (unguarded.desired_replicas, unguarded.reason) == (9, ap.SCALE_UP)
+
+
+def test_a_rate_risen_beyond_the_tolerance_and_the_noise_orders_more_and_is_remembered():
+    # 14 req/s against the 7 ordered for: a burst's step. It orders, and the next pass compares with 14.
+    hist, signals = ordered(5, (7.0, 5), arriving=14.0)
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
+    assert d.reason == ap.SCALE_UP and d.desired_replicas > 5
+    assert d.history.scale_up_sized_for == (pytest.approx(14.0), d.recommendation)
+
+
+def test_a_scale_up_held_back_by_max_scale_up_step_goes_on_towards_its_recommendation():
+    # 1 -> 5 of a recommendation of 9 (maxScaleUpStep 4), for 9 req/s: the next pass, at the same rate, orders the
+    # rest of the same recommendation; it orders nothing beyond it.
+    hist, signals = ordered(5, (9.0, 9), arriving=9.0)
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(max_scale_up_step=4), T0)
+    assert (d.desired_replicas, d.reason) == (9, ap.SCALE_UP)
+    assert d.history.scale_up_sized_for == (9.0, 9)
+    hist, signals = ordered(5, (9.0, 7), arriving=9.0)
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(max_scale_up_step=4), T0)
+    assert (d.desired_replicas, d.reason) == (7, ap.SCALE_UP) and "no rise beyond it" in d.message
+    assert d.history.scale_up_sized_for == (9.0, 7)   # the cut order is no new sizing
+
+
+def test_with_nothing_pending_the_guard_is_off():
+    # 5 ordered for 9 req/s are all ready and serve 10; 10 arrive (no rise beyond 9: within the noise), but the 40
+    # waiting are above the band (4 a replica): 5 + 0.4 sqrt(5) + 20 / 40 = 6.4 -> 7. The backlog the pending replicas
+    # were to drain is the ready fleet's now, and the next pass answers it from that fleet.
+    hist, signals = ordered(5, (9.0, 5), arriving=10.0, ready=5)
+    d = ap.decide(signals, ReplicaCounts(5, 5, 0), hist, cfg(), T0)
+    assert (d.desired_replicas, d.reason) == (7, ap.SCALE_UP), d.message
+
+
+def test_the_sizing_is_kept_in_status_so_a_restarted_operator_holds_the_same_guard():
+    # A scale-up from a settled fleet (nothing pending) records what it was sized for ...
+    hist, signals = ordered(1, None, arriving=7.0)
+    first = ap.decide(signals, ReplicaCounts(1, 1, 0), hist, cfg(), T0)
+    assert first.reason == ap.SCALE_UP and first.history.scale_up_sized_for is not None
+    stored = json.loads(json.dumps(first.history.to_dict()))
+    assert stored["scaleUpSizedFor"] == {"arrivalRate": pytest.approx(7.0), "replicas": first.recommendation}
+    # ... and read back from status, it holds the next pass at the same rate, as it would in the same process.
+    restarted = ScaleHistory.from_dict(stored)
+    assert restarted.scale_up_sized_for == first.history.scale_up_sized_for
+    later = Signals(timestamp=T0 + 5, queue_depth=signals.queue_depth + 5 * (8.0 - MU), num_running=4.0)
+    n = first.desired_replicas
+    for history in (first.history, restarted):
+        d = ap.decide(later, ReplicaCounts(n, 1, n - 1), history, cfg(), T0 + 5)
+        assert (d.desired_replicas, d.reason) == (n, ap.PENDING_REPLICAS), d.message
+    assert ScaleHistory.from_dict({**stored, "scaleUpSizedFor": None}).scale_up_sized_for is None
+
+
+def test_a_rise_is_beyond_both_the_tolerance_and_two_standard_errors_of_the_count():
+    # At 100 req/s over 5 s the count's noise (2 x sqrt(100 / 5) = 8.9) is below the 10% tolerance: it decides.
+    assert not risen(110.0, 100.0, 5.0, 0.1) and risen(110.5, 100.0, 5.0, 0.1)
+    # At 5 req/s over 5 s the noise (2 req/s, 40%) decides; over a 60 s window (0.58 req/s) the tolerance does.
+    assert not risen(7.0, 5.0, 5.0, 0.1) and risen(7.1, 5.0, 5.0, 0.1)
+    assert not risen(5.5, 5.0, 60.0, 0.1) and risen(5.6, 5.0, 60.0, 0.1)
+    # A rate measured over no span (one queue sample) shows no rise.
+    assert not risen(50.0, 5.0, 0.0, 0.1)
