@@ -56,6 +56,7 @@ RISE = 1.1   # an arrival rate 10% above the last scale-up's is a new reason to 
 # The span the policy's arrival estimate covers before a scale-up is seen here: one pass interval (the queue's growth
 # between two passes) and the up to one second this loop takes to read the order.
 SEEN_SPAN_S = AUTOSCALE_INTERVAL_S + 1.0
+PASS = re.compile(rf"^autoscale {NAMESPACE}/(\S+): (?!Metrics)", re.M)   # a pass that decided from signals
 SCALE_UP = re.compile(rf"autoscale {NAMESPACE}/(\S+): Scale(?:Up|FromZero) \d+ -> \d+ \(recommended (\d+)\)")
 
 
@@ -189,7 +190,9 @@ def main() -> None:
             operator.stop()
         fake_node.terminate()
         fake_node.wait(30)
-    recs = recommendations(args.log.read_text())
+    log_text = args.log.read_text()
+    recs = recommendations(log_text)
+    passes = len(PASS.findall(log_text)) / max(1, len(names))
     analysed = {n: analyse(samples[n], recs.get(n, []), traces[n], args.cold_start)
                 for n in names if len(samples[n]) > 1}
     rows = list(analysed.values())
@@ -203,6 +206,9 @@ def main() -> None:
     print(f"\nautoscaler guards: {len(rows)} services, {args.seconds:.0f} s of bursty traffic, cold start "
           f"{args.cold_start:.0f} s, scale-down window {args.scale_down_window} s, {os.cpu_count()} CPUs; "
           f"operator CPU {cpu:.0f} s; unknown queries: {sorted(prometheus.unknown) or 'none'}")
+    print(f"passes that decided from signals, per service: {passes:.1f} (one per {AUTOSCALE_INTERVAL_S:g} s on time: "
+          f"{args.seconds / AUTOSCALE_INTERVAL_S:.0f}; a pass more than a metric window after the last has one queue "
+          f"sample, and its arrival estimate is only what the ready replicas serve)")
     print(f"scale-ups: {sum(r['ups'] for r in rows)}; while pods were pending: "
           f"{sum(r['while_pending'] for r in rows)}; stacked (rate not up {RISE - 1:.0%} since the last): "
           f"{sum(r['stacked'] for r in rows)}, by the rate the policy could have seen (the trace's mean over the "
