@@ -14,11 +14,14 @@ pod Ready `--cold-start` seconds after it is created. Every second the Deploymen
 - **scale-ups while pods were pending**, and of those **stacked**: ordered while the replicas already ordered
   were still starting and the arrival rate had not risen by 10% since the scale-up that ordered them (the bug of
   AIBrix #2670: the queue keeps growing during a cold start and each pass orders more). Counted twice: with the
-  trace's rate at the moment the new replicas were seen ordered, and with **the rate the policy could have seen**,
-  the trace's mean rate over the span its arrival estimate covers (the last pass interval, plus the second this
-  loop may take to see the order): the policy measures arrivals from the queue's growth between two passes, so a
-  burst that began inside that span is seen in part, and the next pass's order for the rest of the same step is
-  not a stack on pending pods, while one the rate does not explain still is;
+  trace's rate at the moment the new replicas were seen ordered and the recommendation higher than the last
+  scale-up's (the first yardstick), and with **the rate the policy could have seen** and the order beyond the last
+  scale-up's recommendation. The policy measures arrivals from the queue's growth between its last two passes
+  (their times are read from its log as it is written, to the second), so a burst that began inside that span is
+  seen in part, and the next pass's order for the rest of the same step is not a stack on pending pods; with the
+  last pass more than a metric window back it has one queue sample and sees only what the ready replicas serve.
+  An order that goes on to the last scale-up's recommendation (held back by maxScaleUpStep, or cut there by the
+  policy's own pending guard while its raw recommendation is higher) orders nothing that one did not;
 - **the peak fleet against the need**: the most replicas a service held, against the replicas its peak rate
   needs at full use (the fleet must also drain the backlog the cold start let build, so some excess is due);
 - **flaps**: changes of direction of spec.replicas per service, per hour, against the policy's own bound (a
@@ -56,7 +59,9 @@ RISE = 1.1   # an arrival rate 10% above the last scale-up's is a new reason to 
 # The span the policy's arrival estimate covers before a scale-up is seen here: one pass interval (the queue's growth
 # between two passes) and the up to one second this loop takes to read the order.
 SEEN_SPAN_S = AUTOSCALE_INTERVAL_S + 1.0
-PASS = re.compile(rf"^autoscale {NAMESPACE}/(\S+): (?!Metrics)", re.M)   # a pass that decided from signals
+# a pass that decided from signals; group 2: a scale-up
+PASS = re.compile(rf"^autoscale {NAMESPACE}/(\S+): (?!Metrics)(Scale(?:Up|FromZero) )?", re.M)
+METRIC_WINDOW_S = 30   # the services' metricWindowSeconds
 SCALE_UP = re.compile(rf"autoscale {NAMESPACE}/(\S+): Scale(?:Up|FromZero) \d+ -> \d+ \(recommended (\d+)\)")
 
 
@@ -99,8 +104,39 @@ def seen_rate(trace: BurstyTrace, t: float, span_s: float = SEEN_SPAN_S) -> floa
     return sum(trace.rate(t - span_s * (k + 0.5) / steps) for k in range(steps)) / steps
 
 
+def policy_seen(trace: BurstyTrace, passes: list[tuple[float, bool]], up: int, ready: int, t: float) -> float:
+    """The arrival rate the policy could have seen at its `up`-th scale-up (1-based): the trace's mean between the
+    pass that made it and the one before, the ready replicas' service if that one is more than a metric window back
+    (one queue sample); the mean over SEEN_SPAN_S before `t` if the log does not show the pass."""
+    ups = [i for i, (_, is_up) in enumerate(passes) if is_up]
+    if up > len(ups) or ups[up - 1] == 0:
+        return seen_rate(trace, t)
+    at, before = passes[ups[up - 1]][0], passes[ups[up - 1] - 1][0]
+    if at - before > METRIC_WINDOW_S:
+        return min(seen_rate(trace, at), ready * RATE_PER_REPLICA)
+    return seen_rate(trace, at, max(at - before, 1.0))
+
+
+class PassTimes:
+    """Each service's passes as (trace time, a scale-up), from the operator's log read as it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.times = path, 0, {}
+
+    def read(self, t: float) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for m in PASS.finditer(data[:end].decode(errors="replace")):
+            self.times.setdefault(m.group(1), []).append((t, m.group(2) is not None))
+
+
 def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace: BurstyTrace,
-            cold_start_s: float) -> dict:
+            cold_start_s: float, passes: list[tuple[float, bool]] | None = None) -> dict:
     """Scale-ups, those while pending, those stacked (by the trace's rate, and by the rate the policy could have seen)
     and those beyond the drain need; direction changes; the peak against the need. A scale-up that only goes on
     towards the recommendation of the last one (held back by maxScaleUpStep) is not stacked."""
@@ -116,12 +152,12 @@ def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace
         if step > 0:
             rec = recs[ups] if ups < len(recs) else spec1
             ups += 1
-            rate, seen = trace.rate(t1), seen_rate(trace, t1)
+            rate, seen = trace.rate(t1), policy_seen(trace, passes or [], ups, ready0, t1)
             if ready0 < spec0:
                 while_pending += 1
                 higher = last_rec is not None and rec > last_rec
                 by_rate = higher and rate <= RISE * last_up_rate
-                by_seen = higher and seen <= RISE * last_up_seen
+                by_seen = spec1 > last_rec and seen <= RISE * last_up_seen
                 stacked += by_rate
                 stacked_seen += by_seen
                 beyond += spec1 > drain_need(rate, queue, cold_start_s)
@@ -163,6 +199,7 @@ def main() -> None:
     operator = OperatorProcess(args.kubeconfig, prometheus.url, args.log)
     samples: dict[str, list[tuple[float, int, int, float]]] = {name: [] for name in names}
     args.log.unlink(missing_ok=True)   # the recommendations are read from this run's log
+    pass_times = PassTimes(args.log)
     try:
         operator.start()
         for name in names:
@@ -172,8 +209,10 @@ def main() -> None:
             time.sleep(1)
         print(f"{len(names)} services Ready at 1 replica; replaying {args.seconds:.0f} s of traffic", flush=True)
         prometheus.start()
+        pass_times.read(-1.0)   # the passes before the replay
         next_report = 60.0
         while (t := prometheus.now()) < args.seconds:
+            pass_times.read(t)
             fleet = read_fleet(apps, wanted)
             prometheus.set_ready({n: ready for n, (_, ready) in fleet.items()})
             for n, (spec, ready) in fleet.items():
@@ -193,7 +232,7 @@ def main() -> None:
     log_text = args.log.read_text()
     recs = recommendations(log_text)
     passes = len(PASS.findall(log_text)) / max(1, len(names))
-    analysed = {n: analyse(samples[n], recs.get(n, []), traces[n], args.cold_start)
+    analysed = {n: analyse(samples[n], recs.get(n, []), traces[n], args.cold_start, pass_times.times.get(n))
                 for n in names if len(samples[n]) > 1}
     rows = list(analysed.values())
     if args.ups is not None:
@@ -211,8 +250,8 @@ def main() -> None:
           f"sample, and its arrival estimate is only what the ready replicas serve)")
     print(f"scale-ups: {sum(r['ups'] for r in rows)}; while pods were pending: "
           f"{sum(r['while_pending'] for r in rows)}; stacked (rate not up {RISE - 1:.0%} since the last): "
-          f"{sum(r['stacked'] for r in rows)}, by the rate the policy could have seen (the trace's mean over the "
-          f"{SEEN_SPAN_S:g} s before): {sum(r['stacked_seen'] for r in rows)}; beyond the drain need (rate + queue "
+          f"{sum(r['stacked'] for r in rows)}; by the rate the policy could have seen and orders beyond the last "
+          f"recommendation: {sum(r['stacked_seen'] for r in rows)}; beyond the drain need (rate + queue "
           f"/ cold start, at {RATE_PER_REPLICA:g} req/s a replica): {sum(r['beyond'] for r in rows)}")
     print(f"peak replicas - need at the peak rate: mean {statistics.mean(excess):+.2f}, max {max(excess):+d} "
           f"(services above: {sum(e > 0 for e in excess)})")
