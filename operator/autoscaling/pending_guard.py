@@ -11,10 +11,12 @@ While replicas are pending, a recommendation above both the fleet ordered and th
 two unless the rate measured now exceeds the remembered one:
 
 - by more than the policy's `tolerance`, as every other comparison of the policy, and
-- by more than two standard errors of the count it is measured from: `2 x sqrt(rate / span)` for a rate measured
-  over `span` seconds of Poisson arrivals (5 s passes at 7 req/s: +-1.2 req/s each). A rise the count's own noise
-  explains is no rise; a burst's step (4-10x) is far beyond it. A step that began inside the pass that ordered is
-  seen in part by that pass, and in full by the next: that second order is for traffic the first did not see.
+- by more than two standard errors of the difference of the two measurements, each a Poisson count of arrivals
+  over its span: `2 x sqrt(rate x (1 / span then + 1 / span now))` at the remembered rate (two 5 s passes at
+  7 req/s: +-1.7 req/s). Both are counts of a few seconds; the remembered one is no more exact than the new one, so
+  a low reading that sized the order and a high one now are no rise if their noise explains them. A burst's step
+  (4-10x) is far beyond it. A step that began inside the pass that ordered is seen in part by that pass, and in
+  full by the next: that second order is for traffic the first did not see.
 
 A recommendation up to the remembered one is not cut: a scale-up held back by `maxScaleUpStep` goes on towards it.
 Once nothing is pending the guard is off: a backlog the pending replicas did not drain as planned (a cold start
@@ -28,14 +30,18 @@ import math
 
 from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
 
-# A rise in the measured arrival rate smaller than this many standard errors of its Poisson count is noise.
+# A rise in the measured arrival rate smaller than this many standard errors of the difference of two Poisson counts'
+# rates is noise.
 NOISE_STANDARD_ERRORS = 2.0
 
 
-def risen(rate: float, sized_for: float, span_s: float, tolerance: float) -> bool:
-    """Whether `rate`, measured over `span_s` seconds, is beyond `sized_for` by more than the tolerance and the noise
-    of a Poisson count of that span."""
-    noise = NOISE_STANDARD_ERRORS * math.sqrt(max(sized_for, 0.0) / max(span_s, 1e-9))
+def risen(rate: float, span_s: float, sized_for: float, sized_span_s: float, tolerance: float) -> bool:
+    """Whether `rate`, measured over `span_s` seconds, is beyond `sized_for`, measured over `sized_span_s`, by more
+    than the tolerance and the noise of the two Poisson counts (at the rate `sized_for`). A span of 0 (one queue
+    sample: no arrival rate measured) shows no rise."""
+    if min(span_s, sized_span_s) <= 0:
+        return False
+    noise = NOISE_STANDARD_ERRORS * math.sqrt(max(sized_for, 0.0) * (1 / span_s + 1 / sized_span_s))
     return rate > sized_for * (1 + tolerance) and rate - sized_for > noise
 
 
@@ -46,10 +52,10 @@ def held_for_pending(rec: int, arrivals: tuple[float, float] | None, replicas: R
     sized = hist.scale_up_sized_for
     if replicas.pending == 0 or sized is None or arrivals is None:
         return rec, ""
-    sized_rate, sized_rec = sized
+    sized_rate, sized_rec, sized_span = sized
     cap = max(replicas.current, sized_rec)
     rate, span = arrivals
-    if rec <= cap or risen(rate, sized_rate, span, config.tolerance):
+    if rec <= cap or risen(rate, span, sized_rate, sized_span, config.tolerance):
         return rec, ""
     return cap, (f"{replicas.pending} pending of the scale-up for {sized_rate:.1f} req/s, and {rate:.1f} req/s "
                  f"is no rise beyond it")

@@ -111,7 +111,7 @@ def decide(signals: Signals, replicas: ReplicaCounts, history: ScaleHistory, con
             return _finish(current, current, STABILIZING_UP, f"{why}; waiting for it to hold", hist, rec, now)
         desired = min(stable_up, current + max(config.max_scale_up_step, current))
         if not held:
-            hist = replace(hist, scale_up_sized_for=None if arrivals is None else (arrivals[0], rec))
+            hist = replace(hist, scale_up_sized_for=None if arrivals is None else (arrivals[0], rec, arrivals[1]))
         return _finish(current, desired, SCALE_FROM_ZERO if current == 0 else SCALE_UP, why, hist, rec, now)
 
     if rec < current:

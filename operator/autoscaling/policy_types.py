@@ -218,9 +218,10 @@ class ScaleHistory:
     throughput_per_replica: float | None = None  # requests/s one replica served, saturated for a whole window
     last_ready: int | None = None
     ready_changed_at: float | None = None
-    # (arrival rate in req/s, recommended replicas) of the last scale-up, by a rule that sized for an arrival rate;
-    # None after any other: while its replicas are pending, more only for a higher rate (`pending_guard`)
-    scale_up_sized_for: tuple[float, int] | None = None
+    # (arrival rate in req/s, recommended replicas, seconds the rate was measured over) of the last scale-up, by a
+    # rule that sized for an arrival rate; None after any other: while its replicas are pending, more only for a
+    # higher rate (`pending_guard`)
+    scale_up_sized_for: tuple[float, int, float] | None = None
     # The last pass that made the newest recommendation run. Not kept in status (it moves at every pass): read
     # back, None, or the latest time the previous pass can have been (`history_status.history_for`).
     recommended_until: float | None = None
@@ -248,7 +249,7 @@ class ScaleHistory:
             "lastReady": self.last_ready,
             "readyChangedAt": _stamp(self.ready_changed_at),
             "scaleUpSizedFor": None if self.scale_up_sized_for is None else
-            {"arrivalRate": self.scale_up_sized_for[0], "replicas": self.scale_up_sized_for[1]},
+            dict(zip(("arrivalRate", "replicas", "spanSeconds"), self.scale_up_sized_for)),
         }
 
     @classmethod
@@ -277,10 +278,10 @@ class ScaleHistory:
         return replace(self, events=(self.events + (event,))[-MAX_EVENTS:], last_scale_time=event.time)
 
 
-def _sized_for(data: Mapping[str, Any] | None) -> tuple[float, int] | None:
-    if not data or data.get("arrivalRate") is None or data.get("replicas") is None:
+def _sized_for(data: Mapping[str, Any] | None) -> tuple[float, int, float] | None:
+    if not data or any(data.get(k) is None for k in ("arrivalRate", "replicas", "spanSeconds")):
         return None
-    return float(data["arrivalRate"]), int(data["replicas"])
+    return float(data["arrivalRate"]), int(data["replicas"]), float(data["spanSeconds"])
 
 
 @dataclass(frozen=True)

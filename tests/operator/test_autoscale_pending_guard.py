@@ -29,7 +29,7 @@ def cfg(**kw) -> PolicyConfig:
     return PolicyConfig(**{**base, **kw})
 
 
-def ordered(to: int, sized_for: tuple[float, int] | None, arriving: float, ready: int = 1) -> tuple:
+def ordered(to: int, sized_for: tuple[float, int, float] | None, arriving: float, ready: int = 1) -> tuple:
     """A history 10 s after a scale-up 1 -> `to` (sized for `sized_for`), its replicas pending, and the signals of a
     pass whose queue grew from 40 over the last 5 s as `arriving` req/s on the `ready` saturated replicas."""
     hist = ScaleHistory(started_at=T0 - 3600, last_ready=ready, ready_changed_at=T0 - 3600, last_traffic_time=T0,
@@ -40,10 +40,11 @@ def ordered(to: int, sized_for: tuple[float, int] | None, arriving: float, ready
 
 
 def test_a_reading_within_the_noise_of_the_rate_ordered_for_orders_nothing_more():
-    # 5 ordered for 7 req/s, 4 pending. This pass's queue growth reads 9 req/s: 29% above, but a 5 s count at 7 req/s
-    # has a standard error of 1.2 req/s, and 2 is within two of them. Sized anew, 9 req/s and the backlog the pending
-    # replicas meet would be 8.2 replicas: the policy without the guard orders 4 more for the same traffic.
-    hist, signals = ordered(5, (7.0, 5), arriving=9.0)
+    # 5 ordered for 7 req/s measured over 5 s, 4 pending. This pass's queue growth reads 9 req/s over 5 s: 29% above,
+    # but the difference of two 5 s counts at 7 req/s has a standard error of 1.7 req/s, and 2 is within two of them.
+    # Sized anew, 9 req/s and the backlog the pending replicas meet would be 8.2 replicas: the policy without the
+    # guard orders 4 more for the same traffic.
+    hist, signals = ordered(5, (7.0, 5, 5.0), arriving=9.0)
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
     assert (d.desired_replicas, d.reason) == (5, ap.PENDING_REPLICAS), d.message
     assert d.recommendation == 9 and "no rise beyond it" in d.message and "9.0 req/s arriving" in d.message
@@ -53,30 +54,30 @@ def test_a_reading_within_the_noise_of_the_rate_ordered_for_orders_nothing_more(
 
 def test_a_rate_risen_beyond_the_tolerance_and_the_noise_orders_more_and_is_remembered():
     # 14 req/s against the 7 ordered for: a burst's step. It orders, and the next pass compares with 14.
-    hist, signals = ordered(5, (7.0, 5), arriving=14.0)
+    hist, signals = ordered(5, (7.0, 5, 5.0), arriving=14.0)
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
     assert d.reason == ap.SCALE_UP and d.desired_replicas > 5
-    assert d.history.scale_up_sized_for == (pytest.approx(14.0), d.recommendation)
+    assert d.history.scale_up_sized_for == (pytest.approx(14.0), d.recommendation, 5.0)
 
 
 def test_a_scale_up_held_back_by_max_scale_up_step_goes_on_towards_its_recommendation():
     # 1 -> 5 of a recommendation of 9 (maxScaleUpStep 4), for 9 req/s: the next pass, at the same rate, orders the
     # rest of the same recommendation; it orders nothing beyond it.
-    hist, signals = ordered(5, (9.0, 9), arriving=9.0)
+    hist, signals = ordered(5, (9.0, 9, 5.0), arriving=9.0)
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(max_scale_up_step=4), T0)
     assert (d.desired_replicas, d.reason) == (9, ap.SCALE_UP)
-    assert d.history.scale_up_sized_for == (9.0, 9)
-    hist, signals = ordered(5, (9.0, 7), arriving=9.0)
+    assert d.history.scale_up_sized_for == (9.0, 9, 5.0)
+    hist, signals = ordered(5, (9.0, 7, 5.0), arriving=9.0)
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(max_scale_up_step=4), T0)
     assert (d.desired_replicas, d.reason) == (7, ap.SCALE_UP) and "no rise beyond it" in d.message
-    assert d.history.scale_up_sized_for == (9.0, 7)   # the cut order is no new sizing
+    assert d.history.scale_up_sized_for == (9.0, 7, 5.0)   # the cut order is no new sizing
 
 
 def test_with_nothing_pending_the_guard_is_off():
     # 5 ordered for 9 req/s are all ready and serve 10; 10 arrive (no rise beyond 9: within the noise), but the 40
     # waiting are above the band (4 a replica): 5 + 0.4 sqrt(5) + 20 / 40 = 6.4 -> 7. The backlog the pending replicas
     # were to drain is the ready fleet's now, and the next pass answers it from that fleet.
-    hist, signals = ordered(5, (9.0, 5), arriving=10.0, ready=5)
+    hist, signals = ordered(5, (9.0, 5, 5.0), arriving=10.0, ready=5)
     d = ap.decide(signals, ReplicaCounts(5, 5, 0), hist, cfg(), T0)
     assert (d.desired_replicas, d.reason) == (7, ap.SCALE_UP), d.message
 
@@ -87,7 +88,8 @@ def test_the_sizing_is_kept_in_status_so_a_restarted_operator_holds_the_same_gua
     first = ap.decide(signals, ReplicaCounts(1, 1, 0), hist, cfg(), T0)
     assert first.reason == ap.SCALE_UP and first.history.scale_up_sized_for is not None
     stored = json.loads(json.dumps(first.history.to_dict()))
-    assert stored["scaleUpSizedFor"] == {"arrivalRate": pytest.approx(7.0), "replicas": first.recommendation}
+    assert stored["scaleUpSizedFor"] == {"arrivalRate": pytest.approx(7.0), "replicas": first.recommendation,
+                                         "spanSeconds": 5.0}
     # ... and read back from status, it holds the next pass at the same rate, as it would in the same process.
     restarted = ScaleHistory.from_dict(stored)
     assert restarted.scale_up_sized_for == first.history.scale_up_sized_for
@@ -99,11 +101,13 @@ def test_the_sizing_is_kept_in_status_so_a_restarted_operator_holds_the_same_gua
     assert ScaleHistory.from_dict({**stored, "scaleUpSizedFor": None}).scale_up_sized_for is None
 
 
-def test_a_rise_is_beyond_both_the_tolerance_and_two_standard_errors_of_the_count():
-    # At 100 req/s over 5 s the count's noise (2 x sqrt(100 / 5) = 8.9) is below the 10% tolerance: it decides.
-    assert not risen(110.0, 100.0, 5.0, 0.1) and risen(110.5, 100.0, 5.0, 0.1)
-    # At 5 req/s over 5 s the noise (2 req/s, 40%) decides; over a 60 s window (0.58 req/s) the tolerance does.
-    assert not risen(7.0, 5.0, 5.0, 0.1) and risen(7.1, 5.0, 5.0, 0.1)
-    assert not risen(5.5, 5.0, 60.0, 0.1) and risen(5.6, 5.0, 60.0, 0.1)
-    # A rate measured over no span (one queue sample) shows no rise.
-    assert not risen(50.0, 5.0, 0.0, 0.1)
+def test_a_rise_is_beyond_both_the_tolerance_and_two_standard_errors_of_the_difference_of_the_counts():
+    # At 100 req/s, two 5 s counts: the noise (2 sqrt(100 x (1/5 + 1/5)) = 12.6) is above the 10% tolerance: it decides.
+    assert not risen(112.0, 5.0, 100.0, 5.0, 0.1) and risen(113.0, 5.0, 100.0, 5.0, 0.1)
+    # Over 60 s each (3.7) the tolerance decides.
+    assert not risen(110.0, 60.0, 100.0, 60.0, 0.1) and risen(110.5, 60.0, 100.0, 60.0, 0.1)
+    # Both counts are noisy: 5 req/s over 5 s against 5 req/s over 5 s needs 2.8 more; against a 60 s window's, 2.1.
+    assert not risen(7.5, 5.0, 5.0, 5.0, 0.1) and risen(7.9, 5.0, 5.0, 5.0, 0.1)
+    assert risen(7.5, 5.0, 5.0, 60.0, 0.1)
+    # A rate measured over no span (one queue sample) shows no rise, nor one against such a rate.
+    assert not risen(50.0, 0.0, 5.0, 5.0, 0.1) and not risen(50.0, 5.0, 5.0, 0.0, 0.1)
