@@ -6,18 +6,21 @@ policy can do that for a step. This one is the same policy without the look-ahea
 - At every tick it orders at once the fleet the present rate needs, sized by the clairvoyant's own table
   (`FleetSizing`, on the trace's own requests), with no measurement noise and no lag: it reads the trace's rate
   curve at `now` itself, not an estimate from arrivals.
-- With `drain` (the default) it also sizes for the backlog a step leaves, by the predictive policy's own rule
-  (`operator/autoscaling/predictive.py` with its defaults: the queue beyond `queue_per_replica` per replica, plus what arrives beyond
-  the fleet's capacity over one cold start, served within `drain_s` on top of the arrivals), read exactly from the
-  simulator at the tick. Without it the fleet a step's rate needs also drains the backlog the cold start left, at
-  what that fleet serves beyond the arrivals, and every request behind the backlog waits for all of it: a causal
-  policy with a drain rule does better than that (docs/benchmarks.md measures both).
-- It releases a replica the moment the present need falls.
+- With `drain` (the default) it also orders for the backlog a step leaves, read exactly from the simulator at the
+  tick, by the predictive policy's rule (`operator/autoscaling/predictive.py`): the queue beyond `queue_per_replica`
+  per ready replica, plus what arrives beyond the ready fleet's capacity over one cold start, served within
+  `drain_s` on top of the arrivals. By default `drain_s` is one second: the backlog is drained as fast as
+  `max_replicas` allows, which holds the most requests within the target that a fleet ordered at the step can;
+  with the predictive policy's 20 s it is that policy's own drain with perfect measurement. Without a drain (the
+  fleet for the present rate alone) a step's backlog drains at what that fleet serves beyond the arrivals, and the
+  requests behind it wait for all of it: any policy with a drain rule beats that.
+- It releases a replica the moment the present need falls, but not while the requests admitted to the batches need
+  it (a drained backlog is still in them: released then, the fleet left admits no arrival until they finish).
 
-So it is the SLO share and GPU-hours of a policy that sizes by the limit's table and the predictive policy's drain
-rule with perfect measurement and no forecast. It is a bound for the policies that hold no replica the present does
-not need; a causal policy does better only by holding more (spares, a slower release, a faster drain), which the
-fixed peak-sized fleet does to the extreme, at its GPU-hours.
+So it bounds the SLO share of the policies that hold no replica the present does not need: the limit minus it is
+what none of them reaches, however well it measures and forecasts. A causal policy does better only by holding
+replicas before they are needed (spares, a slower release), at their GPU-hours; the fixed peak-sized fleet is the
+extreme of that.
 
 A replayed trace (trace_file.py) has no curve: its rate at t is the count of its requests over a window centred
 on t, which would read half a window of the future. Here it reads the window that ends at t instead (the count of
