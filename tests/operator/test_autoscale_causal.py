@@ -39,6 +39,17 @@ def test_it_orders_nothing_before_a_step_and_the_steps_fleet_at_it():
     assert drained.need(480.0, 0, step_fleet) == no_drain.need(480.0) == base_fleet
 
 
+def test_a_drained_backlog_still_in_the_batches_holds_its_replicas():
+    """Once a step's backlog has left the queue it is in the batches: released then, the fleet left could admit no
+    arrival until those finish, and would order again (one more cold start). The present rate alone would release."""
+    sizing = fleet_sizing(TARGET, MODEL, 12, STEP.peak_rate)
+    drained = CausalLimitPolicy(STEP, sizing, MODEL.cold_start_s, max_replicas=12, batch_cap=MODEL.max_batch)
+    base_fleet = sizing.replicas_for(1.5)
+    assert drained.need(500.0, 0, 9, 8 * MODEL.max_batch) == 8 > base_fleet
+    assert drained.need(500.0, 0, 9, 0) == base_fleet
+    assert CausalLimitPolicy(STEP, sizing, MODEL.cold_start_s, drain=False).need(500.0) == base_fleet
+
+
 def test_in_the_simulator_its_first_order_is_at_the_step_and_the_steps_fleet():
     sizing = fleet_sizing(TARGET, MODEL, 12, STEP.peak_rate)
     for policy in (CausalLimitPolicy(STEP, sizing, MODEL.cold_start_s, max_replicas=12, drain=False),
