@@ -8,7 +8,6 @@ scenarios cannot exercise it. The rendered ClusterRole equals `rbac.RULES` (test
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +92,7 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
         await kapi.eventually(harness.isvc_path(NS, "b"),
                               lambda o: (o.get("status") or {}).get("endpoint") == "http://b.default.svc/v1")
         for path in (pool, harness.child_path("Deployment", NS, "b-router")):
-            deadline = asyncio.get_running_loop().time() + 5
-            while await kapi.get(path) is not None:
-                assert asyncio.get_running_loop().time() < deadline, f"{path} not deleted"
-                await asyncio.sleep(0.05)
+            await kapi.gone(path, f"{path} not deleted")
         # LoRA adapters: their ConfigMap made, then changed; the API keys Secret read for the runtime's endpoints.
         await kapi.create(f"/api/v1/namespaces/{NS}/secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {
             "name": "keys", "namespace": NS}, "data": {"api-keys": "c2stMQo="}})
@@ -109,10 +105,7 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
         await kapi.patch(harness.isvc_path(NS, "c"), {"spec": {"adapters": [{"name": "y", "uri": "hf://org/y"}]}})
         await kapi.eventually(configmap, lambda o: "hf://org/y" in o["data"]["fetch.sh"])
         await kapi.delete(harness.isvc_path(NS, "c"))   # while the operator runs: kopf stops its adapters' daemon
-        deadline = asyncio.get_running_loop().time() + 5
-        while await kapi.get(harness.isvc_path(NS, "c")) is not None:
-            assert asyncio.get_running_loop().time() < deadline, "c not deleted"
-            await asyncio.sleep(0.05)
+        await kapi.gone(harness.isvc_path(NS, "c"), "c not deleted")
     used = harness.permissions_used(cluster)
     rules = granted()
     unexplained = rules - used - set(JUSTIFIED)

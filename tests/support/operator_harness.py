@@ -213,3 +213,12 @@ class KApi:
                 return last
             await asyncio.sleep(0.05)
         raise AssertionError(f"{path} never satisfied the check; last seen: {last}")
+
+    async def gone(self, path: str, what: str = "", timeout: float = 30.0) -> None:
+        """Poll ``path`` until it no longer exists (a deletion kopf finishes by removing its finalizer once it has
+        stopped the object's daemons, up to their 1 s backoff and 10 s cancellation timeout; garbage collection).
+        ``timeout`` only bounds a deletion that never ends, as in `eventually`."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while await self.get(path) is not None:
+            assert asyncio.get_running_loop().time() < deadline, what or f"{path} was never deleted"
+            await asyncio.sleep(0.05)
