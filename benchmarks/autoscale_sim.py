@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from autoscale.causal import CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN, CausalLimitPolicy  # noqa: E402
 from autoscale.clairvoyant import ClairvoyantPolicy, fleet_sizing  # noqa: E402
 from autoscale.policies import (  # noqa: E402
     FixedFleet,
@@ -86,6 +87,13 @@ def make_policies(trace: Trace, model: ReplicaModel) -> list:
         # the replicas' metrics, and until then by the throughput per replica (given, as for the reactive row above).
         OperatorPredictivePolicy(dataclasses.replace(config, assumed_throughput_per_replica=saturation_throughput(
             model, lengths=lengths))),
+        # The limit without its look-ahead (autoscale/causal.py): the present rate's fleet by the same table, the
+        # backlog a step leaves drained as fast as the maximum fleet allows, by the predictive policy's 20 s, or not.
+        CausalLimitPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, MAX_REPLICAS, model.max_batch),
+        CausalLimitPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, MAX_REPLICAS, model.max_batch,
+                          drain_s=PredictiveConfig.drain_s, name=CAUSAL_DRAIN_20),
+        CausalLimitPolicy(trace, sizing, model.cold_start_s, MIN_REPLICAS, MAX_REPLICAS, model.max_batch, drain=False,
+                          name=CAUSAL_NO_DRAIN),
     ]
 
 
@@ -111,7 +119,8 @@ def goal_line(results: list) -> str:
     """Ours (the first kubeinfer row) against the goal: SLO attainment at least that of the best
     autoscaling alternative, fewer GPU-hours than the fixed fleet."""
     fixed, ours = results[0], results[1]
-    alternatives = [r for r in results[2:] if not r.policy.startswith("kubeinfer") and r.policy != CLAIRVOYANT]
+    limits = (CLAIRVOYANT, CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN)
+    alternatives = [r for r in results[2:] if not r.policy.startswith("kubeinfer") and r.policy not in limits]
     best = max(alternatives, key=lambda r: r.slo_share)
     slo_ok = round(ours.slo_share, 3) >= round(best.slo_share, 3)
     gpu_ok = ours.gpu_hours < fixed.gpu_hours

@@ -11,9 +11,11 @@ own lengths; every policy is calibrated, and the limit and the fixed fleet sized
 For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (ours learns the cold start
 from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
 SLO share / GPU-hours per policy, then ours against the limit (points below its SLO share, share of its
-GPU-hours). Fixed seed; about 25 s per cold start on one CPU core. `--traces` keeps the rows of the named traces,
-`--policies` the columns whose policy name contains one of the texts (and the limit's, which the last columns
-need); the other cells print "-". A run does not depend on the others, so its cells are the full sweep's.
+GPU-hours), then the limit and the operator against the causal limit (benchmarks/autoscale/causal.py: the present
+rate's fleet, no look-ahead). Fixed seed; about 25 s per cold start on one CPU core. `--traces` keeps the rows of
+the named traces, `--policies` the columns whose policy name contains one of the texts (and the limits', which
+the last columns need); the other cells print "-". A run does not depend on the others, so its cells are the full
+sweep's.
 """
 
 from __future__ import annotations
@@ -25,29 +27,39 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoscale_sim  # noqa: E402
+from autoscale.causal import CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN  # noqa: E402
 from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel  # noqa: E402
 from autoscale.trace_file import load_trace  # noqa: E402
 
-COLUMNS = ("clairvoyant", "kubeinfer predictive", "kubeinfer predictive (operator)",
-           "kubeinfer, throughputPerReplica given", "kubeinfer, learning throughput", "KubeAI-style", "KubeAI-style, 60 s",
-           "KPA-style", "fixed (peak-sized)")
+COLUMNS = ("clairvoyant", "causal limit", "causal limit, 20 s drain", "causal limit, no drain",
+           "kubeinfer predictive", "kubeinfer predictive (operator)", "kubeinfer, throughputPerReplica given",
+           "kubeinfer, learning throughput", "KubeAI-style", "KubeAI-style, 60 s", "KPA-style", "fixed (peak-sized)")
 
 
 def header() -> str:
     names = " | ".join(COLUMNS)
     return (f"| trace | cold start (s) | {names} | ours vs limit: SLO points below, GPU-hours | goal | "
-            f"operator vs limit | operator's goal |\n|{'---|' * (len(COLUMNS) + 6)}")
+            f"operator vs limit | operator's goal | causal limit vs limit | operator vs causal limit | "
+            f"operator vs causal limit, 20 s drain |\n|{'---|' * (len(COLUMNS) + 9)}")
 
 
 def row(results: list, cold_start_s: float) -> str:
     """One markdown row: results in autoscale_sim.make_policies order (fixed, ours reactive, ours reactive
-    learning, KubeAI, KubeAI 60 s, KPA, clairvoyant, ours predictive, ours predictive as the operator runs it);
-    "ours" against the limit is the predictive policy with the simulator's table, then the operator's."""
-    fixed, reactive, learning, kubeai, kubeai60, kpa, limit, ours, operator = results
+    learning, KubeAI, KubeAI 60 s, KPA, clairvoyant, ours predictive, ours predictive as the operator runs it, the
+    causal limits: draining as fast as it may, in 20 s, not at all); "ours" against the limit is the predictive
+    policy with the simulator's table, then the operator's; the last three columns put the causal limit against the
+    limit and the operator against the causal limits (SLO points below, share of GPU-hours): what no causal policy
+    reaches without replicas the present does not need, and what remains to the operator."""
+    fixed, reactive, learning, kubeai, kubeai60, kpa, limit, ours, operator, causal, drain20, no_drain = results
 
     def cell(r) -> str:
         return "-" if r is None else f"{100 * r.slo_share:.1f}% / {r.gpu_hours:.2f}"
+
+    def against(r, bound) -> str:
+        if r is None or bound is None:
+            return "-"
+        return f"{100 * (bound.slo_share - r.slo_share):+.1f}, {100 * r.gpu_hours / bound.gpu_hours:.0f}%"
 
     def against_limit(r) -> tuple[str, str]:
         if r is None or limit is None:
@@ -58,9 +70,12 @@ def row(results: list, cold_start_s: float) -> str:
         goal = ", ".join(what for what, ok in (("SLO missed", slo_ok), ("GPU-hours missed", gpu_ok)) if not ok)
         return f"{gap:+.1f}, {100 * ratio:.0f}%", goal or "met"
 
-    cells = " | ".join(cell(r) for r in (limit, ours, operator, reactive, learning, kubeai, kubeai60, kpa, fixed))
+    cells = " | ".join(cell(r) for r in (limit, causal, drain20, no_drain, ours, operator, reactive, learning, kubeai,
+                                         kubeai60, kpa, fixed))
     trace = next(r.trace for r in results if r is not None)
-    return f"| {trace} | {cold_start_s:g} | {cells} | {' | '.join(against_limit(ours) + against_limit(operator))} |"
+    bounds = (against(causal, limit), against(operator, causal), against(operator, drain20))
+    return (f"| {trace} | {cold_start_s:g} | {cells} | {' | '.join(against_limit(ours) + against_limit(operator))} | "
+            f"{' | '.join(bounds)} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-synthetic", action="store_true", help="only the trace files")
     ap.add_argument("--traces", nargs="+", default=None, help="only these traces' rows (by name: steady, ...)")
     ap.add_argument("--policies", nargs="+", default=None,
-                    help="only the policies whose name contains one of these texts (the limit always runs)")
+                    help="only the policies whose name contains one of these texts (the limits always run)")
     args = ap.parse_args(argv)
     traces = [] if args.no_synthetic else [make() for make in ALL_TRACES]
     traces += [load_trace(path, args.compress_to, args.rate_scale, args.seed) for path in args.trace_file]
@@ -81,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = [t for t in traces if t.name in args.traces]
 
     def only(name: str) -> bool:
-        return (args.policies is None or name == autoscale_sim.CLAIRVOYANT
+        return (args.policies is None or name in (autoscale_sim.CLAIRVOYANT, CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN)
                 or any(text in name for text in args.policies))
     print(header(), flush=True)
     for cold_start in args.cold_starts:

@@ -15,6 +15,7 @@ from support.autoscaler_kmock import (
 from support.operator_harness import NAMESPACE, isvc_path, running_operator, write_requests
 
 PASSES = 15
+SETTLE_PASSES = 3
 
 
 @pytest.fixture()
@@ -40,7 +41,11 @@ async def test_an_idle_service_makes_no_status_write_once_settled(cluster: Any, 
         await ready_pods(kapi, 2)
         await kapi.create(isvc_path(NAMESPACE), manifest(replicas=2, minReplicas=2))
         await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("scalingHistory"))
-        await asyncio.sleep(3 * INTERVAL)  # reconcile's own first writes, and the autoscaler's first passes
+        # Settled: reconcile's own first writes, and the autoscaler's first passes (its history's first samples). Counted
+        # in passes, not seconds: under load three intervals held fewer than three passes, and a first write fell in.
+        settling = passes(prom)
+        while passes(prom) - settling < SETTLE_PASSES:
+            await asyncio.sleep(INTERVAL)
         start, first = len(list(cluster)), passes(prom)
         # No deadline of its own: how long 15 passes take depends on the box (10 s was not enough under load);
         # an autoscaler that stopped passing ends the test at pytest's timeout.
