@@ -57,7 +57,8 @@ class ApiCounter:
         self.token = upstream.get_api_key_with_prefix("BearerToken") or ""
         self.port = port
         self.requests: list[Request] = []   # in order of arrival
-        self.last_active = 0.0   # time.monotonic() of the last request that is not a watch
+        self.last_active = 0.0   # time.monotonic() of the last start or end of a request that is not a watch
+        self.in_flight = 0   # requests (not watches) started and not yet answered in full
         self._watches: set[aiohttp.ClientResponse] = set()   # upstream answers of open watches
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -102,8 +103,15 @@ class ApiCounter:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         record = Request(time.monotonic(), request.method, request.path, request.query_string)
         self.requests.append(record)
-        if not record.is_watch:
-            self.last_active = record.time
+        if record.is_watch:
+            return await self._relay(request, record)
+        self.last_active, self.in_flight = record.time, self.in_flight + 1
+        try:
+            return await self._relay(request, record)
+        finally:   # an answer the API server takes seconds to give is not idleness
+            self.last_active, self.in_flight = time.monotonic(), self.in_flight - 1
+
+    async def _relay(self, request: web.Request, record: Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

@@ -45,6 +45,7 @@ NAMESPACE = "kubeinfer-scale"
 GROUP, VERSION, PLURAL = "kubeinfer.dev", "v1alpha1", "inferenceservices"
 HASH = "kubeinfer.dev/desired-hash"
 IDLE_S = 5.0            # no operator request other than a watch for this long: idle
+PROGRESS_S = 60.0
 AUTOSCALE_INTERVAL_S = 5.0
 
 
@@ -117,14 +118,21 @@ class OperatorProcess:
 
 
 def wait_idle(counter: ApiCounter, since: float, timeout_s: float) -> float:
-    """Wait until the operator has made no request other than a watch for IDLE_S; returns when its last one came."""
+    """Wait until the operator has had no request other than a watch in flight for IDLE_S (an answer the loaded API
+    server takes seconds to give is not idleness); returns when its last one started or ended.
+    Says every PROGRESS_S how many requests it has made since `since` (at 1,000 services this takes many minutes)."""
     deadline = time.monotonic() + timeout_s
+    said = time.monotonic()
     while time.monotonic() < deadline:
         last = max(counter.last_active, since)   # O(1): the proxy shares this process's one core at a time
-        if time.monotonic() - last >= IDLE_S:
+        if counter.in_flight == 0 and time.monotonic() - last >= IDLE_S:
             return last
+        if time.monotonic() - said >= PROGRESS_S:
+            said = time.monotonic()
+            print(f"  ... the operator is still busy: {len(counter.requests)} requests so far, "
+                  f"{said - since:.0f} s since the phase began", flush=True)
         time.sleep(0.5)
-    raise TimeoutError(f"the operator did not go idle within {timeout_s:.0f} s")
+    raise TimeoutError(f"the operator did not go idle within {timeout_s:.0f} s (--idle-limit)")
 
 
 def describe(requests: list[Request]) -> str:
@@ -174,8 +182,10 @@ def main() -> None:
     parser.add_argument("--proxy-port", type=int, default=18443)
     parser.add_argument("--prometheus-port", type=int, default=19090)
     parser.add_argument("--log", type=Path, default=Path("/tmp/operator_scale.log"))
+    parser.add_argument("--idle-limit", type=float, default=None,
+                        help="seconds a phase may take to go idle before the run gives up (default: 120 + 3 per service)")
     args = parser.parse_args()
-    timeout_s = 120 + args.count * 1.0
+    timeout_s = args.idle_limit or 120 + args.count * 3.0
 
     kube_config.load_kube_config(config_file=args.kubeconfig)
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
@@ -229,6 +239,8 @@ def main() -> None:
         rows.append(("restart: seconds from SIGTERM to exit", f"{operator.stop():.1f}"))
         start = time.monotonic()
         operator.start()
+        while not any(r.is_watch and r.path.endswith(PLURAL) for r in counter.since(start)):
+            time.sleep(0.2)   # started (on a loaded box its imports alone can outlast IDLE_S, and read as idle)
         last = wait_idle(counter, start, timeout_s)
         made = counter.since(start)
         rows.append(("restart: writes until idle", f"{len(writes(made))}"))

@@ -5,7 +5,7 @@
 - InferenceService create/update/resume: a reconcile pass.
 - events of owned Deployments, Services, PDBs and pods: a reconcile pass of the owner, which repairs
   hand edits and deletions and refreshes status (pods failing to pull, crash, or be scheduled), and tells
-  the router pods which replicas are ready.
+  the router pods which replicas are ready; not for an event that shows nothing new (reconcile/child_view.py).
 
 - autoscaler: one kopf daemon per InferenceService with `spec.autoscaling` (a timer whose interval is
   the operator setting `autoscale_interval_seconds`), running `autoscaler.run`.
@@ -43,6 +43,8 @@ OWNED_LABELS = {builders.MANAGED_BY_LABEL: builders.MANAGED_BY}
 OWNED_SELECTOR = f"{builders.MANAGED_BY_LABEL}={builders.MANAGED_BY}"
 CHILD_RESOURCES = [("apps", "v1", "deployments"), ("", "v1", "services"), ("policy", "v1", "poddisruptionbudgets"),
                    ("", "v1", "pods")]
+CHILD_KINDS = {"deployments": "Deployment", "services": "Service", "poddisruptionbudgets": "PodDisruptionBudget",
+               "pods": "Pod"}
 
 
 @kopf.on.startup()
@@ -94,9 +96,11 @@ def reconcile_service(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.event("", "v1", "services", labels=OWNED_LABELS)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED_LABELS)
 @kopf.on.event("", "v1", "pods", labels=OWNED_LABELS)
-def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+def child_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, type: str | None, body: kopf.Body,
+                  resource: kopf.Resource, **_: Any) -> None:
     owner = labels.get(builders.INSTANCE_LABEL) or labels.get(router.ROUTER_LABEL)   # a replica's, or a router's pod
-    if owner and namespace:
+    # An event showing nothing a pass has not seen (the echo of its own write, a PDB's status) makes no pass.
+    if owner and namespace and memo["ctx"].children.is_news(type, body, CHILD_KINDS.get(resource.plural)):
         try:
             reconcile_soon(memo["ctx"], namespace, owner)
         except (kopf.PermanentError, inference_pool.PoolUnavailable):

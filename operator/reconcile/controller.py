@@ -21,6 +21,7 @@ from kubeinfer.operator.events import EventRecorder, condition_events
 from kubeinfer.operator.kube import Kube, resource_path
 from kubeinfer.operator.reconcile import builders, inference_pool, pool_status, pools, router, status
 from kubeinfer.operator.reconcile.apply import delete_owned, ensure
+from kubeinfer.operator.reconcile.child_view import ChildView
 from kubeinfer.operator.reconcile.lora import fetch as lora_fetch, status as lora_status, sync as lora_sync
 from kubeinfer.operator.reconcile.validation import semantic_errors
 from kubeinfer.operator.spec import API_VERSION, KIND, POOLS, InferenceServiceSpec, parse_spec
@@ -45,6 +46,8 @@ class Context:
     # Services (namespace, name, uid) -> whether disaggregated, for those whose other layout's Deployments are known
     # not to exist: see `_remove_other_layout`.
     _layouts: dict[tuple[str, str, str], bool] = dataclasses.field(default_factory=dict)
+    # What passes and events have already shown of each child: an event showing nothing new makes no pass.
+    children: ChildView = dataclasses.field(default_factory=ChildView)
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """One pass at a time per InferenceService (handlers run in a thread pool)."""
@@ -93,6 +96,8 @@ def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         if spec is not None and not errors:
             for child in builders.children(spec, owner, ctx.config, with_service_monitor=ctx.with_service_monitor):
                 ensure(ctx.kube, child, seen)
+            for child in seen.values():   # their events showing the same (the echo of a write) are no news
+                ctx.children.saw(child)
             _remove_other_layout(ctx, owner, disaggregated=spec.disaggregation is not None)
             if spec.router_enabled:
                 ctx._routerless.discard((owner.namespace, owner.name, owner.uid))

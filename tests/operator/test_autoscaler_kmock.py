@@ -72,15 +72,16 @@ async def test_manual_scale_is_overridden_with_an_event(cluster: Any, kapi: Any,
                               and o["status"]["desiredReplicas"] == 2)
         assert await events(kapi) == []
         await kapi.patch(ISVC, {"spec": {"replicas": 5}})  # kubectl scale --replicas 5
-        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2 and o["status"]["desiredReplicas"] == 2,
-                                    timeout=5)
+        obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2 and o["status"]["desiredReplicas"] == 2)
         (override,) = await kapi_wait_events(kapi, "ManualScaleOverridden")
         await quiesce(kapi)
     assert "set to 5" in override["message"] and "set it to 2" in override["message"]
     assert condition(obj, "ScalingActive")["reason"] == "WithinTolerance"
 
 
-async def kapi_wait_events(kapi: Any, reason: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+async def kapi_wait_events(kapi: Any, reason: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The Events of `reason`, once there are any; `timeout` only bounds an Event that never comes, as
+    kapi.eventually (5 s was not enough for the autoscaler's first passes at load 10-20)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         found = await events(kapi, reason)

@@ -179,7 +179,7 @@ async def our_events(kapi: Any, reason: str | None = None) -> list[dict[str, Any
             and (reason is None or e["reason"] == reason)]
 
 
-async def eventually_events(kapi: Any, reason: str, check: Any = bool, timeout: float = 5.0) -> list[dict[str, Any]]:
+async def eventually_events(kapi: Any, reason: str, check: Any = bool, timeout: float = 30.0) -> list[dict[str, Any]]:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         found = await our_events(kapi, reason)
