@@ -41,10 +41,10 @@ log = logging.getLogger(__name__)
 
 OWNED_LABELS = {builders.MANAGED_BY_LABEL: builders.MANAGED_BY}
 OWNED_SELECTOR = f"{builders.MANAGED_BY_LABEL}={builders.MANAGED_BY}"
-CHILD_RESOURCES = [("apps", "v1", "deployments"), ("", "v1", "services"), ("policy", "v1", "poddisruptionbudgets"),
-                   ("", "v1", "pods")]
-CHILD_KINDS = {"deployments": "Deployment", "services": "Service", "poddisruptionbudgets": "PodDisruptionBudget",
-               "pods": "Pod"}
+# (group, version, plural) -> kind of each child resource watched (a watch event's object need not say its kind)
+CHILD_RESOURCES = {("apps", "v1", "deployments"): "Deployment", ("", "v1", "services"): "Service",
+                   ("policy", "v1", "poddisruptionbudgets"): "PodDisruptionBudget", ("", "v1", "pods"): "Pod"}
+CHILD_KINDS = {plural: kind for (_, _, plural), kind in CHILD_RESOURCES.items()}
 
 
 @kopf.on.startup()

@@ -74,6 +74,3 @@ class ChildView:
                 return False
             self._seen[key] = value
             return True
-
-    def __len__(self) -> int:
-        return len(self._seen)
