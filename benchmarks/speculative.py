@@ -17,6 +17,12 @@ both modes must produce the same tokens (checked).
     python benchmarks/speculative.py [--concurrency 1 8 32] [--num-requests 32] [--trials 5] [--model PATH]
 
 Per request, TPOT = (last token - first token) / (tokens - 1), the mean inter-token latency a client sees.
+
+On a GPU (`--device cuda`) speculative steps replay CUDA graphs (each chunk padded to k + 1 tokens,
+runtime/engine/cuda_graphs.py); `ngram-eager` runs the same engine with its verify steps eager, as before those
+graphs, side by side. `--draft` adds the draft-model method with the model drafting for itself (`draft`; on a GPU
+also `draft-eager`, its verify and draft forwards eager): every greedy draft is accepted, so it shows what a draft
+forward costs against what it saves.
 """
 import argparse
 import random
@@ -84,37 +90,56 @@ def main() -> None:
     parser.add_argument("--speculative-tokens", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", help="a copy model's folder (default: benchmarks/copy_model.py's, trained once)")
+    parser.add_argument("--draft", action="store_true", help="also the draft-model method (the model drafting for "
+                                                             "itself)")
     args = parser.parse_args()
     model = args.model or copy_model()
     print(f"# {describe()}, torch {torch.__version__}, "
           f"device {args.device}; copy model {model} (greedy copy accuracy {copy_accuracy(model):.1%})")
-    engines = {}
-    for name, path in (("copy", str(model)), ("demo", "demo")):
-        engines[name] = {
-            "plain": LLM(path, device=args.device, max_num_seqs=max(args.concurrency)),
-            "ngram": LLM(path, device=args.device, max_num_seqs=max(args.concurrency),
-                         speculative_method="ngram", speculative_tokens=args.speculative_tokens),
-        }
-        for llm in engines[name].values():   # warm-up
-            llm.generate([[1, 2, 3, 1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    print(f"{'workload':<8}{'conc':>5} | {'plain tok/s':>11}{'TPOT ms':>9}{'P95':>7} | {'ngram tok/s':>11}"
-          f"{'TPOT ms':>9}{'P95':>7} | {'speed-up':>8}{'accept':>8}{'tok/step':>9}")
+    modes = ["plain", "ngram"] + (["ngram-eager"] if args.device == "cuda" else [])
+    if args.draft:
+        modes += ["draft"] + (["draft-eager"] if args.device == "cuda" else [])
+    engines = {name: {mode: _engine(path, mode, args) for mode in modes}
+               for name, path in (("copy", str(model)), ("demo", "demo"))}
+    print(f"{'workload':<8}{'conc':>5}  {'mode':<12}| {'tok/s':>7}{'TPOT ms':>9}{'P95':>7} | {'vs plain':>8}"
+          f"{'accept':>8}{'tok/step':>9}")
     for name, (model_name, requests) in workloads(args.num_requests).items():
         for concurrency in args.concurrency:
-            results = {mode: [] for mode in ("plain", "ngram")}
+            results = {mode: [] for mode in modes}
             for trial in range(args.trials):
-                order = ("plain", "ngram") if trial % 2 == 0 else ("ngram", "plain")   # no mode always first
+                order = modes[trial % len(modes):] + modes[:trial % len(modes)]   # no mode always first
                 for mode in order:
                     results[mode].append(run(engines[model_name][mode], requests, concurrency))
-            plain, ngram = (_median(results[mode]) for mode in ("plain", "ngram"))
             if name == "copy":
-                assert results["plain"][0]["tokens"] == results["ngram"][0]["tokens"], "greedy outputs differ"
-            accept = ngram["accepted"] / max(ngram["draft_tokens"], 1)
-            per_step = 1 + ngram["accepted"] / max(ngram["drafts"], 1)
-            print(f"{name:<8}{concurrency:>5} | {plain['tok_s']:>11.0f}{plain['tpot_ms']:>9.2f}"
-                  f"{plain['tpot_p95_ms']:>7.2f} | {ngram['tok_s']:>11.0f}{ngram['tpot_ms']:>9.2f}"
-                  f"{ngram['tpot_p95_ms']:>7.2f} | {ngram['tok_s'] / plain['tok_s']:>7.2f}x{accept:>8.1%}"
-                  f"{per_step:>9.2f}", flush=True)
+                for mode in modes[1:]:
+                    assert results[mode][0]["tokens"] == results["plain"][0]["tokens"], f"greedy outputs differ: {mode}"
+            plain = _median(results["plain"])
+            for mode in modes:
+                figures = _median(results[mode])
+                accept = figures["accepted"] / max(figures["draft_tokens"], 1)
+                per_step = 1 + figures["accepted"] / max(figures["drafts"], 1)
+                print(f"{name:<8}{concurrency:>5}  {mode:<12}| {figures['tok_s']:>7.0f}{figures['tpot_ms']:>9.2f}"
+                      f"{figures['tpot_p95_ms']:>7.2f} | {figures['tok_s'] / plain['tok_s']:>7.2f}x"
+                      + (f"{accept:>8.1%}{per_step:>9.2f}" if mode != "plain" else ""), flush=True)
+
+
+def _engine(path: str, mode: str, args) -> LLM:
+    """An engine of `mode`: plain, ngram, draft (the model drafting for itself), or either with `-eager`
+    speculative steps (its CUDA graphs for verify and draft forwards dropped; plain decode steps keep theirs)."""
+    settings = {}
+    if mode.startswith("ngram"):
+        settings = {"speculative_method": "ngram", "speculative_tokens": args.speculative_tokens}
+    elif mode.startswith("draft"):
+        settings = {"speculative_method": "draft", "speculative_model": path,
+                    "speculative_tokens": args.speculative_tokens}
+    llm = LLM(path, device=args.device, max_num_seqs=max(args.concurrency), **settings)
+    if mode.endswith("-eager"):
+        runner = llm.engine.model_runner
+        runner.verify_graphs = None
+        if runner.draft is not None:
+            runner.draft.graphs = runner.draft.chunk_graphs = None
+    llm.generate([[1, 2, 3, 1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))   # warm-up
+    return llm
 
 
 def _median(runs: list[dict]) -> dict:

@@ -17,6 +17,15 @@ Policy:
   static buffer (the batched LoRA kernel has no host sync, so it captures); a decode step that carries adapters
   replays it, padding rows and the base model's rows holding slot `max_loras` (they add nothing). Slots are
   filled in place (`LoraWeights.apply`), so a graph reads whatever adapters they hold at replay.
+- Speculative decoding (`tokens_per_seq` q > 1): a verify step gives each sequence its last token and up to q - 1
+  drafts, and the draft model's catch-up forward a few tokens, so their shapes vary with the drafts. A second set
+  of graphs holds q tokens per sequence (cu_seqlens_q = 0, q, 2q, ...): each chunk is padded at its end to q
+  tokens (slot -1, nothing stored; `chunk_padding`), its seq_len is its start + q, so its real tokens sit at their
+  own positions and see only the keys before them; the padded queries' outputs are dropped. Any step whose chunks
+  all have <= q tokens replays it (max_seqlen_q > 1 takes the extend attention kernel, whose grid depends only on
+  the number of sequences and q).
+- A batch size without a captured graph (nothing captured: the CPU) runs the same static-buffer forward eagerly,
+  which is how the padding is tested without a GPU.
 """
 import logging
 
@@ -26,6 +35,7 @@ from torch import nn
 from kubeinfer.kernels import ops
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.context import ForwardContext, set_context
+from kubeinfer.runtime.engine.chunk_padding import pad_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +48,23 @@ def graph_batch_sizes(max_batch_size: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: nn.Module, max_batch_size: int, max_blocks_per_seq: int, max_model_len: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device, max_loras: int = 0):
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, max_loras: int = 0,
+                 tokens_per_seq: int = 1):
+        assert tokens_per_seq == 1 or not max_loras, "LoRA adapters are replayed in decode graphs only"
         self.model = model
         self.max_loras = max_loras
         self.max_model_len = max_model_len
+        self.tokens_per_seq = q = tokens_per_seq
         self.batch_sizes = graph_batch_sizes(max_batch_size)
         n = self.batch_sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.input_ids = torch.zeros(n * q, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n * q, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n * q,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        # q - 1 more columns: a padded query's keys may reach past the longest sequence's table
+        self.block_tables = torch.zeros(n, max_blocks_per_seq + q - 1, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(0, n * q + 1, q, dtype=torch.int32, device=device)
+        self.hidden = torch.zeros(n * q, hidden_size, dtype=dtype, device=device)
         self.lora_slot_ids = torch.full((n,), max_loras, dtype=torch.int64, device=device) if max_loras else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -64,8 +78,9 @@ class DecodeGraphs:
     def _meta(self, batch_size: int) -> AttentionMetadata:
         return AttentionMetadata(
             cu_seqlens_q=self.cu_seqlens_q[:batch_size + 1], seq_lens=self.seq_lens[:batch_size],
-            block_tables=self.block_tables[:batch_size], max_seqlen_q=1, max_seqlen_k=self.max_model_len,
-            slot_mapping=self.slot_mapping[:batch_size])
+            block_tables=self.block_tables[:batch_size], max_seqlen_q=self.tokens_per_seq,
+            max_seqlen_k=self.max_model_len + self.tokens_per_seq - 1,
+            slot_mapping=self.slot_mapping[:batch_size * self.tokens_per_seq])
 
     def _forward(self, batch_size: int, with_lora: bool) -> None:
         lora = None
@@ -74,7 +89,8 @@ class DecodeGraphs:
             lora = (slot_ids, ops.lora_plan(slot_ids, self.max_loras))
         set_context(ForwardContext(self._meta(batch_size), lora))
         try:
-            self.hidden[:batch_size] = self.model(self.input_ids[:batch_size], self.positions[:batch_size])
+            rows = batch_size * self.tokens_per_seq
+            self.hidden[:rows] = self.model(self.input_ids[:rows], self.positions[:rows])
         finally:
             set_context(None)
 
@@ -82,10 +98,10 @@ class DecodeGraphs:
     def capture(self) -> None:
         """Captures every batch size, largest first so that the smaller graphs reuse its memory pool.
 
-        The buffers hold padding while capturing (slot -1, seq_len 0, the base model's adapter slot): nothing is
-        written to the KV cache."""
+        The buffers hold padding while capturing (slot -1, seq_len 0, or q with q tokens a sequence, the base
+        model's adapter slot): nothing is written to the KV cache."""
         self.slot_mapping.fill_(-1)
-        self.seq_lens.zero_()
+        self.seq_lens.fill_(0 if self.tokens_per_seq == 1 else self.tokens_per_seq)
         pool = None
         variants = [(False, self.graphs)] + ([(True, self.lora_graphs)] if self.lora_slot_ids is not None else [])
         for with_lora, graphs in variants:
@@ -122,6 +138,37 @@ class DecodeGraphs:
             self.lora_slot_ids[n:batch_size].fill_(self.max_loras)
             graphs = self.lora_graphs
             self.num_lora_replays += 1
-        graphs[batch_size].replay()
-        self.num_replays += 1
+        self._launch(batch_size, graphs, lora_slot_ids is not None)
         return self.hidden[:n]
+
+    def fits_chunks(self, num_seqs: int, max_seqlen_q: int) -> bool:
+        """Whether a step of `num_seqs` chunks of at most `max_seqlen_q` tokens replays these graphs."""
+        return self.tokens_per_seq > 1 and 0 < num_seqs <= self.max_batch_size and max_seqlen_q <= self.tokens_per_seq
+
+    def replay_chunks(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      seq_lens: torch.Tensor, block_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """The hidden states of a step of chunks of <= q tokens (host tensors, as `StepInputs` holds them), in the
+        step's own row order: each chunk padded to q tokens, replayed, the padding's rows dropped."""
+        n = seq_lens.shape[0]
+        batch_size = next(size for size in self.batch_sizes if size >= n)
+        padded = pad_chunks(input_ids, positions, cu_seqlens_q, seq_lens, slot_mapping, self.tokens_per_seq,
+                            self.max_model_len - 1)
+        rows = n * self.tokens_per_seq
+        self.input_ids[:rows].copy_(padded.input_ids, non_blocking=True)
+        self.positions[:rows].copy_(padded.positions, non_blocking=True)
+        self.slot_mapping[:rows].copy_(padded.slot_mapping, non_blocking=True)
+        self.slot_mapping[rows:batch_size * self.tokens_per_seq].fill_(-1)
+        self.seq_lens[:n].copy_(padded.seq_lens, non_blocking=True)
+        self.seq_lens[n:batch_size].fill_(self.tokens_per_seq)
+        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        self._launch(batch_size, self.graphs, False)
+        return self.hidden[padded.rows.to(self.hidden.device, non_blocking=True)]
+
+    def _launch(self, batch_size: int, graphs: dict, with_lora: bool) -> None:
+        graph = graphs.get(batch_size)
+        if graph is None:   # not captured (the CPU): the same forward over the static buffers, eagerly
+            with torch.inference_mode():
+                self._forward(batch_size, with_lora)
+        else:
+            graph.replay()
+        self.num_replays += 1

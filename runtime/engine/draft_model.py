@@ -10,6 +10,8 @@ draft. After the target's verification, what the draft computed stays valid up t
 (`num_computed_tokens`); a preempted sequence starts again from 0. Prefix-cache hits are not trusted for the
 draft cache (the blocks' previous owner may never have run the draft over them): the draft recomputes them.
 Proposals only ever change speed, never output: the target's verification decides every token.
+On the GPU its forwards replay CUDA graphs (`cuda_graphs`): one-token forwards the decode graphs, catch-up forwards
+of at most k + 1 tokens a sequence the padded ones; a first catch-up over a whole prompt runs eagerly.
 """
 import logging
 
@@ -18,6 +20,7 @@ import torch
 from kubeinfer.kernels.metadata import AttentionMetadata
 from kubeinfer.runtime.context import ForwardContext, set_context
 from kubeinfer.runtime.engine.block_manager import BlockManager, slot_mapping
+from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.layers.attention import PagedAttention
@@ -32,6 +35,8 @@ class DraftModel:
         self.block_size = block_size
         self.device = device
         self.kv_cache: torch.Tensor | None = None
+        self.graphs: DecodeGraphs | None = None         # its one-token forwards (CUDA graphs, set by the runner)
+        self.chunk_graphs: DecodeGraphs | None = None   # its catch-up forwards of <= k + 1 tokens a sequence
 
     def block_bytes(self, kv_dtype: torch.dtype) -> int:
         config = self.model_config
@@ -84,15 +89,20 @@ class DraftModel:
         owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lengths))
         slots = slot_mapping(tables, owner, positions, block_size)
         cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
-        meta = AttentionMetadata(
-            cu_seqlens_q=cu_seqlens.to(device), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=tables.to(device), max_seqlen_q=max(lengths), max_seqlen_k=max(seq_lens),
-            slot_mapping=slots.to(device))
-        set_context(ForwardContext(meta))
-        try:
-            hidden = self.model(torch.tensor([t for chunk in chunks for t in chunk], device=device),
-                                positions.to(device))
-        finally:
-            set_context(None)
+        input_ids = torch.tensor([t for chunk in chunks for t in chunk])
+        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+        if self.graphs is not None and max(lengths) == 1 and self.graphs.fits(len(seqs)):
+            hidden = self.graphs.replay(input_ids, positions, seq_lens_t, tables, slots)
+        elif self.chunk_graphs is not None and self.chunk_graphs.fits_chunks(len(seqs), max(lengths)):
+            hidden = self.chunk_graphs.replay_chunks(input_ids, positions, cu_seqlens, seq_lens_t, tables, slots)
+        else:
+            meta = AttentionMetadata(
+                cu_seqlens_q=cu_seqlens.to(device), seq_lens=seq_lens_t.to(device), block_tables=tables.to(device),
+                max_seqlen_q=max(lengths), max_seqlen_k=max(seq_lens), slot_mapping=slots.to(device))
+            set_context(ForwardContext(meta))
+            try:
+                hidden = self.model(input_ids.to(device), positions.to(device))
+            finally:
+                set_context(None)
         last_rows = (cu_seqlens[1:] - 1).to(device)
         return self.model.compute_logits(hidden[last_rows]).argmax(dim=-1).tolist()

@@ -87,6 +87,7 @@ class ModelRunner:
             self._allocate_kv_cache(config)
         self.sampler = Sampler(config.model_config.eos_token_ids)
         self.cuda_graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None   # speculative steps: q = speculative_tokens + 1 a sequence
         if self.device.type == "cuda":
             with self._phase("warmup"):
                 self._warm_up()
@@ -176,14 +177,31 @@ class ModelRunner:
             return False
         return True
 
+    def step_graphs(self, model: torch.nn.Module, hidden_size: int, tokens_per_seq: int = 1) -> DecodeGraphs:
+        """Graphs (not yet captured) for `model`'s steps of `tokens_per_seq` tokens a sequence."""
+        config = self.config
+        return DecodeGraphs(model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), config.max_blocks_per_seq,
+                            config.max_model_len, hidden_size, self.dtype, self.device,
+                            config.max_loras if tokens_per_seq == 1 else 0, tokens_per_seq)
+
     def _capture_graphs(self, config: EngineConfig) -> None:
-        self.cuda_graphs = DecodeGraphs(
-            self.model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), config.max_blocks_per_seq,
-            config.max_model_len, config.model_config.hidden_size, self.dtype, self.device, config.max_loras)
         started = time.monotonic()
-        self.cuda_graphs.capture()
-        logger.info("captured CUDA graphs for decode batch sizes up to %d (%d graphs) in %.1f s",
-                    self.cuda_graphs.max_batch_size, len(self.cuda_graphs.batch_sizes), time.monotonic() - started)
+        hidden_size = config.model_config.hidden_size
+        self.cuda_graphs = self.step_graphs(self.model, hidden_size)
+        captured = [self.cuda_graphs]
+        if config.speculative_method is not None:   # verify steps: the last token and up to k drafts a sequence
+            self.verify_graphs = self.step_graphs(self.model, hidden_size, config.speculative_tokens + 1)
+            captured.append(self.verify_graphs)
+        if self.draft is not None:   # the draft's one-token forwards, and its catch-up of up to k + 1 tokens
+            draft_hidden = config.draft_model_config.hidden_size
+            self.draft.graphs = self.step_graphs(self.draft.model, draft_hidden)
+            self.draft.chunk_graphs = self.step_graphs(self.draft.model, draft_hidden, config.speculative_tokens + 1)
+            captured += [self.draft.graphs, self.draft.chunk_graphs]
+        for graphs in captured:
+            graphs.capture()
+        logger.info("captured CUDA graphs for batch sizes up to %d (%d graphs, %s tokens a sequence) in %.1f s",
+                    self.cuda_graphs.max_batch_size, sum(len(g.batch_sizes) for g in captured),
+                    "/".join(str(g.tokens_per_seq) for g in captured), time.monotonic() - started)
 
     def _num_kv_blocks(self) -> int:
         config, model_config = self.config, self.config.model_config
@@ -238,9 +256,13 @@ class ModelRunner:
         graphs = self.cuda_graphs
         if step.lora_loads:
             self.lora.apply(step.lora_loads)
+        verify = self.verify_graphs
         if graphs is not None and step.max_seqlen_q == 1 and graphs.fits(len(step.input_ids)):
             hidden = graphs.replay(step.input_ids, step.positions, step.seq_lens, step.block_tables,
                                    step.slot_mapping, step.lora_slot_ids)
+        elif verify is not None and verify.fits_chunks(len(step.seq_lens), step.max_seqlen_q):
+            hidden = verify.replay_chunks(step.input_ids, step.positions, step.cu_seqlens_q, step.seq_lens,
+                                          step.block_tables, step.slot_mapping)
         else:
             input_ids, positions, meta, _ = self._to_device(step)
             set_context(ForwardContext(meta, self._lora_batch(step)))

@@ -92,16 +92,25 @@ def test_cuda_graphs_give_the_eager_outputs(model_dirs, arch, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculation_on_cuda_gives_the_plain_greedy_tokens(model_dirs, method):
-    """fp32 on the Triton kernels: verify steps (extend attention with short queries), the draft model's own
-    forwards and its warm-up, beside plain decoding replayed from CUDA graphs."""
+    """fp32 on the Triton kernels: verify steps (extend attention with short queries) and the draft model's own
+    forwards replayed from CUDA graphs (each chunk padded to k + 1 tokens), its warm-up, beside plain decoding
+    replayed from CUDA graphs: the same tokens, and the same logprobs as the eager speculative engine's."""
     prompts = [p * 3 for p in PROMPTS]
     _, plain = _generate(model_dirs["llama"], prompts, dtype="float32")
     settings = {"speculative_method": method, "speculative_ngram_min": 1}
     if method == "draft":
         settings = {"speculative_method": method, "speculative_model": str(model_dirs["llama"])}
+    eager_llm, eager = _generate(model_dirs["llama"], prompts, dtype="float32", enforce_eager=True, **settings)
+    del eager_llm
     llm, ours = _generate(model_dirs["llama"], prompts, dtype="float32", **settings)
-    assert [o.token_ids for o in ours] == [o.token_ids for o in plain]
+    assert [o.token_ids for o in ours] == [o.token_ids for o in plain] == [o.token_ids for o in eager]
+    for a, b in zip(eager, ours):
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
     assert llm.engine.scheduler.stats.num_accepted_tokens > 0
+    runner = llm.engine.model_runner
+    assert runner.verify_graphs is not None and runner.verify_graphs.num_replays > 0
+    if method == "draft":
+        assert runner.draft.graphs.num_replays > 0 and runner.draft.chunk_graphs.num_replays > 0
 
 
 @pytest.mark.gpu
