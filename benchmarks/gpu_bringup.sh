@@ -2,13 +2,15 @@
 # The GPU bring-up in one command: correctness on the device, then the figures, each step bounded.
 #
 #   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: device tests tests-gpu tests-quick tests-attention
-#                                                            kernels moe-kernel model speculative startup lora
-#                                                            structured
+#                                                            kernels kernels-prefill moe-kernel model speculative
+#                                                            startup lora structured
 #                                                            (default: tests kernels model startup)
 #
 # tests-gpu runs every test marked gpu, spread over $GPU_TEST_WORKERS pytest-xdist workers (default 8: Triton's
 # compiles are CPU-bound, the GPU is shared); speculative needs the copy model (benchmarks/copy_model.py) under
-# ~/.cache/kubeinfer/bench/copy-model, or trains it there (47 s on an H200). GPU_TESTS narrows tests-gpu to some files.
+# ~/.cache/kubeinfer/bench/copy-model, or trains it there (47 s on an H200); SPECULATIVE_ARGS adds arguments (e.g.
+# `--model benchmarks/results/copy-model --draft`: a model trained here, carried). GPU_TESTS narrows tests-gpu to
+# some files. kernels-prefill: the prefill attention's launch sweep alone.
 # The runtime imports llguidance, which the CUDA image lacks: carry its wheel and put it on PYTHONPATH (kept here:
 # the shim is prepended to it), e.g. pip install --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site.
 #
@@ -54,7 +56,7 @@ for step in $steps; do
         ;;
     moe-kernel) run_step bench-moe-kernel 120 30 "$py" -P benchmarks/moe_kernel.py ;;
     speculative) run_step bench-speculative "${SPECULATIVE_LIMIT:-150}" 20 "$py" -P benchmarks/speculative.py \
-            --device cuda --concurrency 1 8 --trials 3 ;;
+            --device cuda --concurrency 1 8 --trials 3 ${SPECULATIVE_ARGS:-} ;;
     tests)
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/device.txt"
         "$py" -P -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__,
@@ -71,6 +73,7 @@ for step in $steps; do
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py
         ;;
     kernels) run_step bench-kernels 180 70 "$py" -P benchmarks/kernels.py ${SWEEP:+--sweep} ;;
+    kernels-prefill) run_step bench-kernels-prefill 150 30 "$py" -P benchmarks/kernels.py --prefill-only --sweep ;;
     model) run_step bench-model 300 60 "$py" -P benchmarks/gpu_model.py ${SKIP_HF:+--skip-transformers} ;;
     tests-attention) run_step tests-attention 450 8 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py ;;
@@ -78,7 +81,7 @@ for step in $steps; do
     lora) run_step bench-lora "${LORA_LIMIT:-240}" 20 "$py" -P benchmarks/lora_throughput.py --device cuda --repeats 1 ;;
     structured) run_step bench-structured 150 10 "$py" -P benchmarks/structured_mask_cost.py --device cuda \
             --batch 256 --vocab 32000 ${TORCH_THREADS:+--torch-threads $TORCH_THREADS} ;;
-    *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels moe-kernel model" \
+    *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels kernels-prefill moe-kernel model" \
             "speculative startup lora structured)"; exit 2 ;;
     esac
 done

@@ -42,8 +42,11 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 # num_stages) and extend (BLOCK_M, BLOCK_N, num_warps, num_stages).
 DECODE_SWEEP = [(32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (64, 4, 2, True), (128, 4, 2, True),
                 (128, 8, 2, True), (64, 8, 2, True)]
-EXTEND_SWEEP = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
-                (128, 32, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)]
+# An extend entry's optional fifth and sixth items: K's tiles loaded as stored then transposed, and loads masked
+# along head_dim although it fills the tile (the kernel before 2026-11-27).
+EXTEND_SWEEP = [(128, 32, 4, 3, False, True), (128, 32, 4, 3, True), (128, 32, 4, 4), (128, 32, 4, 2),
+                (128, 64, 4, 3), (128, 64, 4, 3, True), (128, 64, 8, 3), (128, 64, 8, 3, True), (128, 128, 8, 2),
+                (128, 128, 8, 3, True), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4, True)]
 
 
 def hbm_peak(name: str) -> float | None:
@@ -203,6 +206,7 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--sweep", action="store_true", help="also time the launch configurations of the sweep lists")
+    parser.add_argument("--prefill-only", action="store_true", help="the prefill figures alone")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (none found): no figures on this machine.")
@@ -220,7 +224,8 @@ def main() -> int:
     if not args.sweep:
         DECODE_SWEEP.clear()
         EXTEND_SWEEP.clear()
-    bench_decode(args.batch, args.context, args.block_size, dtype, peak, copy_bw)
+    if not args.prefill_only:
+        bench_decode(args.batch, args.context, args.block_size, dtype, peak, copy_bw)
     bench_prefill(args.prefill_batch, args.prefill_len, args.block_size, dtype)
     return 0
 

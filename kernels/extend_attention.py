@@ -25,47 +25,63 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _load_tile(ptrs, mask_rows, mask_cols, MASKED: tl.constexpr, MASK_D: tl.constexpr):
+    """A tile of K or V: `mask_rows`/`mask_cols` are the key and head_dim masks, broadcast to the tile's layout;
+    each applies only where it can hide something (MASKED: keys past the end; MASK_D: head_dim < BLOCK_D)."""
+    if MASKED and MASK_D:
+        return tl.load(ptrs, mask=mask_rows & mask_cols, other=0.0)
+    if MASKED:
+        return tl.load(ptrs, mask=mask_rows, other=0.0)
+    if MASK_D:
+        return tl.load(ptrs, mask=mask_cols, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
 def _attend_tile(q, acc, running_max, denominator, start, query_pos, kv_end, sliding_window,
                  K_Cache, V_Cache, table, kv_head, offs_d, mask_d,
                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
                  PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASK_D: tl.constexpr,
+                 K_ROWS_FIRST: tl.constexpr):
     """One BLOCK_N tile of keys into the online softmax. MASKED=False: every query of the tile sees every key
     (no bounds, causal or window test); MASKED=True: keys past `kv_end`, after a query or outside its window
-    are hidden, and rows that see no key yet keep their state."""
+    are hidden, and rows that see no key yet keep their state. MASK_D=False: head_dim fills BLOCK_D, and loads
+    carry no mask along it. K_ROWS_FIRST: K's tile is loaded as stored, `[BLOCK_N, BLOCK_D]`, and transposed in
+    registers."""
     offs_n = start + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < kv_end
     if MASKED:
-        mask_n = offs_n < kv_end
         page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
     else:
         page = tl.load(table + offs_n // PAGE_SIZE).to(tl.int64)
     in_page = offs_n % PAGE_SIZE
-    k_ptrs = K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None]
-    v_ptrs = V_Cache + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    if K_ROWS_FIRST:
+        k = _load_tile(K_Cache + page[:, None] * stride_kb + in_page[:, None] * stride_ks + kv_head * stride_kh
+                       + offs_d[None, :], mask_n[:, None], mask_d[None, :], MASKED, MASK_D)
+        k = tl.trans(k.to(q.dtype))
     else:
-        k = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
-    k = k.to(q.dtype)   # an FP8 cache's tile, in q's dtype (a no-op for a 16/32-bit cache)
-    scores = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2      # [BLOCK_M, BLOCK_N]
+        k = _load_tile(K_Cache + page[None, :] * stride_kb + in_page[None, :] * stride_ks + kv_head * stride_kh
+                       + offs_d[:, None], mask_n[None, :], mask_d[:, None], MASKED, MASK_D)
+        k = k.to(q.dtype)   # an FP8 cache's tile, in q's dtype (a no-op for a 16/32-bit cache)
+    v_ptrs = V_Cache + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
+    # Raw scores; the running max is kept in scaled (log2) units: max(scores) * scale is the max of the scaled
+    # scores (scale > 0), and each probability's scale-and-subtract is one fused multiply-add.
+    scores = tl.dot(q, k, input_precision=DOT_PRECISION)      # [BLOCK_M, BLOCK_N]
     if MASKED:
         visible = mask_n[None, :] & (offs_n[None, :] <= query_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > query_pos[:, None] - sliding_window)
         scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1) * sm_scale_log2)
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)            # rows with no key yet
     else:
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1) * sm_scale_log2)
         safe_max = new_max
     rescale = tl.exp2(running_max - safe_max)
-    probs = tl.exp2(scores - safe_max[:, None])
+    probs = tl.exp2(scores * sm_scale_log2 - safe_max[:, None])
     denominator = denominator * rescale + tl.sum(probs, axis=1)
-    if MASKED:
-        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    else:
-        v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
-    v = v.to(q.dtype)
+    v = _load_tile(v_ptrs, mask_n[:, None], mask_d[None, :], MASKED, MASK_D).to(q.dtype)
     acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, new_max, denominator
 
@@ -86,6 +102,8 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASK_D: tl.constexpr,
+    K_ROWS_FIRST: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -103,8 +121,11 @@ def _extend_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
     q_rows = (q_begin + offs_m).to(tl.int64)
-    q = tl.load(Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    if MASK_D:
+        q_mask = mask_m[:, None] & mask_d[None, :]
+    else:
+        q_mask = mask_m[:, None]
+    q = tl.load(Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
 
     # Keys this tile can see: causal end at its last query, window start at its first query. Without a
     # window, the tiles of keys at or before the first query's position are visible to every query of this
@@ -128,17 +149,17 @@ def _extend_kernel(
             q, acc, running_max, denominator, start, query_pos, kv_end, sliding_window,
             K_Cache, V_Cache, table, kv_head, offs_d, mask_d,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
-            PAGE_SIZE, False, HAS_WINDOW, BLOCK_N, DOT_PRECISION)
+            PAGE_SIZE, False, HAS_WINDOW, BLOCK_N, DOT_PRECISION, MASK_D, K_ROWS_FIRST)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, running_max, denominator = _attend_tile(
             q, acc, running_max, denominator, start, query_pos, kv_end, sliding_window,
             K_Cache, V_Cache, table, kv_head, offs_d, mask_d,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, sm_scale_log2,
-            PAGE_SIZE, True, HAS_WINDOW, BLOCK_N, DOT_PRECISION)
+            PAGE_SIZE, True, HAS_WINDOW, BLOCK_N, DOT_PRECISION, MASK_D, K_ROWS_FIRST)
 
     out = acc * v_scale / tl.where(denominator > 0.0, denominator, 1.0)[:, None]
     tl.store(Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+             out.to(Out.dtype.element_ty), mask=q_mask)
 
 
 def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
@@ -158,12 +179,14 @@ def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                      scale: float, sliding_window: int | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0,
-                     config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                     config: tuple | None = None) -> torch.Tensor:
     """Causal attention of variable-length query chunks over their paged KV; returns `[num_tokens, H, D]`.
 
     An FP8 cache holds K / k_scale and V / v_scale; its tiles are converted to q's dtype in the kernel, k_scale
     is folded into the softmax scale and v_scale into the output.
-    `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages)` (benchmarks' sweeps)."""
+    `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first[, mask_d]])` (benchmarks' sweeps;
+    k_rows_first loads K's tiles as stored, then transposes them; mask_d=True masks loads along head_dim even
+    when it fills BLOCK_D, as the kernel did before 2026-11-27)."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
     num_seqs = meta.num_seqs
@@ -183,7 +206,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    block_m, block_n, num_warps, num_stages = config or _block_sizes(q, head_dim)
+    block_m, block_n, num_warps, num_stages, *flags = config or _block_sizes(q, head_dim)
+    block_d = triton.next_power_of_2(head_dim)
+    k_rows_first = bool(flags[0]) if flags else False
+    mask_d = head_dim != block_d or (len(flags) > 1 and bool(flags[1]))   # never unmasked where it would read past
     grid = (num_seqs, num_heads, triton.cdiv(meta.max_seqlen_q, block_m))
     _extend_kernel[grid](
         q, k_cache, v_cache, out, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
@@ -198,8 +224,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HAS_WINDOW=sliding_window is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        MASK_D=mask_d,
+        K_ROWS_FIRST=k_rows_first,
         num_warps=num_warps,
         num_stages=num_stages,
     )

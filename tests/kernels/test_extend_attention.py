@@ -51,3 +51,20 @@ def test_extend_decode_only_batch_agrees_with_decode_kernel(device, dtype, tol, 
     torch.testing.assert_close(got, decode_attention(q, k_cache, v_cache, meta, 0.1), **tol(dtype, "attention"))
     torch.testing.assert_close(got, references.decode_attention(q, k_cache, v_cache, meta, 0.1),
                                **tol(dtype, "attention"))
+
+
+# (BLOCK_M, BLOCK_N, warps, stages, k_rows_first, mask_d): K's tiles loaded as stored then transposed, and loads masked
+# along head_dim where it fills BLOCK_D anyway (the kernel's code before 2026-11-27), beside the default launch.
+VARIANTS = [(64, 32, 4, 1, True), (64, 32, 4, 1, False, True), (64, 32, 4, 1, True, True)]
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_extend_launch_variants_match_reference(device, dtype, tol, make_paged, config, head_dim):
+    """Head size 64 fills BLOCK_D (no mask along it by default), 80 does not (masked whatever the config says)."""
+    seq_lens, q_lens = zip(*MIXED)
+    q, k_cache, v_cache, meta, _, _ = make_paged(list(seq_lens), list(q_lens), 4, 1, head_dim, 16, dtype, device,
+                                                 seed=head_dim)
+    got = extend_attention(q, k_cache, v_cache, meta, head_dim ** -0.5, config=config)
+    want = references.extend_attention(q, k_cache, v_cache, meta, head_dim ** -0.5)
+    torch.testing.assert_close(got, want, **tol(dtype, "attention"))
