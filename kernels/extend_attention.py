@@ -162,18 +162,19 @@ def _extend_kernel(
              out.to(Out.dtype.element_ty), mask=q_mask)
 
 
-def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this device, dtype and head size.
+def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first]) for this device, dtype and head size.
 
-    Head dim 128 in 16 bits: measured on an H100 (benchmarks/kernels.py --sweep, 4 x 2048 causal, Llama-3-8B
-    heads, triton 3.6): (128, 32, 4, 3) 287 TFLOP/s, (64, 64, 4, 3) 276, (128, 64, 4, 3) 267, (128, 128, 8, 2)
-    251, the former (128, 64, 8, 2) 230. The other rows are not measured yet."""
+    Head dim 128 in 16 bits: measured on an H100 (benchmarks/kernels.py --prefill-only --sweep, 4 x 2048 causal,
+    Llama-3-8B heads, triton 3.6, 2026-11-27): (128, 32, 4, 3) with K's tiles loaded as stored 0.457 ms (301
+    TFLOP/s), as before 0.475 (290); (128, 128, 8, 3, K as stored) 0.473, (64, 32, 4, 3) 0.477, (128, 64, 4, 3) 0.512,
+    (128, 64, 8, 3) 0.546 (docs/gpu-logs/2026-11-27-h100/). The other rows are not measured yet."""
     if not q.is_cuda:
         return 64, 64, 4, 1              # interpreter: few, large programs
     if q.dtype == torch.float32 or head_dim > 128:
         return 64, 32, 4, 2
     if head_dim > 64:
-        return 128, 32, 4, 3
+        return 128, 32, 4, 3, True
     return 128, 64, 4, 3
 
 
