@@ -166,9 +166,9 @@ def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first]) for this device, dtype and head size.
 
     Head dim 128 in 16 bits: measured on an H100 (benchmarks/kernels.py --prefill-only --sweep, 4 x 2048 causal,
-    Llama-3-8B heads, triton 3.6, 2026-11-27): (128, 32, 4, 3) with K's tiles loaded as stored 0.457 ms (301
+    Llama-3-8B heads, triton 3.6, 2026-11-26, night): (128, 32, 4, 3) with K's tiles loaded as stored 0.457 ms (301
     TFLOP/s), as before 0.475 (290); (128, 128, 8, 3, K as stored) 0.473, (64, 32, 4, 3) 0.477, (128, 64, 4, 3) 0.512,
-    (128, 64, 8, 3) 0.546 (docs/gpu-logs/2026-11-27-h100/). The other rows are not measured yet."""
+    (128, 64, 8, 3) 0.546 (docs/gpu-logs/2026-11-26-h100-night/). The other rows are not measured yet."""
     if not q.is_cuda:
         return 64, 64, 4, 1              # interpreter: few, large programs
     if q.dtype == torch.float32 or head_dim > 128:
@@ -187,7 +187,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     is folded into the softmax scale and v_scale into the output.
     `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first[, mask_d]])` (benchmarks' sweeps;
     k_rows_first loads K's tiles as stored, then transposes them; mask_d=True masks loads along head_dim even
-    when it fills BLOCK_D, as the kernel did before 2026-11-27)."""
+    when it fills BLOCK_D, as the kernel did before 2026-11-26, night)."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
     num_seqs = meta.num_seqs

@@ -54,7 +54,7 @@ def test_extend_decode_only_batch_agrees_with_decode_kernel(device, dtype, tol, 
 
 
 # (BLOCK_M, BLOCK_N, warps, stages, k_rows_first, mask_d): K's tiles loaded as stored then transposed, and loads masked
-# along head_dim where it fills BLOCK_D anyway (the kernel's code before 2026-11-27), beside the default launch.
+# along head_dim where it fills BLOCK_D anyway (the kernel's code before 2026-11-26, night), beside the default launch.
 VARIANTS = [(64, 32, 4, 1, True), (64, 32, 4, 1, False, True), (64, 32, 4, 1, True, True)]
 
 
