@@ -20,8 +20,7 @@ Per request, TPOT = (last token - first token) / (tokens - 1), the mean inter-to
 
 On a GPU (`--device cuda`) speculative steps replay CUDA graphs (each chunk padded to k + 1 tokens,
 runtime/engine/cuda_graphs.py); `ngram-eager` runs the same engine with its verify steps eager, as before those
-graphs, side by side. `--loop` adds `ngram-loop`, every step scheduled sequence by sequence (lookup before the bulk
-decode path took its steps where nothing matches). `--draft` adds the draft-model method with the model drafting for itself (`draft`; on a GPU
+graphs, side by side. `--draft` adds the draft-model method with the model drafting for itself (`draft`; on a GPU
 also `draft-eager`, its verify and draft forwards eager): every greedy draft is accepted, so it shows what a draft
 forward costs against what it saves.
 """
@@ -93,15 +92,11 @@ def main() -> None:
     parser.add_argument("--model", help="a copy model's folder (default: benchmarks/copy_model.py's, trained once)")
     parser.add_argument("--draft", action="store_true", help="also the draft-model method (the model drafting for "
                                                              "itself)")
-    parser.add_argument("--loop", action="store_true", help="also ngram-loop: lookup with every step scheduled "
-                                                            "sequence by sequence (no bulk decode path)")
     args = parser.parse_args()
     model = args.model or copy_model()
     print(f"# {describe()}, torch {torch.__version__}, "
           f"device {args.device}; copy model {model} (greedy copy accuracy {copy_accuracy(model):.1%})")
     modes = ["plain", "ngram"] + (["ngram-eager"] if args.device == "cuda" else [])
-    if args.loop:
-        modes += ["ngram-loop"]
     if args.draft:
         modes += ["draft"] + (["draft-eager"] if args.device == "cuda" else [])
     engines = {name: {mode: _engine(path, mode, args) for mode in modes}
@@ -129,9 +124,8 @@ def main() -> None:
 
 
 def _engine(path: str, mode: str, args) -> LLM:
-    """An engine of `mode`: plain, ngram, draft (the model drafting for itself), either with `-eager`
-    speculative steps (its CUDA graphs for verify and draft forwards dropped; plain decode steps keep theirs), or
-    ngram-loop (no bulk decode path)."""
+    """An engine of `mode`: plain, ngram, draft (the model drafting for itself), or either with `-eager`
+    speculative steps (its CUDA graphs for verify and draft forwards dropped; plain decode steps keep theirs)."""
     settings = {}
     if mode.startswith("ngram"):
         settings = {"speculative_method": "ngram", "speculative_tokens": args.speculative_tokens}
@@ -139,8 +133,6 @@ def _engine(path: str, mode: str, args) -> LLM:
         settings = {"speculative_method": "draft", "speculative_model": path,
                     "speculative_tokens": args.speculative_tokens}
     llm = LLM(path, device=args.device, max_num_seqs=max(args.concurrency), **settings)
-    if mode.endswith("-loop"):   # as before the bulk path took lookup steps where nothing matches
-        llm.engine.scheduler.bulk_decodes = False
     if mode.endswith("-eager"):
         runner = llm.engine.model_runner
         runner.verify_graphs = None
