@@ -2,22 +2,16 @@
 and `Scheduler.postprocess` do sequence by sequence, in list comprehensions (a dozen method calls less per sequence:
 benchmarks/step_overhead.py). tests/runtime/test_scheduler.py checks that a random workload decides, builds and
 ends exactly as with the loop."""
-from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 
 
 def schedule_decodes(scheduler, batch) -> int:
-    """The fast path of a step where every running sequence decodes one token without drafts (no speculation, or
-    prompt lookup that finds nothing for any of them), and the budget and the free blocks hold them all: what the
-    loop in `schedule` would do, in bulk. Returns how many running sequences it scheduled (all, or none: then the
-    loop decides)."""
+    """The fast path of a step where every running sequence decodes one token, without speculation, and the
+    budget and the free blocks hold them all: what the loop in `schedule` would do, in bulk. Returns how many
+    running sequences it scheduled (all, or none: then the loop decides)."""
     running, block_manager = scheduler.running, scheduler.block_manager
-    if (scheduler.speculative_method not in (None, "ngram") or not running
-            or len(running) > scheduler.max_num_batched_tokens
+    if (scheduler.speculative_method is not None or not running or len(running) > scheduler.max_num_batched_tokens
             or any(len(seq.token_ids) - seq.num_computed_tokens != 1 for seq in running)):
         return 0
-    if scheduler.speculative_method == "ngram" and any(
-            propose_ngram(seq.token_ids, 1, *scheduler.ngram_range) for seq in running):
-        return 0   # some sequence may draft: the loop proposes (a match now is a match there, whatever its limit)
     size = block_manager.block_size
     growing = [seq for seq in running if len(seq.block_table) * size <= seq.num_computed_tokens]
     if len(growing) > block_manager.num_free_blocks:

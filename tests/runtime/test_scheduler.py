@@ -113,16 +113,14 @@ def test_an_unknown_scheduling_policy_is_refused_in_one_line(llama_dir):
         EngineConfig(model=str(llama_dir), scheduling_policy="lifo")
 
 
-def run_random_workload(llama_dir, bulk_decodes: bool, seed: int, vocab: int = 50, **settings) -> list:
+def run_random_workload(llama_dir, bulk_decodes: bool, seed: int) -> list:
     """Every step's decisions and, at the end, every sequence's tokens, reasons and the pool, for a random workload:
     arrivals over time, shared prefixes, stop tokens, min/max tokens, a model length that cuts some, and a pool
-    small enough to preempt. `bulk_decodes` False forces the per-sequence loop everywhere. With prompt lookup
-    (`speculative_method="ngram"`), a random share of each proposal is accepted; sampled tokens are drawn from
-    `vocab` ids (prompts from 50: a larger `vocab` makes lookups miss more often)."""
+    small enough to preempt. `bulk_decodes` False forces the per-sequence loop everywhere."""
     import random
     rng = random.Random(seed)
     scheduler, manager = make(llama_dir, num_blocks=24, block_size=4, max_num_seqs=8, max_num_batched_tokens=24,
-                              max_model_len=48, **settings)
+                              max_model_len=48)
     if not bulk_decodes:
         scheduler.bulk_decodes = False
     shared = [rng.randrange(1, 50) for _ in range(8)]
@@ -141,8 +139,7 @@ def run_random_workload(llama_dir, bulk_decodes: bool, seed: int, vocab: int = 5
         if batch.num_decodes:   # the step's inputs built in bulk equal those built sequence by sequence
             bulk, loop = (build_step_inputs(b, manager, 4).astuple() for b in (batch, replace(batch, num_decodes=0)))
             assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(bulk, loop))
-        sampled = [seq.draft_token_ids[:rng.randrange(len(seq.draft_token_ids) + 1)] + [rng.randrange(0, vocab)]
-                   if seq.num_computed_tokens + n == seq.num_tokens + len(seq.draft_token_ids) else []
+        sampled = [[rng.randrange(0, 50)] if seq.num_computed_tokens + n == seq.num_tokens else []
                    for seq, n in zip(batch.seqs, batch.num_new_tokens)]
         kept = scheduler.postprocess(batch, sampled)
         trace.append((batch.num_decodes > 0, [s.request_id for s in batch.seqs], batch.num_new_tokens, kept,
@@ -159,14 +156,3 @@ def test_bulk_decode_steps_decide_exactly_as_the_per_sequence_loop(llama_dir, se
     assert sum(step[0] for step in bulk[:-2]) > 50 and not any(step[0] for step in loop[:-2])
     assert [step[1:] for step in bulk[:-2]] == [step[1:] for step in loop[:-2]] and bulk[-2:] == loop[-2:]
     assert sum(s[3] for s in bulk[-2]) > 0   # the pool was small enough to preempt
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_bulk_decode_steps_under_prompt_lookup_decide_exactly_as_the_loop(llama_dir, seed):
-    """Prompt lookup takes the bulk path in steps where no running sequence finds a match: the same decisions,
-    drafts, accepted counts and pool as the loop's, with both kinds of step in the run."""
-    settings = {"speculative_method": "ngram", "speculative_ngram_min": 1, "speculative_ngram_max": 2}
-    bulk, loop = (run_random_workload(llama_dir, flag, seed, 300, **settings) for flag in (True, False))
-    assert sum(step[0] for step in bulk[:-2]) > 20 and not any(step[0] for step in loop[:-2])
-    assert [step[1:] for step in bulk[:-2]] == [step[1:] for step in loop[:-2]] and bulk[-2:] == loop[-2:]
-    assert bulk[-1][2].num_drafts > 0 and bulk[-1][2].num_accepted_tokens > 0   # lookup proposed and was accepted
