@@ -42,11 +42,13 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 # num_stages) and extend (BLOCK_M, BLOCK_N, num_warps, num_stages).
 DECODE_SWEEP = [(32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (64, 4, 2, True), (128, 4, 2, True),
                 (128, 8, 2, True), (64, 8, 2, True)]
-# An extend entry's optional fifth and sixth items: K's tiles loaded as stored then transposed, and loads masked
-# along head_dim although it fills the tile (the kernel before 2026-11-26, night).
+# An extend entry's optional fifth to seventh items: K's tiles loaded as stored then transposed, loads masked along
+# head_dim although it fills the tile (the kernel before 2026-11-26, night), a KV group's heads packed in a program.
 EXTEND_SWEEP = [(128, 32, 4, 3, False, True), (128, 32, 4, 3, True), (128, 32, 4, 4), (128, 32, 4, 2),
                 (128, 64, 4, 3), (128, 64, 4, 3, True), (128, 64, 8, 3), (128, 64, 8, 3, True), (128, 128, 8, 2),
-                (128, 128, 8, 3, True), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4, True)]
+                (128, 128, 8, 3, True), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4, True),
+                (128, 32, 4, 3, True, False, True), (128, 64, 4, 3, True, False, True), (128, 64, 8, 3, True, False, True),
+                (128, 128, 8, 3, True, False, True), (64, 32, 4, 3, True, False, True)]
 
 
 def hbm_peak(name: str) -> float | None:

@@ -104,18 +104,28 @@ def _extend_kernel(
     DOT_PRECISION: tl.constexpr,
     MASK_D: tl.constexpr,
     K_ROWS_FIRST: tl.constexpr,
+    PACK_GQA: tl.constexpr,
 ):
+    # PACK_GQA: a program takes BLOCK_M // GROUP queries of every head of one KV group (row r: query r // GROUP,
+    # head r % GROUP of the group), so each K/V tile it loads serves the whole group; else BLOCK_M queries of one
+    # head. Every mask below works row by row (each row's own query position), so both layouts share them.
     seq = tl.program_id(0)
-    head = tl.program_id(1)
     m_block = tl.num_programs(2) - 1 - tl.program_id(2)     # the longest (last) query tiles start first
     q_begin = tl.load(Cu_Seqlens_Q + seq)
     q_len = tl.load(Cu_Seqlens_Q + seq + 1) - q_begin
-    if m_block * BLOCK_M >= q_len:
+    tile_queries = BLOCK_M // GROUP if PACK_GQA else BLOCK_M
+    if m_block * tile_queries >= q_len:
         return
     seq_len = tl.load(Seq_Lens + seq)
-    kv_head = head // GROUP
-
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        kv_head = tl.program_id(1)
+        heads = kv_head * GROUP + rows % GROUP
+        offs_m = m_block * tile_queries + rows // GROUP
+    else:
+        kv_head = tl.program_id(1) // GROUP
+        heads = tl.program_id(1) + rows * 0
+        offs_m = m_block * BLOCK_M + rows
     mask_m = offs_m < q_len
     query_pos = seq_len - q_len + offs_m
     offs_d = tl.arange(0, BLOCK_D)
@@ -125,13 +135,13 @@ def _extend_kernel(
         q_mask = mask_m[:, None] & mask_d[None, :]
     else:
         q_mask = mask_m[:, None]
-    q = tl.load(Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
 
     # Keys this tile can see: causal end at its last query, window start at its first query. Without a
     # window, the tiles of keys at or before the first query's position are visible to every query of this
     # tile: they run without masks; the rest (the diagonal) runs masked.
-    first_pos = seq_len - q_len + m_block * BLOCK_M
-    kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
+    first_pos = seq_len - q_len + m_block * tile_queries
+    kv_end = tl.minimum(first_pos + tile_queries, seq_len)
     kv_start = 0
     full_end = 0
     if HAS_WINDOW:
@@ -158,7 +168,7 @@ def _extend_kernel(
             PAGE_SIZE, True, HAS_WINDOW, BLOCK_N, DOT_PRECISION, MASK_D, K_ROWS_FIRST)
 
     out = acc * v_scale / tl.where(denominator > 0.0, denominator, 1.0)[:, None]
-    tl.store(Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+    tl.store(Out + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=q_mask)
 
 
@@ -185,9 +195,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     An FP8 cache holds K / k_scale and V / v_scale; its tiles are converted to q's dtype in the kernel, k_scale
     is folded into the softmax scale and v_scale into the output.
-    `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first[, mask_d]])` (benchmarks' sweeps;
-    k_rows_first loads K's tiles as stored, then transposes them; mask_d=True masks loads along head_dim even
-    when it fills BLOCK_D, as the kernel did before 2026-11-26, night)."""
+    `config` overrides `(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first[, mask_d[, pack_gqa]]])`
+    (benchmarks' sweeps; k_rows_first loads K's tiles as stored, then transposes them; mask_d=True masks loads
+    along head_dim even when it fills BLOCK_D, as the kernel did before 2026-11-26, night; pack_gqa puts a KV
+    group's heads in one program's rows, where the group divides BLOCK_M)."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
     num_seqs = meta.num_seqs
@@ -211,7 +222,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_d = triton.next_power_of_2(head_dim)
     k_rows_first = bool(flags[0]) if flags else False
     mask_d = head_dim != block_d or (len(flags) > 1 and bool(flags[1]))   # never unmasked where it would read past
-    grid = (num_seqs, num_heads, triton.cdiv(meta.max_seqlen_q, block_m))
+    group = num_heads // num_kv_heads
+    pack_gqa = len(flags) > 2 and bool(flags[2]) and group > 1 and block_m % group == 0
+    tile_queries = block_m // group if pack_gqa else block_m
+    grid = (num_seqs, num_kv_heads if pack_gqa else num_heads, triton.cdiv(meta.max_seqlen_q, tile_queries))
     _extend_kernel[grid](
         q, k_cache, v_cache, out, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
         q.stride(0), q.stride(1),
@@ -220,7 +234,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0),
         scale * k_scale * _LOG2E, v_scale, sliding_window or 0, head_dim,
-        GROUP=num_heads // num_kv_heads,
+        GROUP=group,
         PAGE_SIZE=page_size,
         HAS_WINDOW=sliding_window is not None,
         BLOCK_M=block_m,
@@ -229,6 +243,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         MASK_D=mask_d,
         K_ROWS_FIRST=k_rows_first,
+        PACK_GQA=pack_gqa,
         num_warps=num_warps,
         num_stages=num_stages,
     )

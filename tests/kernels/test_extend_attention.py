@@ -53,9 +53,11 @@ def test_extend_decode_only_batch_agrees_with_decode_kernel(device, dtype, tol, 
                                **tol(dtype, "attention"))
 
 
-# (BLOCK_M, BLOCK_N, warps, stages, k_rows_first, mask_d): K's tiles loaded as stored then transposed, and loads masked
-# along head_dim where it fills BLOCK_D anyway (the kernel's code before 2026-11-26, night), beside the default launch.
-VARIANTS = [(64, 32, 4, 1, True), (64, 32, 4, 1, False, True), (64, 32, 4, 1, True, True)]
+# (BLOCK_M, BLOCK_N, warps, stages, k_rows_first, mask_d, pack_gqa): K's tiles loaded as stored then transposed, loads
+# masked along head_dim where it fills BLOCK_D anyway (the kernel's code before 2026-11-26, night), and a KV group's
+# heads packed into one program's rows (4 heads of 1 KV head here: 16 or 8 queries a tile), beside the default.
+VARIANTS = [(64, 32, 4, 1, True), (64, 32, 4, 1, False, True), (64, 32, 4, 1, True, True),
+            (64, 32, 4, 1, True, False, True), (32, 16, 4, 1, False, False, True)]
 
 
 @pytest.mark.parametrize("config", VARIANTS, ids=lambda c: "-".join(map(str, c)))
@@ -68,3 +70,13 @@ def test_extend_launch_variants_match_reference(device, dtype, tol, make_paged, 
     got = extend_attention(q, k_cache, v_cache, meta, head_dim ** -0.5, config=config)
     want = references.extend_attention(q, k_cache, v_cache, meta, head_dim ** -0.5)
     torch.testing.assert_close(got, want, **tol(dtype, "attention"))
+
+
+def test_packed_kv_groups_keep_sliding_windows_exact(device, dtype, tol, make_paged):
+    """A KV group's heads in one program's rows: each row's window starts at its own query's position."""
+    seq_lens, q_lens = zip(*MIXED)
+    q, k_cache, v_cache, meta, _, _ = make_paged(list(seq_lens), list(q_lens), 8, 2, 64, 16, dtype, device, seed=12)
+    for window in (1, 7, 20):
+        got = extend_attention(q, k_cache, v_cache, meta, 0.125, window, config=(32, 16, 4, 1, False, False, True))
+        want = references.extend_attention(q, k_cache, v_cache, meta, 0.125, window)
+        torch.testing.assert_close(got, want, **tol(dtype, "attention"))
