@@ -173,18 +173,20 @@ def _extend_kernel(
 
 
 def _block_sizes(q: torch.Tensor, head_dim: int) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first]) for this device, dtype and head size.
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, k_rows_first, mask_d, pack_gqa]) for this device, dtype, head size.
 
     Head dim 128 in 16 bits: measured on an H100 (benchmarks/kernels.py --prefill-only --sweep, 4 x 2048 causal,
-    Llama-3-8B heads, triton 3.6, 2026-11-26, night): (128, 32, 4, 3) with K's tiles loaded as stored 0.457 ms (301
-    TFLOP/s), as before 0.475 (290); (128, 128, 8, 3, K as stored) 0.473, (64, 32, 4, 3) 0.477, (128, 64, 4, 3) 0.512,
-    (128, 64, 8, 3) 0.546 (docs/gpu-logs/2026-11-26-h100-night/). The other rows are not measured yet."""
+    Llama-3-8B heads (KV groups of 4), triton 3.6, 2026-11-26, night; docs/gpu-logs/2026-11-26-h100-night/):
+    (128, 32, 4, 3) with K's tiles loaded as stored and a KV group's heads packed in a program 0.422 ms (326
+    TFLOP/s); K as stored alone 0.455-0.458; as before 0.475-0.481; packed (64, 32, 4, 3) 0.444, packed (128, 128,
+    8, 3) 0.469, packed (128, 64, 4, 3) 0.486. Packing applies where the group divides BLOCK_M (measured at 4 only).
+    The other rows are not measured yet."""
     if not q.is_cuda:
         return 64, 64, 4, 1              # interpreter: few, large programs
     if q.dtype == torch.float32 or head_dim > 128:
         return 64, 32, 4, 2
     if head_dim > 64:
-        return 128, 32, 4, 3, True
+        return 128, 32, 4, 3, True, False, True
     return 128, 64, 4, 3
 
 
