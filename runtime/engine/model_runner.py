@@ -14,7 +14,7 @@ from kubeinfer.runtime.context import ForwardContext, set_context
 from kubeinfer.runtime.cpu_allocator import keep_freed_memory
 from kubeinfer.runtime.cpu_threads import configure_torch_threads
 from kubeinfer.runtime.engine.block_manager import BlockManager
-from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs
+from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs, capture_engine_graphs
 from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.engine.step_inputs import StepInputs, build_step_inputs, lora_slot_ids, step_to_device
@@ -177,31 +177,9 @@ class ModelRunner:
             return False
         return True
 
-    def step_graphs(self, model: torch.nn.Module, hidden_size: int, tokens_per_seq: int = 1) -> DecodeGraphs:
-        """Graphs (not yet captured) for `model`'s steps of `tokens_per_seq` tokens a sequence."""
-        config = self.config
-        return DecodeGraphs(model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), config.max_blocks_per_seq,
-                            config.max_model_len, hidden_size, self.dtype, self.device,
-                            config.max_loras if tokens_per_seq == 1 else 0, tokens_per_seq)
-
     def _capture_graphs(self, config: EngineConfig) -> None:
-        started = time.monotonic()
-        hidden_size = config.model_config.hidden_size
-        self.cuda_graphs = self.step_graphs(self.model, hidden_size)
-        captured = [self.cuda_graphs]
-        if config.speculative_method is not None:   # verify steps: the last token and up to k drafts a sequence
-            self.verify_graphs = self.step_graphs(self.model, hidden_size, config.speculative_tokens + 1)
-            captured.append(self.verify_graphs)
-        if self.draft is not None:   # the draft's one-token forwards, and its catch-up of up to k + 1 tokens
-            draft_hidden = config.draft_model_config.hidden_size
-            self.draft.graphs = self.step_graphs(self.draft.model, draft_hidden)
-            self.draft.chunk_graphs = self.step_graphs(self.draft.model, draft_hidden, config.speculative_tokens + 1)
-            captured += [self.draft.graphs, self.draft.chunk_graphs]
-        for graphs in captured:
-            graphs.capture()
-        logger.info("captured CUDA graphs for batch sizes up to %d (%d graphs, %s tokens a sequence) in %.1f s",
-                    self.cuda_graphs.max_batch_size, sum(len(g.batch_sizes) for g in captured),
-                    "/".join(str(g.tokens_per_seq) for g in captured), time.monotonic() - started)
+        self.cuda_graphs, self.verify_graphs = capture_engine_graphs(config, self.model, self.draft, self.dtype,
+                                                                     self.device)
 
     def _num_kv_blocks(self) -> int:
         config, model_config = self.config, self.config.model_config

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kubeinfer.runtime.engine.chunk_padding import pad_chunks
+from kubeinfer.runtime.engine.cuda_graphs import step_graphs
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
 from support.speculative import LLM_VOCAB, assert_same, generate, repetitive_prompts
@@ -36,12 +37,12 @@ def test_a_chunk_longer_than_q_is_refused():
 def _with_padded_steps(llm):
     """Gives the engine the speculative graphs' static buffers, uncaptured: every step that fits runs padded."""
     runner, config = llm.engine.model_runner, llm.engine.config
-    q = config.speculative_tokens + 1
-    runner.verify_graphs = runner.step_graphs(runner.model, config.model_config.hidden_size, q)
+    q, dtype, device = config.speculative_tokens + 1, runner.dtype, runner.device
+    runner.verify_graphs = step_graphs(config, runner.model, config.model_config.hidden_size, dtype, device, q)
     if runner.draft is not None:
         hidden = config.draft_model_config.hidden_size
-        runner.draft.graphs = runner.step_graphs(runner.draft.model, hidden)
-        runner.draft.chunk_graphs = runner.step_graphs(runner.draft.model, hidden, q)
+        runner.draft.graphs = step_graphs(config, runner.draft.model, hidden, dtype, device)
+        runner.draft.chunk_graphs = step_graphs(config, runner.draft.model, hidden, dtype, device, q)
     return llm
 
 
@@ -62,3 +63,26 @@ def test_padded_speculative_steps_give_plain_greedy_output(llama_dir, method):
     if method == "draft":
         assert runner.draft.graphs.num_replays > 0 and runner.draft.chunk_graphs.num_replays > 0
     assert_no_leak(llm)
+
+
+@pytest.mark.parametrize("method", [None, "ngram", "draft"])
+def test_the_engine_captures_the_graph_sets_its_method_needs(llama_dir, method, monkeypatch):
+    """Decode graphs always; verify graphs of k + 1 tokens with speculation; the draft's own two sets with a draft
+    model (capture itself needs CUDA: here it records what would be captured)."""
+    from kubeinfer.runtime.engine import cuda_graphs
+    captured = []
+    monkeypatch.setattr(cuda_graphs.DecodeGraphs, "capture", lambda graphs: captured.append(graphs))
+    settings = {"speculative_method": method, "speculative_tokens": 3} if method else {}
+    if method == "draft":
+        settings["speculative_model"] = str(llama_dir)
+    llm = generate(llama_dir, [[1, 2, 3]], SamplingParams(max_tokens=1), **settings)[0]
+    runner = llm.engine.model_runner
+    decode, verify = cuda_graphs.capture_engine_graphs(llm.engine.config, runner.model, runner.draft, runner.dtype,
+                                                       runner.device)
+    assert decode.tokens_per_seq == 1 and (verify is None) == (method is None)
+    expected = [decode] + ([verify] if verify else [])
+    if method == "draft":
+        assert (runner.draft.graphs.tokens_per_seq, runner.draft.chunk_graphs.tokens_per_seq) == (1, 4)
+        assert runner.draft.graphs.model is runner.draft.model
+        expected += [runner.draft.graphs, runner.draft.chunk_graphs]
+    assert captured == expected and (verify is None or verify.tokens_per_seq == 4)
