@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: device tests tests-gpu tests-quick tests-attention
 #                                                            kernels kernels-prefill moe-kernel model speculative
-#                                                            startup lora structured
+#                                                            startup lora structured decode-profile
 #                                                            (default: tests kernels model startup)
 #
 # tests-gpu runs every test marked gpu, spread over $GPU_TEST_WORKERS pytest-xdist workers (default 8: Triton's
@@ -75,6 +75,7 @@ for step in $steps; do
     kernels) run_step bench-kernels 180 70 "$py" -P benchmarks/kernels.py ${SWEEP:+--sweep} ;;
     kernels-prefill) run_step bench-kernels-prefill 150 30 "$py" -P benchmarks/kernels.py --prefill-only --sweep ;;
     model) run_step bench-model 300 60 "$py" -P benchmarks/gpu_model.py ${SKIP_HF:+--skip-transformers} ;;
+    decode-profile) run_step bench-decode-profile 180 40 "$py" -P benchmarks/decode_profile.py ;;
     tests-attention) run_step tests-attention 450 8 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py ;;
     startup) run_step bench-startup 300 15 "$py" -P benchmarks/gpu_startup.py ;;
@@ -82,6 +83,6 @@ for step in $steps; do
     structured) run_step bench-structured 150 10 "$py" -P benchmarks/structured_mask_cost.py --device cuda \
             --batch 256 --vocab 32000 ${TORCH_THREADS:+--torch-threads $TORCH_THREADS} ;;
     *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels kernels-prefill moe-kernel model" \
-            "speculative startup lora structured)"; exit 2 ;;
+            "speculative startup lora structured decode-profile)"; exit 2 ;;
     esac
 done
