@@ -160,7 +160,7 @@ async def test_only_ready_replicas_are_called_and_a_new_one_gets_every_adapter(
     await kapi.create(PODS, replica_pod(0))
     await kapi.create(PODS, replica_pod(1, ready=False))   # loading its model: not listening yet
     await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 1)
-    await asyncio.sleep(0.7)   # two periodic passes
+    await passes(runtimes[0], 2)   # two periodic passes, counted on the ready replica, not guessed in seconds
     assert runtimes[1].calls == []
     await kapi.patch(f"{PODS}/{NAME}-1", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 2)
