@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from support.autoscaler_kmock import (
-    DEPLOYMENT, INTERVAL, ISVC, NAME, FakePrometheus, condition, config_for, events, manifest, quiesce,
-    ready_pods, serve_prometheus,
+    DEPLOYMENT, INTERVAL, ISVC, NAME, FakePrometheus, condition, config_for, events, eventually_events, manifest,
+    quiesce, ready_pods, serve_prometheus,
 )
 from support.operator_harness import NAMESPACE, isvc_path, rbac_checked_requests, running_operator
 
@@ -73,22 +73,10 @@ async def test_manual_scale_is_overridden_with_an_event(cluster: Any, kapi: Any,
         assert await events(kapi) == []
         await kapi.patch(ISVC, {"spec": {"replicas": 5}})  # kubectl scale --replicas 5
         obj = await kapi.eventually(ISVC, lambda o: o["spec"]["replicas"] == 2 and o["status"]["desiredReplicas"] == 2)
-        (override,) = await kapi_wait_events(kapi, "ManualScaleOverridden")
+        (override,) = await eventually_events(kapi, "ManualScaleOverridden")
         await quiesce(kapi)
     assert "set to 5" in override["message"] and "set it to 2" in override["message"]
     assert condition(obj, "ScalingActive")["reason"] == "WithinTolerance"
-
-
-async def kapi_wait_events(kapi: Any, reason: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """The Events of `reason`, once there are any; `timeout` only bounds an Event that never comes, as
-    kapi.eventually (5 s was not enough for the autoscaler's first passes at load 10-20)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        found = await events(kapi, reason)
-        if found:
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no {reason} Event")
 
 
 async def test_missing_metrics_hold_and_say_so(cluster: Any, kapi: Any, prom: FakePrometheus) -> None:
@@ -97,7 +85,7 @@ async def test_missing_metrics_hold_and_say_so(cluster: Any, kapi: Any, prom: Fa
         await ready_pods(kapi, 3)
         await kapi.create(isvc_path(NAMESPACE), manifest(replicas=3))
         obj = await kapi.eventually(ISVC, lambda o: condition(o, "MetricsAvailable").get("status") == "False")
-        (warning,) = await kapi_wait_events(kapi, "MetricsUnavailable")
+        (warning,) = await eventually_events(kapi, "MetricsUnavailable")
         await asyncio.sleep(5 * INTERVAL)  # several more passes: still one Warning, still 3 replicas
         assert len(await events(kapi, "MetricsUnavailable")) == 1
         obj = await kapi.get(ISVC)
@@ -154,7 +142,7 @@ async def test_autoscaler_requests_are_allowed_by_rbac(cluster: Any, kapi: Any, 
     async with running_operator(cluster, config_for(prom)):
         await ready_pods(kapi, 1)
         await kapi.create(isvc_path(NAMESPACE), manifest(replicas=1))
-        await kapi_wait_events(kapi, "ScaleUp")
+        await eventually_events(kapi, "ScaleUp")
         await quiesce(kapi)
     seen = rbac_checked_requests(cluster)
     assert {("", "events", "create"), ("kubeinfer.dev", "inferenceservices", "patch"),
@@ -181,7 +169,7 @@ async def test_cold_start_is_learned_from_pods_and_kept_in_status(cluster: Any, 
         obj = await kapi.eventually(ISVC, lambda o: o.get("status", {}).get("coldStartSeconds") is not None)
         await asyncio.sleep(3 * INTERVAL)  # more passes: the same pods add nothing
         prom.queue = 40.0  # the queue jumps: its growth is projected over the learned 35 s, not the 120 s guess
-        (up,) = await kapi_wait_events(kapi, "ScaleUp")
+        (up,) = await eventually_events(kapi, "ScaleUp")
         obj = await kapi.get(ISVC)
         await quiesce(kapi)
     assert "over a 35s cold start" in up["message"], up["message"]

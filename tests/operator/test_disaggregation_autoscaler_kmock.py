@@ -16,7 +16,7 @@ from aiohttp import web
 
 from kubeinfer.operator.reconcile import pools
 
-from support.autoscaler_kmock import condition, events, quiesce
+from support.autoscaler_kmock import condition, eventually_events, quiesce
 from support.operator_harness import NAMESPACE, child_path, isvc_path, running_operator
 from support.query_endpoint import serve_query_endpoint
 
@@ -132,7 +132,9 @@ async def test_each_pool_scales_on_its_own_signal(cluster: Any, kapi: Any, prom:
                                     and o["status"]["disaggregation"]["prefill"].get("desiredReplicas") == 3)
         # reconcile's sum of both pools follows (kubectl get's DESIRED)
         await kapi.eventually(ISVC, lambda o: o["status"].get("desiredReplicas") == 5)
-        ups = {e["message"].split(":")[0]: e["message"] for e in await events(kapi, "ScaleUp")}
+        scale_ups = await eventually_events(kapi, "ScaleUp", lambda found: {
+            e["message"].split(":")[0] for e in found} >= {"prefill pool", "decode pool"})   # posted after the writes
+        ups = {e["message"].split(":")[0]: e["message"] for e in scale_ups}
         await quiesce(kapi)
     pools_status = obj["status"]["disaggregation"]
     prefill, decode = pools_status["prefill"], pools_status["decode"]
@@ -185,7 +187,10 @@ async def test_both_pools_go_to_zero_together_and_wake_together(cluster: Any, ka
         prom.queue = {"prefill": 0.0, "decode": 1.0}
         obj = await kapi.eventually(ISVC, lambda o: sizes(o) != (0, 0))
         assert sizes(obj) == (1, 1)
-        wakes = [e["message"] for e in await events(kapi, "ScaleFromZero")]
+        # Each pool's Event is posted after the write that woke both: wait for the decode pool's.
+        woke = await eventually_events(kapi, "ScaleFromZero", lambda found: any(
+            e["message"].startswith("decode pool: 0 -> 1") for e in found))
+        wakes = [e["message"] for e in woke]
         await quiesce(kapi)
     assert any(m.startswith("decode pool: 0 -> 1") for m in wakes), wakes
     writes = [r for r in list(cluster) if r.method.value == "PATCH" and r.name == NAME and r.subresource is None
