@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from support.autoscaler_kmock import (
-    DEPLOYMENT, INTERVAL, ISVC, NAME, FakePrometheus, condition, config_for, events, eventually_events, manifest,
-    quiesce, ready_pods, serve_prometheus,
+    DEPLOYMENT, INTERVAL, ISVC, NAME, FakePrometheus, condition, config_for, manifest, quiesce, ready_pods,
+    serve_prometheus,
 )
-from support.operator_harness import NAMESPACE, isvc_path, rbac_checked_requests, running_operator
+from support.operator_harness import (
+    NAMESPACE, events, eventually_events, isvc_path, rbac_checked_requests, running_operator,
+)
 
 
 @pytest.fixture()

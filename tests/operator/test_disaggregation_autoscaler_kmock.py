@@ -16,8 +16,8 @@ from aiohttp import web
 
 from kubeinfer.operator.reconcile import pools
 
-from support.autoscaler_kmock import condition, eventually_events, quiesce
-from support.operator_harness import NAMESPACE, child_path, isvc_path, running_operator
+from support.autoscaler_kmock import condition, quiesce
+from support.operator_harness import NAMESPACE, child_path, eventually_events, isvc_path, running_operator
 from support.query_endpoint import serve_query_endpoint
 
 from kubeinfer.operator.config import OperatorConfig

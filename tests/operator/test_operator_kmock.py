@@ -17,13 +17,12 @@ from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION
 
 from support.manifests import condition
-from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator, settle,
-                                      write_requests)
+from support.operator_harness import (EVENTS, NAMESPACE, child_path, eventually_events, isvc_path,
+                                      rbac_checked_requests, running_operator, settle, write_requests)
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
 DEPLOYMENT = child_path("Deployment", NAMESPACE, NAME)
-EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
@@ -171,22 +170,6 @@ def unschedulable_pod(name: str = "qwen-abc") -> dict[str, Any]:
             "status": {"phase": "Pending", "conditions": [{
                 "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}
-
-
-async def our_events(kapi: Any, reason: str | None = None) -> list[dict[str, Any]]:
-    items = (await kapi.get(EVENTS) or {}).get("items") or []
-    return [e for e in items if e.get("source", {}).get("component") == "kubeinfer-operator"
-            and (reason is None or e["reason"] == reason)]
-
-
-async def eventually_events(kapi: Any, reason: str, check: Any = bool, timeout: float = 30.0) -> list[dict[str, Any]]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        found = await our_events(kapi, reason)
-        if found and check(found):
-            return found
-        assert asyncio.get_running_loop().time() < deadline, f"no such {reason} Event: {found}"
-        await asyncio.sleep(0.05)
 
 
 async def test_pod_that_cannot_get_a_gpu_is_reported(operator: Any, kapi: Any) -> None:

@@ -4,7 +4,6 @@ test_autoscaler_idle_kmock.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import time
@@ -22,7 +21,6 @@ from support.query_endpoint import serve_query_endpoint
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
 DEPLOYMENT = child_path("Deployment", NAMESPACE, NAME)
-EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
 INTERVAL = 0.2
 
 
@@ -111,20 +109,3 @@ async def ready_pods(kapi: Any, n: int, first: int = 0) -> None:
                        "conditions": [{"type": "Ready", "status": "True"}]}})
 
 
-async def events(kapi: Any, reason: str | None = None) -> list[dict[str, Any]]:
-    items = (await kapi.get(EVENTS) or {}).get("items") or []
-    return [e for e in items if e.get("source", {}).get("component") == "kubeinfer-operator"
-            and (reason is None or e["reason"] == reason)]
-
-
-async def eventually_events(kapi: Any, reason: str, check: Any = bool, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """The operator's Events of `reason`, once `check` holds for them (by default: once there are any). An Event is
-    posted after the write it reports, so a test that saw the write must wait for it; `timeout` only bounds an Event
-    that never comes, as kapi.eventually (5 s was not enough for the autoscaler's first passes at load 10-20)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        found = await events(kapi, reason)
-        if found and check(found):
-            return found
-        assert asyncio.get_running_loop().time() < deadline, f"no such {reason} Event: {found}"
-        await asyncio.sleep(0.05)

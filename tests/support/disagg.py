@@ -48,6 +48,20 @@ def kv_address(llm) -> str:
     return llm.engine.core.kv_exporter.source.address
 
 
+def pull_in_step(model_dir, prompt, params, block_size: int, idle_s: float, **prefill_settings) -> tuple[LLM, LLM]:
+    """(prefill, decode) engines that the test steps itself, in turn: the decode side holds request "0" for `prompt`,
+    and its pull has reached the prefill side's exporter. The prefill side computes two blocks a step, so a prompt of
+    several blocks is sent over several of its steps."""
+    prefill = engine(model_dir, block_size=block_size, max_num_batched_tokens=2 * block_size, kv_role="prefill",
+                     kv_host="127.0.0.1", kv_idle_timeout_s=idle_s, **prefill_settings)
+    decode = engine(model_dir, block_size=block_size, kv_role="decode", kv_idle_timeout_s=idle_s)
+    decode.engine.add_remote_request("0", prompt, params, kv_address(prefill))
+    decode.engine.step()   # starts the pull
+    exporter = prefill.engine.core.kv_exporter
+    assert exporter.progress.wait(idle_s) and exporter.busy   # the pull has arrived
+    return prefill, decode
+
+
 def generate_remote(llm, prompts, params, source: str, on_step=None) -> dict:
     """Runs `prompts` on the decode engine `llm` with their KV pulled from `source`; the final outputs by request id
     (`str(index)`). `on_step(step_number, engine)` runs after every step (cancellations)."""

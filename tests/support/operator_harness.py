@@ -26,6 +26,7 @@ ISVC_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 GROUP_PATH = f"/apis/{GROUP}/{VERSION}"
 TEST_USER_AGENT = "kubeinfer-tests"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
 
 
 def serve_cluster(kmock: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
@@ -222,3 +223,22 @@ class KApi:
         while await self.get(path) is not None:
             assert asyncio.get_running_loop().time() < deadline, what or f"{path} was never deleted"
             await asyncio.sleep(0.05)
+
+
+async def events(kapi: Any, reason: str | None = None) -> list[dict[str, Any]]:
+    items = (await kapi.get(EVENTS) or {}).get("items") or []
+    return [e for e in items if e.get("source", {}).get("component") == "kubeinfer-operator"
+            and (reason is None or e["reason"] == reason)]
+
+
+async def eventually_events(kapi: Any, reason: str, check: Any = bool, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The operator's Events of `reason`, once `check` holds for them (by default: once there are any). An Event is
+    posted after the write it reports, so a test that saw the write must wait for it; `timeout` only bounds an Event
+    that never comes, as kapi.eventually (5 s was not enough for the autoscaler's first passes at load 10-20)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = await events(kapi, reason)
+        if found and check(found):
+            return found
+        assert asyncio.get_running_loop().time() < deadline, f"no such {reason} Event: {found}"
+        await asyncio.sleep(0.05)

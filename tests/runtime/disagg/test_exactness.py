@@ -7,7 +7,7 @@ import pytest
 
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
-from support.disagg import engine, generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.disagg import engine, generate_remote, kv_address, prefill_replica, pull_in_step, wait_until_drained
 from support.models import perturbed_copy
 
 BLOCK = 8
@@ -97,13 +97,7 @@ def test_a_prefill_request_preempted_mid_prompt_still_sends_the_right_blocks(lla
     its cached blocks (or from scratch, with the prefix cache off) while its stream holds what it sent."""
     prompt = mixed_prompts(5, 5)[-1]   # 97 tokens: 12 full blocks and a partial one
     reference = colocated(llama_dir, [prompt], GREEDY)
-    prefill = engine(llama_dir, block_size=BLOCK, max_num_batched_tokens=2 * BLOCK, kv_role="prefill",
-                  kv_host="127.0.0.1", kv_idle_timeout_s=IDLE_S, enable_prefix_caching=prefix_caching)
-    decode = engine(llama_dir, block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
-    decode.engine.add_remote_request("0", prompt, GREEDY, kv_address(prefill))
-    decode.engine.step()   # starts the pull
-    exporter = prefill.engine.core.kv_exporter
-    assert exporter.progress.wait(IDLE_S) and exporter.busy   # the pull has arrived
+    prefill, decode = pull_in_step(llama_dir, prompt, GREEDY, BLOCK, IDLE_S, enable_prefix_caching=prefix_caching)
     prefill.engine.step()
     prefill.engine.step()
     scheduler = prefill.engine.scheduler

@@ -7,7 +7,7 @@ import pytest
 from kubeinfer.runtime.engine.sequence import SequenceStatus
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.blocks import assert_no_leak
-from support.disagg import engine, generate_remote, kv_address, prefill_replica, wait_until_drained
+from support.disagg import engine, generate_remote, kv_address, prefill_replica, pull_in_step, wait_until_drained
 
 BLOCK = 8
 IDLE_S = 2.0
@@ -60,13 +60,8 @@ def test_a_transfer_the_decode_side_drops_mid_prompt_is_counted_failed_and_freed
     rng = random.Random(3)
     prompt = [rng.randrange(1, 300) for _ in range(97)]   # 12 full blocks and a partial one: 7 chunks of 16
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    prefill = engine(llama_dir, block_size=BLOCK, max_num_batched_tokens=2 * BLOCK, kv_role="prefill",
-                     kv_host="127.0.0.1", kv_idle_timeout_s=IDLE_S)
-    decode = engine(llama_dir, block_size=BLOCK, kv_role="decode", kv_idle_timeout_s=IDLE_S)
-    decode.engine.add_remote_request("0", prompt, params, kv_address(prefill))
-    decode.engine.step()   # starts the pull
+    prefill, decode = pull_in_step(llama_dir, prompt, params, BLOCK, IDLE_S)
     exporter = prefill.engine.core.kv_exporter
-    assert exporter.progress.wait(IDLE_S) and exporter.busy   # the pull has arrived
     prefill.engine.step()
     prefill.engine.step()
     decode.engine.abort_request("0")
