@@ -6,9 +6,13 @@ expected cost. Pure: the caller brings the observation, the state it kept, and t
   from a throughput per replica).
 - **Up.** The forecast's upper value over the next cold start (`Forecast.high`), plus what drains the queue at
   hand within that time: a replica ordered now is ready when the forecast says it is needed.
-- **Down, by expected cost.** Releasing a replica and ordering it again costs one cold start of billing; keeping
-  it costs the time it idles. So a replica is kept while the upper forecast over one cold start still needs it,
-  and released (one step at a time) once the need has stayed below the fleet for `confirm_down_s`.
+- **Down, by expected cost.** Releasing a replica the need wants again costs a re-order (one cold start billed, and
+  the requests that miss their target while it starts: `reorder_cost_cold_starts` cold starts of a replica's time);
+  keeping it costs the time it idles until then, learned from how soon the need came back after its earlier falls
+  (`return_gap`). So a replica is kept while the upper forecast over one cold start still needs it; beyond that,
+  once the need has stayed below the fleet for `confirm_down_s`, the fleet is released a step
+  (`max_scale_down_step`) every pass, or, where the need came back sooner than a re-order costs, a step per
+  confirmation (most of the fleet is then still there when the need returns).
 - **Guards.** Pending replicas count as capacity (the caller's `current` includes them); a missing observation
   never scales down; direction changes per hour are bounded (`max_flaps_per_hour`); min/max replicas hold.
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
+from kubeinfer.operator.autoscaling.return_gap import ReturnGap
 
 
 class Sizing(Protocol):
@@ -67,6 +72,7 @@ class PredictiveConfig:
     drain_s: float = 20.0               # a backlog is to be served within this long once the replicas are up
     queue_per_replica: float = 4.0      # waiting requests a replica holds in normal running (not a backlog)
     confirm_down_s: float = 30.0        # how long the need stays below the fleet before a release
+    reorder_cost_cold_starts: float = 8.0   # a release the need wants back costs this many cold starts of a replica
     max_scale_down_step: int = 1
     max_flaps_per_hour: int = 12
     forecast: ForecastConfig = ForecastConfig()
@@ -78,17 +84,19 @@ class PredictiveState:
     below_since: float | None = None
     last_direction: int = 0                       # +1 up, -1 down, 0 none yet
     direction_changes: tuple[float, ...] = ()     # when the direction flipped, within the last hour
+    return_gap: ReturnGap = ReturnGap()           # how soon the need came back after its falls
 
     def to_dict(self) -> dict:
         return {"forecast": self.forecast.to_dict(), "belowSince": self.below_since,
-                "lastDirection": self.last_direction, "directionChanges": list(self.direction_changes)}
+                "lastDirection": self.last_direction, "directionChanges": list(self.direction_changes),
+                "returnGap": self.return_gap.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> PredictiveState:
         if not data:
             return cls()
         return cls(Forecast.from_dict(data.get("forecast")), data.get("belowSince"), data.get("lastDirection", 0),
-                   tuple(data.get("directionChanges", ())))
+                   tuple(data.get("directionChanges", ())), ReturnGap.from_dict(data.get("returnGap")))
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,8 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     # order and release a replica every minute.
     up_need = sizing.replicas_for(max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate)
     keep_need = sizing.replicas_for(forecast.peak_over(horizon, k, noise) + backlog_rate)
+    gaps = state.return_gap.observe(now, current, keep_need, up_need)
+    gradual = gaps.comes_back_within(config.reorder_cost_cold_starts * cold_start_s)
     desired, below_since = current, state.below_since
     if up_need > current:
         desired, below_since = up_need, None
@@ -134,7 +144,9 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
         if now - below_since >= config.confirm_down_s:
             desired = max(keep_need, current - config.max_scale_down_step)
             reason = (f"need {keep_need} for {now - below_since:.0f} s (forecast peak "
-                      f"{forecast.peak_over(horizon, k, noise):.2f} req/s within a cold start)")
+                      f"{forecast.peak_over(horizon, k, noise):.2f} req/s within a cold start); "
+                      + (f"a step per {config.confirm_down_s:.0f} s: the need came back {gaps.gap_s:.0f} s after a "
+                         "fall, sooner than a re-order costs" if gradual else "a step every pass"))
         else:
             reason = f"need {keep_need} < {current}; confirming for {config.confirm_down_s:.0f} s"
     else:
@@ -146,10 +158,10 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     if direction and state.last_direction and direction != state.last_direction:
         if len(changes) >= config.max_flaps_per_hour and direction < 0:   # never hold back a scale-up
             return PredictiveDecision(current, f"{len(changes)} direction changes this hour: holding",
-                                      PredictiveState(forecast, below_since, state.last_direction, changes))
+                                      PredictiveState(forecast, below_since, state.last_direction, changes, gaps))
         changes += (now,)
     last = direction or state.last_direction
-    if direction < 0:
+    if direction < 0 and gradual:
         below_since = None   # the next step down confirms afresh
-    return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes))
+    return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes, gaps))
 

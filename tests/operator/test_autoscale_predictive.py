@@ -8,6 +8,7 @@ import pytest
 
 from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
 from kubeinfer.operator.autoscaling.predictive import PerReplicaSizing, PredictiveConfig, PredictiveState, decide
+from kubeinfer.operator.autoscaling.return_gap import ReturnGap
 
 
 def feed(rates, step=5.0, forecast=Forecast()):
@@ -38,7 +39,7 @@ def test_a_jump_raises_the_upper_forecast_at_once_and_it_decays_after():
 
 
 def test_state_round_trips_through_a_dict():
-    state = PredictiveState(feed([1.0, 3.0, 2.0]), 17.0, -1, (5.0,))
+    state = PredictiveState(feed([1.0, 3.0, 2.0]), 17.0, -1, (5.0,), ReturnGap(40.0, 9, 2, 310.0, 3))
     assert PredictiveState.from_dict(state.to_dict()) == state
     assert PredictiveState.from_dict(None) == PredictiveState()
 
@@ -102,3 +103,41 @@ def test_a_significant_rise_sets_the_level_at_once_where_a_plain_observation_is_
     assert risen.desired_replicas > smoothed.desired_replicas and risen.desired_replicas >= 5   # 9 at 2 a replica
     lower = decide(0.5, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING, rise=True)   # never lowers the level
     assert lower.state.forecast.level == decide(0.5, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING).state.forecast.level
+
+
+def test_a_return_gap_is_learned_from_a_fall_to_the_need_coming_half_way_back():
+    gaps = ReturnGap()
+    gaps = gaps.observe(0.0, 10, 10, 10)
+    assert gaps.fell_at is None                                  # no fall while the need holds the fleet
+    gaps = gaps.observe(10.0, 10, 2, 2).observe(100.0, 10, 2, 2)
+    assert (gaps.fell_at, gaps.level, gaps.bottom) == (10.0, 10, 2)
+    assert gaps.observe(200.0, 10, 5, 5).fell_at == 10.0         # 3 of the 8 back: not yet
+    back = gaps.observe(210.0, 10, 6, 6)                         # half way back
+    assert back.fell_at is None and back.gap_s == 200.0 and back.returns == 1
+    again = back.observe(300.0, 10, 3, 3).observe(400.0, 4, 9, 9)
+    assert again.gap_s == pytest.approx((200.0 + 100.0) / 2) and again.returns == 2
+    dip = ReturnGap().observe(0.0, 5, 4, 4).observe(5.0, 5, 5, 5)    # one replica, back: not a fall
+    assert dip.fell_at is None and dip.gap_s is None
+
+
+def test_a_need_comes_back_within_a_re_order_only_once_it_has_come_back_that_soon():
+    assert not ReturnGap().comes_back_within(480.0)              # nothing learned yet
+    assert ReturnGap(gap_s=200.0).comes_back_within(480.0)
+    assert not ReturnGap(gap_s=600.0).comes_back_within(480.0)
+
+
+def test_a_fleet_whose_need_came_back_sooner_than_a_re_order_is_released_slowly_and_others_promptly():
+    burst, calm = [9.0] * 30, [1.0] * 40                   # 150 s of 9 req/s, then 200 s of 1 req/s
+    decisions = run(burst + calm + burst + calm, current=5, cold_start=60.0)   # a re-order: 8 x 60 s
+    counts = [d.desired_replicas for d in decisions]
+    assert all(a - b <= 1 for a, b in zip(counts, counts[1:]))   # one step a decision
+    first_calm, second_calm = counts[30:70], counts[100:140]
+    assert max(first_calm) >= 5 and max(second_calm) >= 5
+    assert decisions[100].state.return_gap.returns == 1   # the need came back 200 s after its fall
+    prompt, slow = sum(c > 1 for c in first_calm), sum(c > 1 for c in second_calm)
+    assert prompt <= (30 + 4 * 5 + 60) / 5                # a step a pass after the confirmation
+    assert slow >= (30 + 4 * 30) / 5                      # a step per confirmation
+    assert any("came back" in d.reason for d in decisions[100:140])
+    short = PredictiveConfig(min_replicas=1, max_replicas=20, confirm_down_s=30.0, reorder_cost_cold_starts=2.0)
+    released = [d.desired_replicas for d in run(burst + calm + burst + calm, current=5, config=short)]
+    assert sum(c > 1 for c in released[100:140]) <= prompt + 4 < slow   # a re-order (120 s) costs less than 200 s idle
