@@ -31,11 +31,12 @@ class ReturnGap:
                 return ReturnGap(now, current, keep_need, self.gap_s, self.returns)
             return self
         bottom = min(self.bottom, keep_need)
-        if self.level - bottom >= 2 and 2 * (up_need - bottom) >= self.level - bottom:
+        depth = self.level - bottom
+        if depth >= 2 and 2 * (up_need - bottom) >= depth:
             gap = now - self.fell_at
             learned = gap if self.gap_s is None else (self.gap_s + gap) / 2
             return ReturnGap(None, 0, 0, learned, self.returns + 1)
-        if self.level - bottom < 2 and keep_need >= current:
+        if depth < 2 and keep_need >= current:
             return ReturnGap(None, 0, 0, self.gap_s, self.returns)   # a dip of one replica, over: not a fall
         return ReturnGap(self.fell_at, self.level, bottom, self.gap_s, self.returns)
 
