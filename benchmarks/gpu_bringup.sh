@@ -2,7 +2,7 @@
 # The GPU bring-up in one command: correctness on the device, then the figures, each step bounded.
 #
 #   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: device tests tests-gpu tests-quick tests-attention
-#                                                            kernels kernels-prefill moe-kernel model speculative
+#                                                            kernels kernels-decode kernels-prefill moe-kernel model speculative
 #                                                            startup lora structured decode-profile
 #                                                            (default: tests kernels model startup)
 #
@@ -10,7 +10,8 @@
 # compiles are CPU-bound, the GPU is shared); speculative needs the copy model (benchmarks/copy_model.py) under
 # ~/.cache/kubeinfer/bench/copy-model, or trains it there (47 s on an H200); SPECULATIVE_ARGS adds arguments (e.g.
 # `--model benchmarks/results/copy-model --draft`: a model trained here, carried). GPU_TESTS narrows tests-gpu to
-# some files. kernels-prefill: the prefill attention's launch sweep alone.
+# some files. kernels-prefill / kernels-decode: the prefill / decode attention's launch sweep alone (decode with
+# the FP8 cache's).
 # The runtime imports llguidance, which the CUDA image lacks: carry its wheel and put it on PYTHONPATH (kept here:
 # the shim is prepended to it), e.g. pip install --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site.
 #
@@ -54,7 +55,7 @@ for step in $steps; do
         run_step tests-gpu "${GPU_TESTS_LIMIT:-300}" 30 "$py" -P -m pytest -m gpu -q -p no:cacheprovider \
             -n "${GPU_TEST_WORKERS:-8}" ${GPU_TESTS:-tests/kernels tests/runtime/test_gpu.py tests/runtime/test_moe_models.py tests/runtime/test_lora.py}
         ;;
-    moe-kernel) run_step bench-moe-kernel 120 30 "$py" -P benchmarks/moe_kernel.py ;;
+    moe-kernel) run_step bench-moe-kernel 150 30 "$py" -P benchmarks/moe_kernel.py ${SWEEP:+--sweep} ;;
     speculative) run_step bench-speculative "${SPECULATIVE_LIMIT:-150}" 20 "$py" -P benchmarks/speculative.py \
             --device cuda --concurrency 1 8 --trials 3 ${SPECULATIVE_ARGS:-} ;;
     tests)
@@ -73,6 +74,7 @@ for step in $steps; do
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py
         ;;
     kernels) run_step bench-kernels 180 70 "$py" -P benchmarks/kernels.py ${SWEEP:+--sweep} ;;
+    kernels-decode) run_step bench-kernels-decode 150 60 "$py" -P benchmarks/kernels.py --decode-only --sweep ;;
     kernels-prefill) run_step bench-kernels-prefill 150 30 "$py" -P benchmarks/kernels.py --prefill-only --sweep ;;
     model) run_step bench-model 300 60 "$py" -P benchmarks/gpu_model.py ${SKIP_HF:+--skip-transformers} ;;
     decode-profile) run_step bench-decode-profile 180 40 "$py" -P benchmarks/decode_profile.py ;;
@@ -82,7 +84,7 @@ for step in $steps; do
     lora) run_step bench-lora "${LORA_LIMIT:-240}" 20 "$py" -P benchmarks/lora_throughput.py --device cuda --repeats 1 ;;
     structured) run_step bench-structured 150 10 "$py" -P benchmarks/structured_mask_cost.py --device cuda \
             --batch 256 --vocab 32000 ${TORCH_THREADS:+--torch-threads $TORCH_THREADS} ;;
-    *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels kernels-prefill moe-kernel model" \
+    *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels kernels-decode kernels-prefill moe-kernel model" \
             "speculative startup lora structured decode-profile)"; exit 2 ;;
     esac
 done

@@ -42,6 +42,11 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 # num_stages) and extend (BLOCK_M, BLOCK_N, num_warps, num_stages).
 DECODE_SWEEP = [(32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (64, 4, 2, True), (128, 4, 2, True),
                 (128, 8, 2, True), (64, 8, 2, True)]
+# FP8-cache launches beside its default (--sweep): fifth item fp16_tiles (e4m3 -> fp16 tiles and an fp16 query
+# for the dots, instead of bf16).
+FP8_SWEEP = [(128, 4, 2, True, True), (64, 4, 2, True, True), (128, 8, 2, True, True), (64, 4, 2, False, True),
+             (128, 4, 2, False, True), (32, 4, 2, True, True), (128, 4, 2, True, False), (256, 4, 2, False, True),
+             (256, 8, 2, False, True), (128, 4, 3, False, True), (128, 8, 3, False, True)]
 # An extend entry's optional fifth to seventh items: K's tiles loaded as stored then transposed, loads masked along
 # head_dim although it fills the tile (the kernel before 2026-11-26, night), a KV group's heads packed in a program.
 EXTEND_SWEEP = [(128, 32, 4, 3, False, True), (128, 32, 4, 3, True), (128, 32, 4, 4), (128, 32, 4, 2),
@@ -154,11 +159,15 @@ def fp8_decode_row(q, k_cache, v_cache, meta, scale, bytes_moved, elem, copy_bw)
     kv_bytes = 2 * k_cache.numel() * elem
     moved = bytes_moved - kv_bytes + kv_bytes // elem
     exact = decode_attention(q, k_cache, v_cache, meta, scale).float()
-    got = decode_attention(q, k8, v8, meta, scale, k_scale=k_scale, v_scale=v_scale)
-    error = float((got.float() - exact).abs().max())
-    for config in [None, *DECODE_SWEEP]:
-        ms = time_ms(lambda: decode_attention(q, k8, v8, meta, scale, k_scale=k_scale, v_scale=v_scale,
-                                              config=config))
+    for config in [None, *FP8_SWEEP, *DECODE_SWEEP]:
+        def run(config=config):
+            return decode_attention(q, k8, v8, meta, scale, k_scale=k_scale, v_scale=v_scale, config=config)
+        try:
+            error = float((run().float() - exact).abs().max())
+            ms = time_ms(run)
+        except Exception as error:   # e.g. out of shared memory: the sweep goes on
+            print(f"| triton paged, FP8 e4m3 cache, {config} | auto | failed: {type(error).__name__} | | |")
+            continue
         gbps = moved / (ms * 1e-3)
         copy = f" ({gbps / copy_bw:.0%} of copy)" if copy_bw else ""
         print(f"| triton paged, FP8 e4m3 cache, {config or 'default'} ({moved / 1e6:.1f} MB counted; max |fp8 - "
@@ -209,6 +218,7 @@ def main() -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--sweep", action="store_true", help="also time the launch configurations of the sweep lists")
     parser.add_argument("--prefill-only", action="store_true", help="the prefill figures alone")
+    parser.add_argument("--decode-only", action="store_true", help="the decode figures alone")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (none found): no figures on this machine.")
@@ -225,10 +235,12 @@ def main() -> int:
     print(f"measured copy bandwidth: {copy_bw / 1e9:.0f} GB/s (1 GiB device-to-device, read + write)")
     if not args.sweep:
         DECODE_SWEEP.clear()
+        FP8_SWEEP.clear()
         EXTEND_SWEEP.clear()
     if not args.prefill_only:
         bench_decode(args.batch, args.context, args.block_size, dtype, peak, copy_bw)
-    bench_prefill(args.prefill_batch, args.prefill_len, args.block_size, dtype)
+    if not args.decode_only:
+        bench_prefill(args.prefill_batch, args.prefill_len, args.block_size, dtype)
     return 0
 
 

@@ -49,6 +49,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     K_ROWS_FIRST: tl.constexpr,
+    FP16_TILES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
@@ -73,6 +74,8 @@ def _decode_split_kernel(
 
     q = tl.load(Q + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if FP16_TILES:   # an FP8 cache under a bf16 query: e4m3 -> fp16 is exact and one instruction a pair
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     table = Block_Tables + seq.to(tl.int64) * stride_bt
 
     running_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -164,8 +167,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_scale is folded into the softmax scale and v_scale into the partial outputs.
 
     `num_kv_splits` overrides the split heuristic, `config` the split kernel's `(BLOCK_N, num_warps,
-    num_stages[, k_rows_first])` (tests and benchmarks' sweeps; k_rows_first loads K tiles as stored and
-    transposes them in registers).
+    num_stages[, k_rows_first[, fp16_tiles]])` (tests and benchmarks' sweeps; k_rows_first loads K tiles as
+    stored and transposes them in registers; fp16_tiles, for an FP8 cache under a bf16 query, converts the
+    tiles to fp16, exactly, and the query to fp16 for the dots, instead of both to bf16).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -191,10 +195,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_programs = num_seqs * num_kv_heads * head_blocks
     num_splits = num_kv_splits or _num_splits(q.device, num_programs, meta.max_seqlen_k)
 
-    # An FP8 cache: K read as stored, 128 keys a tile (H200, batch 64 x 2048: 163 us against 215 with the 16-bit
-    # cache's tiles; benchmarks/kernels.py --sweep). Still slower than the bf16 cache's 142 us for half the bytes.
-    default = (128, 4, 2, True) if k_cache.dtype == FP8_DTYPE else (64, 4, 2, False)
-    block_n, num_warps, num_stages, k_rows_first = (*config, False)[:4] if config else default
+    # An FP8 cache: 128 keys a tile, converted to fp16 (H100, batch 64 x 2048: 141 us against 167 converting to
+    # bf16 and 200 for the bf16 cache; benchmarks/kernels.py --decode-only --sweep, docs/gpu-logs/2026-11-27-h100).
+    default = (128, 4, 2, False, True) if k_cache.dtype == FP8_DTYPE else (64, 4, 2, False, False)
+    block_n, num_warps, num_stages, k_rows_first, fp16_tiles = (*config, False, False)[:5] if config else default
+    fp16_tiles = fp16_tiles and k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16
     mid_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads * head_blocks, num_splits)](
@@ -214,6 +219,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         K_ROWS_FIRST=k_rows_first,
+        FP16_TILES=fp16_tiles,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -79,6 +79,33 @@ def test_decode_fp8_matches_reference(device, dtype, tol, make_paged, num_heads,
     torch.testing.assert_close(got, want, **tol(dtype, "attention"))
 
 
+@pytest.mark.parametrize("config", [(128, 4, 2, True, True), (64, 4, 2, False, True), (32, 4, 2, True, False)],
+                         ids=["rows-first-fp16", "fp16", "rows-first"])
+def test_decode_fp8_launch_variants_match_reference(device, dtype, tol, make_paged, config):
+    # fp16 tiles (used for a bf16 query only): e4m3 -> fp16 is exact, so only the query's rounding changes.
+    q, k_cache, v_cache, meta, _, _ = make_paged([1, 16, 33, 80, 47, 300], [1] * 6, 8, 2, 64, 16, dtype, device,
+                                                 seed=13)
+    k8, v8 = fp8_caches(k_cache, v_cache)
+    got = decode_attention(q, k8, v8, meta, 0.125, k_scale=K_SCALE, v_scale=V_SCALE, config=config)
+    want = references.decode_attention(q, k8, v8, meta, 0.125, None, K_SCALE, V_SCALE)
+    torch.testing.assert_close(got, want, **tol(dtype, "attention"))
+
+
+def test_decode_fp8_fp16_tiles_under_a_bf16_query_match_reference(tol, make_paged):
+    # The path fp16_tiles exists for, on the default device (the interpreter on a CPU): a bf16 query, whose
+    # values beyond fp16's range are clamped (one is set to 1e6 here: no inf, no NaN).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k_cache, v_cache, meta, _, _ = make_paged([1, 33, 80, 300], [1] * 4, 8, 2, 64, 16, torch.bfloat16, device,
+                                                 seed=17)
+    k8, v8 = fp8_caches(k_cache, v_cache)
+    want = references.decode_attention(q, k8, v8, meta, 0.125, None, K_SCALE, V_SCALE)
+    got = decode_attention(q, k8, v8, meta, 0.125, k_scale=K_SCALE, v_scale=V_SCALE, config=(64, 4, 2, True, True))
+    torch.testing.assert_close(got, want, **tol(torch.bfloat16, "attention"))
+    q[0, 0, 0] = 1e6
+    assert decode_attention(q, k8, v8, meta, 0.125, k_scale=K_SCALE, v_scale=V_SCALE,
+                            config=(64, 4, 2, True, True)).float().isfinite().all()
+
+
 @pytest.mark.parametrize("q_lens", [[5, 1, 16], [33, 8, 2]])
 def test_extend_fp8_matches_reference(device, dtype, tol, make_paged, q_lens):
     q, k_cache, v_cache, meta, _, _ = make_paged([40, 17, 70], q_lens, 8, 2, 64, 16, dtype, device, seed=5)
