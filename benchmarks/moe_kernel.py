@@ -10,6 +10,8 @@ The default layer is Qwen3-30B-A3B's (128 experts of 768, top-8, hidden 2048), b
   as plain launches, so the host's part shows. MBU = bytes / time / the measured copy bandwidth.
 - Prefill (4096 tokens): FLOPs counted = 2 x tokens x top_k x 3 x hidden x intermediate; beside it, one dense
   GEMM chain of the same FLOPs (tokens*top_k rows through one expert's weights) as the matrix-rate ceiling.
+- `--sweep`: the decode rows again for each launch of DECODE_SWEEP (both GEMMs' BLOCK_N, BLOCK_K, warps,
+  stages), and where one graph replay's time goes at each batch: the routing's alignment alone, and the rest.
 Timings: `triton.testing.do_bench`, median. Without CUDA it says so and exits 0.
 """
 import argparse
@@ -20,6 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kernels import copy_bandwidth, time_ms   # noqa: E402  (benchmarks/kernels.py)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of both grouped GEMMs; None is the launcher's default (64, 64, 4, 3).
+DECODE_SWEEP = [(32, 128, 4, 3), (16, 256, 2, 4), (128, 64, 8, 3), (32, 64, 2, 4), (32, 256, 4, 3), (64, 128, 4, 4),
+                (16, 128, 2, 3), (64, 256, 8, 3)]
 
 
 def random_layer(num_experts: int, hidden: int, intermediate: int, dtype: torch.dtype):
@@ -57,6 +64,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--intermediate", type=int, default=768)
     parser.add_argument("--prefill-tokens", type=int, default=4096)
+    parser.add_argument("--sweep", action="store_true", help="decode launches swept, and the routing's share")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/moe_kernel.py needs a CUDA GPU (none found): no figures on this machine.")
@@ -89,6 +97,29 @@ def main() -> int:
         gbps = moved / (graph_ms * 1e-3)
         print(f"| {tokens} | {hit} | {moved / 1e6:.1f} | {graph_ms * 1e3:.1f} | {gbps / 1e9:.0f} | "
               f"{gbps / copy_bw:.0%} | {plain_ms * 1e3:.1f} | {ref_ms * 1e3:.1f} |")
+
+    if args.sweep:
+        from kubeinfer.kernels import fused_moe as module
+        print("\n## Decode launches (graph replay, us): BLOCK_N, BLOCK_K, warps, stages of both GEMMs; the alignment "
+              "alone, by the one-program kernel and by torch's sort")
+        print("| tokens | alignment: kernel | alignment: sort | " + " | ".join(str(c) for c in [None, *DECODE_SWEEP])
+              + " |")
+        print("|---" * (len(DECODE_SWEEP) + 4) + "|")
+        limit = module.ALIGN_KERNEL_MAX_PAIRS
+        for tokens in (1, 16, 64, 512):
+            x, weights, ids = random_routing(tokens, E, k, H, dtype)
+            align_us = time_ms(graph_of(lambda: module.align_by_expert(ids, E, 16))) * 1e3
+            module.ALIGN_KERNEL_MAX_PAIRS = -1
+            sort_us = time_ms(graph_of(lambda: module.align_by_expert(ids, E, 16))) * 1e3
+            module.ALIGN_KERNEL_MAX_PAIRS = limit
+            cells = []
+            for config in [None, *DECODE_SWEEP]:
+                try:
+                    replay = graph_of(lambda: fused_moe(x, w13, w2, weights, ids, config=config))
+                    cells.append(f"{time_ms(replay) * 1e3:.1f}")
+                except Exception as error:   # e.g. out of shared memory: the sweep goes on
+                    cells.append(f"failed: {type(error).__name__}")
+            print(f"| {tokens} | {align_us:.1f} | {sort_us:.1f} | " + " | ".join(cells) + " |")
 
     T = args.prefill_tokens
     x, weights, ids = random_routing(T, E, k, H, dtype)

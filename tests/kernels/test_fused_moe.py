@@ -78,6 +78,18 @@ def test_triton_kernel_matches_reference(device, dtype, num_tokens, hidden, inte
     torch.testing.assert_close(fused_moe(x, w13, w2, weights, ids).float(), want, **tolerance)
 
 
+@pytest.mark.parametrize("config", [(32, 128, 4, 3), (16, 256, 2, 4), (128, 64, 8, 3), (32, 64, 2, 4)])
+def test_triton_kernel_launches_match_reference(device, dtype, config):
+    """The launches benchmarks/moe_kernel.py --sweep times: tiles narrower, deeper and wider than the default."""
+    from kubeinfer.kernels import references
+    from kubeinfer.kernels.fused_moe import fused_moe
+    x, w13, w2, logits = (t.to(device, dtype) for t in make(5, 96, 72, 8, seed=9))
+    weights, ids = references.moe_route(logits, 2, True)
+    want = references.fused_moe(x.float(), w13.float(), w2.float(), weights.float(), ids)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    torch.testing.assert_close(fused_moe(x, w13, w2, weights, ids, config=config).float(), want, **tolerance)
+
+
 def test_triton_kernel_one_expert_takes_all_and_ranks_split(device, dtype):
     if dtype != torch.float32:
         pytest.skip("the shapes, not the dtype, are under test here")
@@ -107,6 +119,27 @@ def test_alignment_gives_each_block_one_expert():
         else:
             assert (flat[real] == block_expert[block]).all()
     assert sorted(pair_of_row[pair_of_row < 8].tolist()) == list(range(8))   # every pair exactly once
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,block_m", [(1, 128, 8, 16), (7, 5, 2, 4), (64, 128, 8, 16),
+                                                                    (150, 3, 1, 16), (33, 60, 4, 32)])
+def test_alignment_kernel_groups_as_the_sort_does(monkeypatch, device, dtype, num_tokens, num_experts, top_k,
+                                                  block_m):
+    """The one-program alignment (decode sizes) against torch's sort (longer batches): the same expert for every
+    block, the same pairs in every block (their order inside an expert's run may differ), padding where the sort
+    pads; experts with no pair, an expert past the last one used, more pairs than one program's tile."""
+    if dtype != torch.float32:
+        pytest.skip("integer routing: the dtype is not under test here")
+    from kubeinfer.kernels import fused_moe as module
+    g = torch.Generator().manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k] for _ in range(num_tokens)]).to(device)
+    got = module.align_by_expert(ids, num_experts, block_m)
+    monkeypatch.setattr(module, "ALIGN_KERNEL_MAX_PAIRS", -1)
+    want = module.align_by_expert(ids, num_experts, block_m)
+    assert got[2] == want[2]
+    assert torch.equal(got[1].cpu(), want[1].cpu())
+    rows_got, rows_want = got[0].view(-1, block_m).cpu(), want[0].view(-1, block_m).cpu()
+    assert torch.equal(rows_got.sort(dim=1).values, rows_want.sort(dim=1).values)
 
 
 @pytest.mark.parametrize("top_k,first", [(1, 0), (2, 0), (8, 0), (2, 4)])
