@@ -1,6 +1,7 @@
 """No replica stacked on pending pods (`pending_guard`): while the replicas of the last scale-up are pending, the
 reactive policy orders more only for an arrival rate risen beyond the one that scale-up was sized for, by more than
-the tolerance and the noise of the count it is measured from (issue #28)."""
+the tolerance and three standard errors of the counts it is measured from, the rate now pooled since the order
+(issue #28)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def ordered(to: int, sized_for: tuple[float, int, float] | None, arriving: float
 
 def test_a_reading_within_the_noise_of_the_rate_ordered_for_orders_nothing_more():
     # 5 ordered for 7 req/s measured over 5 s, 4 pending. This pass's queue growth reads 9 req/s over 5 s: 29% above,
-    # but the difference of two 5 s counts at 7 req/s has a standard error of 1.7 req/s, and 2 is within two of them.
+    # but the difference of two 5 s counts at 8 req/s has a standard error of 1.8 req/s, and 2 is within three.
     # Sized anew, 9 req/s and the backlog the pending replicas meet would be 8.2 replicas: the policy without the
     # guard orders 4 more for the same traffic.
     hist, signals = ordered(5, (7.0, 5, 5.0), arriving=9.0)
@@ -101,13 +102,53 @@ def test_the_sizing_is_kept_in_status_so_a_restarted_operator_holds_the_same_gua
     assert ScaleHistory.from_dict({**stored, "scaleUpSizedFor": None}).scale_up_sized_for is None
 
 
-def test_a_rise_is_beyond_both_the_tolerance_and_two_standard_errors_of_the_difference_of_the_counts():
-    # At 100 req/s, two 5 s counts: the noise (2 sqrt(100 x (1/5 + 1/5)) = 12.6) is above the 10% tolerance: it decides.
-    assert not risen(112.0, 5.0, 100.0, 5.0, 0.1) and risen(113.0, 5.0, 100.0, 5.0, 0.1)
-    # Over 60 s each (3.7) the tolerance decides.
+def test_a_rise_is_beyond_both_the_tolerance_and_three_standard_errors_of_the_difference_of_the_counts():
+    # At 100 req/s, two 5 s counts: the noise (3 sqrt(110 x (1/5 + 1/5)) = 19.9 at the two counts' pooled rate) is
+    # above the 10% tolerance: it decides.
+    assert not risen(119.8, 5.0, 100.0, 5.0, 0.1) and risen(120.0, 5.0, 100.0, 5.0, 0.1)
+    # Over 60 s each (5.5) the tolerance decides.
     assert not risen(110.0, 60.0, 100.0, 60.0, 0.1) and risen(110.5, 60.0, 100.0, 60.0, 0.1)
-    # Both counts are noisy: 5 req/s over 5 s against 5 req/s over 5 s needs 2.8 more; against a 60 s window's, 2.1.
-    assert not risen(7.5, 5.0, 5.0, 5.0, 0.1) and risen(7.9, 5.0, 5.0, 5.0, 0.1)
-    assert risen(7.5, 5.0, 5.0, 60.0, 0.1)
+    # Both counts are noisy: 5 req/s over 5 s against 5 req/s over 5 s needs 5.2 more; against a 60 s window's, 3.2.
+    assert not risen(10.2, 5.0, 5.0, 5.0, 0.1) and risen(10.3, 5.0, 5.0, 5.0, 0.1)
+    assert not risen(8.1, 5.0, 5.0, 60.0, 0.1) and risen(8.3, 5.0, 5.0, 60.0, 0.1)
+    # The noise is that of the rate both would share: a low remembered reading does not make it small.
+    assert not risen(8.8, 5.0, 4.9, 5.0, 0.1)
     # A rate measured over no span (one queue sample) shows no rise, nor one against such a rate.
     assert not risen(50.0, 0.0, 5.0, 5.0, 0.1) and not risen(50.0, 5.0, 5.0, 0.0, 0.1)
+
+
+def since_order(rates: tuple[float, float, float], waiting0: float = 40.0) -> tuple:
+    """A history 16 s after a scale-up 1 -> 5 sized for 5 req/s over 5 s, 4 pending, one ready replica saturated:
+    queue samples at the order (-16 s), -10 and -5 s, the pass's at 0, the arrivals of each interval `rates`."""
+    times, waiting, samples = (T0 - 16, T0 - 10, T0 - 5, T0), waiting0, []
+    for (t, t_next), rate in zip(zip(times, times[1:]), rates):
+        samples.append((t, waiting, 4.0, 1))
+        waiting += (rate - MU) * (t_next - t)
+    hist = ScaleHistory(started_at=T0 - 3600, last_ready=1, ready_changed_at=T0 - 3600, last_traffic_time=T0,
+                        queue_samples=tuple(samples), events=(ScaleEvent(T0 - 15, 1, 5, ap.SCALE_UP),),
+                        scale_up_sized_for=(5.0, 5, 5.0))
+    return hist, Signals(timestamp=T0, queue_depth=waiting, num_running=4.0)
+
+
+def test_the_rate_now_is_pooled_since_the_order_so_one_high_pass_orders_nothing():
+    # 5 req/s for 11 s, then a pass whose 5 s reads 11: against the 5 ordered for, alone, a rise (6 > 5.2). Since the
+    # order, 16 s read 6.9 req/s, within 3 standard errors of the difference (3.9): the pass holds.
+    hist, signals = since_order((5.0, 5.0, 11.0))
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
+    assert (d.desired_replicas, d.reason) == (5, ap.PENDING_REPLICAS), d.message
+    assert "6.9 req/s over the 16s since is no rise" in d.message and "11.0 req/s arriving" in d.message
+    assert risen(11.0, 5.0, 5.0, 5.0, 0.1)
+
+
+def test_a_step_since_the_order_is_in_the_pooled_rate_and_orders():
+    hist, signals = since_order((15.0, 15.0, 15.0))
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
+    assert d.reason == ap.SCALE_UP and d.desired_replicas > 5, d.message
+
+
+def test_without_saturation_since_the_order_the_pass_reading_decides():
+    # The queue was within its band at the order's sample (4 waiting on 1 ready): the ready replica may have served
+    # less than its throughput, so no rate since then is read, and the pass's own 5 s (11 req/s) decides: a rise.
+    hist, signals = since_order((5.0, 5.0, 11.0), waiting0=4.0)
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
+    assert d.reason == ap.SCALE_UP and d.desired_replicas > 5, d.message
