@@ -18,21 +18,18 @@ two unless the rate measured now exceeds the remembered one:
   explains them. A burst's step (4-10x) is far beyond it. A step that began inside the pass that ordered is seen
   in part by that pass, and in full by the next: that second order is for traffic the first did not see.
 
-**The rate now** is measured over every queue sample since the order while the replicas were saturated (the queue
-above its band at each): what the ready ones served at their throughput plus the queue's growth, over 10-20 s
-rather than the last pass's 5 (`arrivals_since`). Why (issue #28, 50 services on a quiet box, the operator at its
-own 5 s cadence): compared pass by pass at two standard errors, 15 of 49 orders made while pods were pending were
-for no higher rate. The passes' readings of a steady rate scattered 1.3-1.6x as widely as a Poisson count's (the
-replicas' batches complete in lumps; a sample's time is a scrape's), and each of the 3-4 passes of a cold start was
-a new draw against the same remembered reading. Pooled since the order, the passes of one cold start share their
-data, so they are nearly one test, not four; the rate of a step that began before the order is all in it. A second
-step after the order is diluted by the time before it, and orders later: by the end of the cold start at most,
-when nothing is pending and the guard is off.
-
-A recommendation up to the remembered one is not cut: a scale-up held back by `maxScaleUpStep` goes on towards it.
-Once nothing is pending the guard is off: a backlog the pending replicas did not drain as planned (a cold start
-longer than learned) is answered by the next pass from the fleet then ready. Rules that size for no arrival rate
-(the backlog rule without a throughput per replica, TTFT, a decode pool's pressure) neither set nor meet the guard.
+**The rate now** is read from every queue sample since the order, pooled while the replicas were saturated (the
+queue above its band at each): what the ready ones served at their throughput plus the queue's growth
+(`arrivals_since`), over all of them and over the latest 10 s of them (two passes at least); either shows a rise.
+The pass's own reading decides only where neither can be read (the queue within its band since the order). Why
+(issue #28, 50 services on a quiet box, the operator at its own 5 s cadence): compared pass by pass at two standard
+errors of the remembered rate, 15 of 49 orders made while pods were pending were for no higher rate. The passes'
+readings of a steady rate scattered 1.3-1.6x as widely as a Poisson count's (the replicas' batches complete in
+lumps; a sample's time is a scrape's), each of a cold start's 3-4 passes was a new draw against the same remembered
+reading, and a low remembered reading made the noise small just where a high one followed. All samples since the
+order make the passes of a cold start nearly one test; the latest 10 s find a step after the order within two
+passes, where all of them would dilute it by the time before it (12 -> 24 req/s on a 60 s cold start: not seen
+until the drain had no more use for it); the pass alone, tested at three standard errors too, let 8 through.
 """
 
 from __future__ import annotations
@@ -60,11 +57,18 @@ def risen(rate: float, span_s: float, sized_for: float, sized_span_s: float, tol
     return rate > sized_for * (1 + tolerance) and rate - sized_for > noise
 
 
-def arrivals_since(hist: ScaleHistory, throughput: float | None, config: PolicyConfig) -> tuple[float, float] | None:
+# The latest queue samples since the order, over this many seconds and at least two passes, are read beside all of
+# them: a step after the order shows there within two passes, where all of them would dilute it.
+LATEST_SPAN_S = 10.0
+
+
+def arrivals_since(hist: ScaleHistory, throughput: float | None, config: PolicyConfig,
+                   latest_s: float | None = None) -> tuple[float, float] | None:
     """(req/s, span in seconds) arriving since the last scale-up, from its own queue sample (the last at or before
     it) to the latest: the ready replicas at each sample served `throughput` until the next, plus the queue's
-    growth. None unless the queue was above its band at every sample (saturated: they served their throughput) and
-    two samples span it."""
+    growth. With `latest_s`, over the samples since it within that many seconds of the latest, if they span two
+    passes (three samples). None unless the queue was above its band at every sample since the order (saturated:
+    they served their throughput) and two samples span it."""
     up = next((e for e in reversed(hist.events) if e.to_replicas > e.from_replicas), None)
     if up is None or not throughput:
         return None
@@ -75,6 +79,10 @@ def arrivals_since(hist: ScaleHistory, throughput: float | None, config: PolicyC
     since = samples[first:]
     if any(waiting <= config.target_queue_depth_per_replica * max(ready, 1) for _, waiting, _, ready in since):
         return None
+    if latest_s is not None:
+        since = [s for s in since if s[0] >= since[-1][0] - latest_s - 1e-6]
+        if len(since) < 3:
+            return None
     served = sum(a[3] * throughput * (b[0] - a[0]) for a, b in zip(since, since[1:]))
     span = since[-1][0] - since[0][0]
     return max(0.0, (served + since[-1][1] - since[0][1]) / span), span
@@ -84,14 +92,19 @@ def held_for_pending(rec: int, arrivals: tuple[float, float] | None, replicas: R
                      config: PolicyConfig) -> tuple[int, str]:
     """(the recommendation a scale-up may act on, why it was cut or ""). `arrivals` is (req/s, span of the
     measurement in seconds) the recommending rule sized for, None for a rule that sizes for no arrival rate; the
-    rate since the order replaces it where measurable (`arrivals_since`)."""
+    rate since the order (`arrivals_since`), where measurable, is tested beside it."""
     sized = hist.scale_up_sized_for
     if replicas.pending == 0 or sized is None or arrivals is None:
         return rec, ""
     sized_rate, sized_rec, sized_span = sized
     cap = max(replicas.current, sized_rec)
-    rate, span = arrivals_since(hist, saturation_throughput(hist, config), config) or arrivals
-    if rec <= cap or risen(rate, span, sized_rate, sized_span, config.tolerance):
+    if rec <= cap:
         return rec, ""
-    return cap, (f"{replicas.pending} pending of the scale-up for {sized_rate:.1f} req/s, and {rate:.1f} req/s "
-                 f"over the {span:.0f}s since is no rise beyond it")
+    throughput = saturation_throughput(hist, config)
+    readings = [arrivals_since(hist, throughput, config), arrivals_since(hist, throughput, config, LATEST_SPAN_S)]
+    readings = [r for r in readings if r is not None] or [arrivals]
+    if any(risen(rate, span, sized_rate, sized_span, config.tolerance) for rate, span in readings):
+        return rec, ""
+    seen = ", ".join(f"{rate:.1f} req/s over {span:.0f}s" for rate, span in readings)
+    return cap, (f"{replicas.pending} pending of the scale-up for {sized_rate:.1f} req/s, and {seen} is no rise "
+                 f"beyond it")

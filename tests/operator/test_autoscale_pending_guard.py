@@ -1,7 +1,7 @@
 """No replica stacked on pending pods (`pending_guard`): while the replicas of the last scale-up are pending, the
 reactive policy orders more only for an arrival rate risen beyond the one that scale-up was sized for, by more than
-the tolerance and three standard errors of the counts it is measured from, the rate now pooled since the order
-(issue #28)."""
+the tolerance and three standard errors of the counts it is measured from, the rate now read over the last pass and
+pooled since the order (issue #28)."""
 
 from __future__ import annotations
 
@@ -130,25 +130,34 @@ def since_order(rates: tuple[float, float, float], waiting0: float = 40.0) -> tu
     return hist, Signals(timestamp=T0, queue_depth=waiting, num_running=4.0)
 
 
-def test_the_rate_now_is_pooled_since_the_order_so_one_high_pass_orders_nothing():
-    # 5 req/s for 11 s, then a pass whose 5 s reads 11: against the 5 ordered for, alone, a rise (6 > 5.2). Since the
-    # order, 16 s read 6.9 req/s, within 3 standard errors of the difference (3.9): the pass holds.
-    hist, signals = since_order((5.0, 5.0, 11.0))
+def test_one_high_pass_within_the_noise_orders_nothing():
+    # 5 req/s for 11 s, then a pass whose 5 s reads 9.5: against the 5 ordered for, 4.5 more, within three standard
+    # errors of the difference at the rate both would share (5.1); since the order, 16 s read 6.4, its last 10 s 7.2:
+    # the pass holds.
+    hist, signals = since_order((5.0, 5.0, 9.5))
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
     assert (d.desired_replicas, d.reason) == (5, ap.PENDING_REPLICAS), d.message
-    assert "6.9 req/s over the 16s since is no rise" in d.message and "11.0 req/s arriving" in d.message
-    assert risen(11.0, 5.0, 5.0, 5.0, 0.1)
+    assert "6.4 req/s over 16s, 7.2 req/s over 10s is no rise" in d.message
 
 
-def test_a_step_since_the_order_is_in_the_pooled_rate_and_orders():
+def test_a_step_each_pass_reads_within_its_noise_is_found_by_the_count_since_the_order():
+    # 10 req/s since the order sized for 5: each pass alone is within its noise (5 < 5.2), 16 s of it are not.
+    assert not risen(10.0, 5.0, 5.0, 5.0, 0.1) and risen(10.0, 16.0, 5.0, 5.0, 0.1)
+    hist, signals = since_order((10.0, 10.0, 10.0))
+    d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
+    assert d.reason == ap.SCALE_UP and d.desired_replicas > 5, d.message
+
+
+def test_a_step_since_the_order_orders():
     hist, signals = since_order((15.0, 15.0, 15.0))
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
     assert d.reason == ap.SCALE_UP and d.desired_replicas > 5, d.message
 
 
-def test_without_saturation_since_the_order_the_pass_reading_decides():
+def test_without_saturation_since_the_order_only_the_pass_reading_counts():
     # The queue was within its band at the order's sample (4 waiting on 1 ready): the ready replica may have served
-    # less than its throughput, so no rate since then is read, and the pass's own 5 s (11 req/s) decides: a rise.
-    hist, signals = since_order((5.0, 5.0, 11.0), waiting0=4.0)
+    # less than its throughput, so no rate since then is read, and the pass's own 5 s (10 req/s) is within its noise.
+    hist, signals = since_order((10.0, 10.0, 10.0), waiting0=4.0)
     d = ap.decide(signals, ReplicaCounts(5, 1, 4), hist, cfg(), T0)
-    assert d.reason == ap.SCALE_UP and d.desired_replicas > 5, d.message
+    assert (d.desired_replicas, d.reason) == (5, ap.PENDING_REPLICAS), d.message
+    assert "10.0 req/s over 5s is no rise" in d.message
