@@ -36,14 +36,20 @@ import math
 from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
 
 
+def saturated_arrivals(samples, throughput: float) -> float:
+    """Requests arriving per second over two or more queue samples of a saturated fleet: what the replicas ready at
+    each sample served at `throughput` until the next, plus the queue's growth from the first to the last."""
+    served = sum(a[3] * throughput * (b[0] - a[0]) for a, b in zip(samples, samples[1:]))
+    return max(0.0, (served + samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]))
+
+
 def arrivals_now(hist: ScaleHistory, throughput: float, ready: int) -> float:
     """Requests arriving per second under overload: what the replicas ready at the previous queue sample served at
     saturation, plus the queue's growth since that sample (the ready ones alone with a single sample)."""
     samples = hist.queue_samples
     if len(samples) < 2:
         return ready * throughput
-    (t0, waiting0, _, ready0), (t1, waiting1, _, _) = samples[-2:]
-    return max(0.0, ready0 * throughput + (waiting1 - waiting0) / (t1 - t0))
+    return saturated_arrivals(samples[-2:], throughput)
 
 
 def pending_waves(hist: ScaleHistory, replicas: ReplicaCounts, cold_start: float,

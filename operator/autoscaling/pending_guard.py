@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 
+from kubeinfer.operator.autoscaling.drain_sizing import saturated_arrivals
 from kubeinfer.operator.autoscaling.observations import saturation_throughput
 from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
 
@@ -62,37 +63,31 @@ def risen(rate: float, span_s: float, sized_for: float, sized_span_s: float, tol
 LATEST_SPAN_S = 10.0
 
 
-def arrivals_since(hist: ScaleHistory, throughput: float | None, config: PolicyConfig,
-                   latest_s: float | None = None) -> tuple[float, float] | None:
+def arrivals_since(hist: ScaleHistory, throughput: float | None, config: PolicyConfig) -> list[tuple[float, float]]:
     """(req/s, span in seconds) arriving since the last scale-up, from its own queue sample (the last at or before
-    it) to the latest: the ready replicas at each sample served `throughput` until the next, plus the queue's
-    growth. With `latest_s`, over the samples since it within that many seconds of the latest, if they span two
-    passes (three samples). None unless the queue was above its band at every sample since the order (saturated:
-    they served their throughput) and two samples span it."""
+    it) to the latest (`drain_sizing.saturated_arrivals`), and over those within LATEST_SPAN_S of the latest if they
+    span two passes (three samples). None of them unless the queue was above its band at every sample since the
+    order (saturated: the ready replicas served their throughput) and two samples span it."""
     up = next((e for e in reversed(hist.events) if e.to_replicas > e.from_replicas), None)
     if up is None or not throughput:
-        return None
+        return []
     samples = hist.queue_samples
     first = max((i for i, s in enumerate(samples) if s[0] <= up.time), default=None)
     if first is None or len(samples) - first < 2:
-        return None
+        return []
     since = samples[first:]
     if any(waiting <= config.target_queue_depth_per_replica * max(ready, 1) for _, waiting, _, ready in since):
-        return None
-    if latest_s is not None:
-        since = [s for s in since if s[0] >= since[-1][0] - latest_s - 1e-6]
-        if len(since) < 3:
-            return None
-    served = sum(a[3] * throughput * (b[0] - a[0]) for a, b in zip(since, since[1:]))
-    span = since[-1][0] - since[0][0]
-    return max(0.0, (served + since[-1][1] - since[0][1]) / span), span
+        return []
+    latest = [s for s in since if s[0] >= since[-1][0] - LATEST_SPAN_S - 1e-6]
+    spans = [since] + ([latest] if len(latest) >= 3 else [])
+    return [(saturated_arrivals(span, throughput), span[-1][0] - span[0][0]) for span in spans]
 
 
 def held_for_pending(rec: int, arrivals: tuple[float, float] | None, replicas: ReplicaCounts, hist: ScaleHistory,
                      config: PolicyConfig) -> tuple[int, str]:
     """(the recommendation a scale-up may act on, why it was cut or ""). `arrivals` is (req/s, span of the
     measurement in seconds) the recommending rule sized for, None for a rule that sizes for no arrival rate; the
-    rate since the order (`arrivals_since`), where measurable, is tested beside it."""
+    readings since the order (`arrivals_since`), where measurable, are tested in its place."""
     sized = hist.scale_up_sized_for
     if replicas.pending == 0 or sized is None or arrivals is None:
         return rec, ""
@@ -100,9 +95,7 @@ def held_for_pending(rec: int, arrivals: tuple[float, float] | None, replicas: R
     cap = max(replicas.current, sized_rec)
     if rec <= cap:
         return rec, ""
-    throughput = saturation_throughput(hist, config)
-    readings = [arrivals_since(hist, throughput, config), arrivals_since(hist, throughput, config, LATEST_SPAN_S)]
-    readings = [r for r in readings if r is not None] or [arrivals]
+    readings = arrivals_since(hist, saturation_throughput(hist, config), config) or [arrivals]
     if any(risen(rate, span, sized_rate, sized_span, config.tolerance) for rate, span in readings):
         return rec, ""
     seen = ", ".join(f"{rate:.1f} req/s over {span:.0f}s" for rate, span in readings)
