@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_bringup.sh [LOG_DIR] [STEP ...]      steps: device tests tests-gpu tests-quick tests-attention
 #                                                            kernels kernels-decode kernels-prefill moe-kernel model speculative
-#                                                            startup lora structured decode-profile
+#                                                            startup lora structured decode-profile skinny model-skinny-off
 #                                                            (default: tests kernels model startup)
 #
 # tests-gpu runs every test marked gpu, spread over $GPU_TEST_WORKERS pytest-xdist workers (default 8: Triton's
@@ -76,7 +76,11 @@ for step in $steps; do
     kernels) run_step bench-kernels 180 70 "$py" -P benchmarks/kernels.py ${SWEEP:+--sweep} ;;
     kernels-decode) run_step bench-kernels-decode 150 60 "$py" -P benchmarks/kernels.py --decode-only --sweep ;;
     kernels-prefill) run_step bench-kernels-prefill 150 30 "$py" -P benchmarks/kernels.py --prefill-only --sweep ;;
-    model) run_step bench-model 300 60 "$py" -P benchmarks/gpu_model.py ${SKIP_HF:+--skip-transformers} ;;
+    model) run_step bench-model 300 60 "$py" -P benchmarks/gpu_model.py ${SKIP_HF:+--skip-transformers} ${MODEL_ARGS:-} ;;
+    model-skinny-off)   # the model step with every linear layer on F.linear (the decode-size kernel off), for an A/B
+        KUBEINFER_SKINNY_LINEAR=0 run_step bench-model-skinny-off 300 60 "$py" -P benchmarks/gpu_model.py \
+            ${SKIP_HF:+--skip-transformers} ${MODEL_ARGS:-} ;;
+    skinny) run_step bench-skinny-linear 300 80 "$py" -P benchmarks/skinny_linear.py ${SWEEP:+--sweep --rows 1 4 16} ;;
     decode-profile) run_step bench-decode-profile 180 40 "$py" -P benchmarks/decode_profile.py ;;
     tests-attention) run_step tests-attention 450 8 "$py" -P -m pytest -m "gpu or not gpu" -q -p no:cacheprovider \
             tests/kernels/test_extend_attention.py tests/kernels/test_decode_attention.py ;;
@@ -85,6 +89,6 @@ for step in $steps; do
     structured) run_step bench-structured 150 10 "$py" -P benchmarks/structured_mask_cost.py --device cuda \
             --batch 256 --vocab 32000 ${TORCH_THREADS:+--torch-threads $TORCH_THREADS} ;;
     *) echo "unknown step $step (device tests tests-gpu tests-quick tests-attention kernels kernels-decode kernels-prefill moe-kernel model" \
-            "speculative startup lora structured decode-profile)"; exit 2 ;;
+            "speculative startup lora structured decode-profile skinny model-skinny-off)"; exit 2 ;;
     esac
 done

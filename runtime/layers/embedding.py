@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kubeinfer.kernels import cpu_linear
+from kubeinfer.kernels import cpu_linear, ops
 from kubeinfer.runtime.layers.linear import load_rows
 from kubeinfer.runtime.parallel import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
@@ -55,6 +55,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         return True
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        projected = F.linear(hidden, self.weight) if self.packed is None else cpu_linear.linear(hidden, self.packed)
+        projected = ops.linear(hidden, self.weight) if self.packed is None else cpu_linear.linear(hidden, self.packed)
         logits = all_gather_last_dim(projected)
         return logits[..., :self.vocab_size] if logits.shape[-1] != self.vocab_size else logits

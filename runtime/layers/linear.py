@@ -8,10 +8,9 @@ all-reduce their output; the model code never looks at the rank. On the CPU a bf
 loading (`pack_cpu_weights`, kernels/cpu_linear.py).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kubeinfer.kernels import cpu_linear
+from kubeinfer.kernels import cpu_linear, ops
 from kubeinfer.runtime.parallel import all_reduce, tp_rank, tp_size
 
 
@@ -57,7 +56,7 @@ class LinearBase(nn.Module):
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:
             return cpu_linear.linear(x, self.packed, bias)
-        return F.linear(x, self.weight, bias)
+        return ops.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.project(x, self.bias)
