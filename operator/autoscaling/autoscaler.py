@@ -57,6 +57,7 @@ from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.reconcile import builders, router, status as status_mod
 from kubeinfer.operator.reconcile.controller import own_pods
 from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
+from kubeinfer.operator.times import rfc3339_precise
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,9 @@ class Autoscaler:
                                       content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})
             self.ctx.events.record(self.ctx.kube, body, plan.events)
             d = plan.decision
-            log.info("autoscale %s/%s: %s %d -> %d (recommended %s) %s", self.namespace, self.name, d.reason,
-                     plan.current, d.desired_replicas, d.recommendation, d.message)
+            log.info("autoscale %s/%s: %s %d -> %d (recommended %s) %s; signals of %s", self.namespace, self.name,
+                     d.reason, plan.current, d.desired_replicas, d.recommendation, d.message,
+                     rfc3339_precise(signals.timestamp))
             return plan
 
 

@@ -29,7 +29,7 @@ from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH
 from kubeinfer.operator.reconcile import builders, pools, status as status_mod
 from kubeinfer.operator.spec import METRICS_AVAILABLE, POOLS, SCALING_ACTIVE, InferenceServiceSpec
-from kubeinfer.operator.times import rfc3339
+from kubeinfer.operator.times import rfc3339, rfc3339_precise
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ def _decide_and_write(scaler: Any, signals: dict[str, Signals]) -> PoolsPlan | N
         scaler.ctx.events.record(scaler.ctx.kube, body, plan.events)
         for role, p in plan.plans.items():
             d = p.decision
-            log.info("autoscale %s/%s %s pool: %s %d -> %d (recommended %s) %s", scaler.namespace, scaler.name,
-                     role, d.reason, p.current, plan.desired[role], d.recommendation, d.message)
+            log.info("autoscale %s/%s %s pool: %s %d -> %d (recommended %s) %s; signals of %s", scaler.namespace,
+                     scaler.name, role, d.reason, p.current, plan.desired[role], d.recommendation, d.message,
+                     rfc3339_precise(signals[role].timestamp))
         return plan
