@@ -16,10 +16,13 @@ pod Ready `--cold-start` seconds after it is created. Every second the Deploymen
   AIBrix #2670: the queue keeps growing during a cold start and each pass orders more). Counted twice: with the
   trace's rate at the moment the new replicas were seen ordered and the recommendation higher than the last
   scale-up's (the first yardstick), and with **the rate the policy could have seen** and the order beyond the last
-  scale-up's recommendation. The policy measures arrivals from the queue's growth between its last two passes
-  (their times are read from its log as it is written, to the second), so a burst that began inside that span is
-  seen in part, and the next pass's order for the rest of the same step is not a stack on pending pods; with the
-  last pass more than a metric window back it has one queue sample and sees only what the ready replicas serve.
+  scale-up's recommendation. The policy measures arrivals from the queue's growth between the signals of its last
+  two passes (each pass logs its signals' time: the tick of the queue it read, which may be up to an interval older
+  than the pass, as the fleet's round of queries serves every pass of an interval), so a burst that began inside
+  that span is seen in part, and the next pass's order for the rest of the same step is not a stack on pending pods;
+  with the last pass more than a metric window back it has one queue sample and sees only what the ready replicas
+  serve. An order of the steady rule (the queue within its band) is sized for the arrival rate over the metric
+  window, so that is what it saw: the next order for a step the window's mean diluted is for traffic it did not.
   An order that goes on to the last scale-up's recommendation (held back by maxScaleUpStep, or cut there by the
   policy's own pending guard while its raw recommendation is higher) orders nothing that one did not;
 - **the peak fleet against the need**: the most replicas a service held, against the replicas its peak rate
@@ -52,15 +55,20 @@ from operator_scale import (  # noqa: E402
 from trace_prometheus import RATE_PER_REPLICA, BurstyTrace, TracePrometheus  # noqa: E402
 
 import operator_scale  # noqa: E402
+from kubeinfer.operator.times import unix  # noqa: E402
 
 NAMESPACE = "kubeinfer-guards"
 INSTANCE_LABEL = f"{GROUP}/inferenceservice"
 RISE = 1.1   # an arrival rate 10% above the last scale-up's is a new reason to order more
-# The span the policy's arrival estimate covers before a scale-up is seen here: one pass interval (the queue's growth
-# between two passes) and the up to one second this loop takes to read the order.
+# Where the log does not show a scale-up's pass, the span the policy's arrival estimate covers before the order is
+# seen here: one pass interval (the queue's growth between two passes) and the up to one second this loop takes to
+# read the order.
 SEEN_SPAN_S = AUTOSCALE_INTERVAL_S + 1.0
-# a pass that decided from signals; group 2: a scale-up
-PASS = re.compile(rf"^autoscale {NAMESPACE}/(\S+): (?!Metrics)(Scale(?:Up|FromZero) )?", re.M)
+# a pass that decided from signals; group 2: a scale-up; group 3: its message; group 4: the time of its signals
+PASS = re.compile(rf"^autoscale {NAMESPACE}/(\S+): (?!Metrics)(Scale(?:Up|FromZero) )?(.*); signals of (\S+)$", re.M)
+# The message of the steady rule (policy.py: "R req/s = L replicas busy"), which sizes for the metric window's arrival
+# rate, not for the queue's growth over the pass.
+WINDOW_RULE = re.compile(r"req/s = [\d.]+ replicas busy")
 METRIC_WINDOW_S = 30   # the services' metricWindowSeconds
 SCALE_UP = re.compile(rf"autoscale {NAMESPACE}/(\S+): Scale(?:Up|FromZero) \d+ -> \d+ \(recommended (\d+)\)")
 
@@ -104,26 +112,34 @@ def seen_rate(trace: BurstyTrace, t: float, span_s: float = SEEN_SPAN_S) -> floa
     return sum(trace.rate(t - span_s * (k + 0.5) / steps) for k in range(steps)) / steps
 
 
-def policy_seen(trace: BurstyTrace, passes: list[tuple[float, bool]], up: int, ready: int, t: float) -> float:
-    """The arrival rate the policy could have seen at its `up`-th scale-up (1-based): the trace's mean between the
-    pass that made it and the one before, the ready replicas' service if that one is more than a metric window back
-    (one queue sample); the mean over SEEN_SPAN_S before `t` if the log does not show the pass."""
-    ups = [i for i, (_, is_up) in enumerate(passes) if is_up]
+def policy_seen(trace: BurstyTrace, passes: list[tuple[float, bool, bool]], up: int, ready: int,
+                t: float) -> tuple[float, float | None]:
+    """(the arrival rate the policy could have seen at its `up`-th scale-up (1-based), the trace time of the signals
+    it read): for an order of the steady rule, which sizes for the arrival rate over the metric window, the trace's
+    mean over the window before its signals; else the trace's mean between the signals of the pass that made it
+    and those of the one before (the queue's growth), the ready replicas' service if those are more than a metric
+    window back (one queue sample); the mean over SEEN_SPAN_S before `t` if the log does not show the pass."""
+    ups = [i for i, (_, is_up, _) in enumerate(passes) if is_up]
     if up > len(ups) or ups[up - 1] == 0:
-        return seen_rate(trace, t)
-    at, before = passes[ups[up - 1]][0], passes[ups[up - 1] - 1][0]
+        return seen_rate(trace, t), None
+    (at, _, by_window), before = passes[ups[up - 1]], passes[ups[up - 1] - 1][0]
+    if by_window:
+        return seen_rate(trace, at, METRIC_WINDOW_S), at
     if at - before > METRIC_WINDOW_S:
-        return min(seen_rate(trace, at), ready * RATE_PER_REPLICA)
-    return seen_rate(trace, at, max(at - before, 1.0))
+        return min(seen_rate(trace, at), ready * RATE_PER_REPLICA), at
+    return seen_rate(trace, at, max(at - before, 1.0)), at
 
 
 class PassTimes:
-    """Each service's passes as (trace time, a scale-up), from the operator's log read as it is written."""
+    """Each service's passes as (trace time of the signals the pass read, a scale-up, sized by the steady rule's
+    window rate), from the operator's log read as it is written."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.times = path, 0, {}
 
-    def read(self, t: float) -> None:
+    def read(self, trace_start_wall: float | None) -> None:
+        """Passes logged since the last read; `trace_start_wall`: the wall time of the trace's time 0 (None before
+        the replay: those passes are placed at -1)."""
         if not self.path.exists():
             return
         with self.path.open("rb") as f:
@@ -132,11 +148,13 @@ class PassTimes:
         end = data.rfind(b"\n") + 1
         self.offset += end
         for m in PASS.finditer(data[:end].decode(errors="replace")):
-            self.times.setdefault(m.group(1), []).append((t, m.group(2) is not None))
+            at = -1.0 if trace_start_wall is None else unix(m.group(4)) - trace_start_wall
+            self.times.setdefault(m.group(1), []).append((at, m.group(2) is not None,
+                                                          WINDOW_RULE.search(m.group(3)) is not None))
 
 
 def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace: BurstyTrace,
-            cold_start_s: float, passes: list[tuple[float, bool]] | None = None) -> dict:
+            cold_start_s: float, passes: list[tuple[float, bool, bool]] | None = None) -> dict:
     """Scale-ups, those while pending, those stacked (by the trace's rate, and by the rate the policy could have seen)
     and those beyond the drain need; direction changes; the peak against the need. A scale-up that only goes on
     towards the recommendation of the last one (held back by maxScaleUpStep) is not stacked."""
@@ -152,7 +170,7 @@ def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace
         if step > 0:
             rec = recs[ups] if ups < len(recs) else spec1
             ups += 1
-            rate, seen = trace.rate(t1), policy_seen(trace, passes or [], ups, ready0, t1)
+            rate, (seen, signals_t) = trace.rate(t1), policy_seen(trace, passes or [], ups, ready0, t1)
             if ready0 < spec0:
                 while_pending += 1
                 higher = last_rec is not None and rec > last_rec
@@ -161,7 +179,7 @@ def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace
                 stacked += by_rate
                 stacked_seen += by_seen
                 beyond += spec1 > drain_need(rate, queue, cold_start_s)
-                pending_ups.append({"t": round(t1, 1), "up": ups, "from": spec0, "to": spec1, "ready": ready0,
+                pending_ups.append({"t": round(t1, 1), "signals_t": signals_t and round(signals_t, 1), "up": ups, "from": spec0, "to": spec1, "ready": ready0,
                                     "rec": rec, "queue": round(queue, 1), "rate": round(rate, 2),
                                     "seen": round(seen, 2), "last_rate": round(last_up_rate, 2),
                                     "last_seen": round(last_up_seen, 2), "stacked": by_rate, "stacked_seen": by_seen})
@@ -209,10 +227,10 @@ def main() -> None:
             time.sleep(1)
         print(f"{len(names)} services Ready at 1 replica; replaying {args.seconds:.0f} s of traffic", flush=True)
         prometheus.start()
-        pass_times.read(-1.0)   # the passes before the replay
+        pass_times.read(None)   # the passes before the replay
         next_report = 60.0
         while (t := prometheus.now()) < args.seconds:
-            pass_times.read(t)
+            pass_times.read(prometheus.started_wall)
             fleet = read_fleet(apps, wanted)
             prometheus.set_ready({n: ready for n, (_, ready) in fleet.items()})
             for n, (spec, ready) in fleet.items():

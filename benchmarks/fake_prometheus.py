@@ -31,7 +31,8 @@ class FakePrometheus:
     def since(self, start: float) -> list[str]:
         return [q for t, q in list(self.queries) if t >= start]
 
-    def answer(self, query: str) -> list[dict]:
+    def answer(self, query: str, at: float | None = None) -> list[dict]:
+        """The samples of an instant query; `at`: its evaluation time (the `time` parameter; unused here)."""
         if query.startswith("histogram_quantile"):
             return []   # no requests, so no TTFT
         wanted = SERVICE.search(query)
@@ -51,10 +52,12 @@ class FakePrometheus:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 url = urlparse(self.path)
-                query = parse_qs(url.query).get("query", [""])[0]
+                params = parse_qs(url.query)
+                query = params.get("query", [""])[0]
+                at = float(params["time"][0]) if "time" in params else None
                 fake.queries.append((time.monotonic(), query))
                 body = json.dumps({"status": "success",
-                                   "data": {"resultType": "vector", "result": fake.answer(query)}}).encode()
+                                   "data": {"resultType": "vector", "result": fake.answer(query, at)}}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

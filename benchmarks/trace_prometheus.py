@@ -6,8 +6,12 @@ from the API server by the caller (`set_ready`), serve `RATE_PER_REPLICA` reques
 are those of the operator's fleet round of queries (operator/autoscaling/prometheus_fleet.py): the queue, the
 running requests, first tokens per second over the metric window and over the recent range, the pods reporting,
 and the time of the sample (`timestamp()`, the operator's signal time): the wall time of the tick whose queue is
-answered, as a scrape's timestamp is that of its values. (It was the answer's wall time to the second, so the span
-between two samples could read a second off the queue's: +-20% on an arrival rate measured over a 5 s pass.)
+answered, as a scrape's timestamp is that of its values. Every query is answered as of its evaluation time (the
+`time` parameter the operator sends, one for all the queries of a round): the values of the latest tick at or before
+it, as Prometheus answers with the latest sample at or before it. (Each query was answered with the state when it
+arrived, so a tick between a round's `queue` and `oldest` queries put a queue beside the next tick's time: a span
+between two samples a second off the queue's, +-20% on an arrival rate measured over a 5 s pass; before that the
+time was the answer's wall time to the second.)
 A service with no Ready pod has no series, as no pod reports. TTFT and the calibration's step series are not
 emulated (empty answers: the policy reads the queue and the arrival rate).
 """
@@ -60,21 +64,31 @@ class ServiceModel:
     def __init__(self, trace: BurstyTrace, seed: int) -> None:
         self.trace, self.rng = trace, random.Random(seed)
         self.queue, self.running, self.ready = 0.0, 0.0, 0
-        self.sampled_at: float | None = None   # wall time of the tick the values are from
         self.served: deque[tuple[float, float]] = deque()   # (time, requests started in that second)
+        # (wall time, trace time, queue, running) of the latest ticks: what a query evaluated at a time answers
+        self.ticks: deque[tuple[float, float, float, float]] = deque(maxlen=120)
 
-    def tick(self, t: float, dt: float) -> None:
+    def tick(self, t: float, dt: float, wall: float) -> None:
         arrivals = _poisson(self.rng, self.trace.rate(t) * dt)
         backlog = self.queue + arrivals
         started = min(backlog, self.ready * RATE_PER_REPLICA * dt)
         self.queue = backlog - started
         self.running = min(self.ready * SLOTS_PER_REPLICA, started / dt * SLOTS_PER_REPLICA / RATE_PER_REPLICA)
         self.served.append((t, started))
+        self.ticks.append((wall, t, self.queue, self.running))
         while self.served and self.served[0][0] < t - 600:
             self.served.popleft()
 
+    def at(self, wall: float | None) -> tuple[float, float, float, float] | None:
+        """(wall time, trace time, queue, running) of the latest tick at or before `wall` (the latest if None; the
+        oldest kept if all are later); None before the first tick."""
+        if not self.ticks:
+            return None
+        return next((tick for tick in reversed(self.ticks) if wall is None or tick[0] <= wall), self.ticks[0])
+
     def started_per_s(self, t: float, span_s: float) -> float:
-        return sum(n for at, n in self.served if at > t - span_s) / span_s
+        """Requests started per second over the `span_s` seconds up to trace time `t`."""
+        return sum(n for at, n in self.served if t - span_s < at <= t) / span_s
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
@@ -117,22 +131,21 @@ class TracePrometheus(FakePrometheus):
         while not self._stop.wait(max(0.0, next_t - self.now())):
             with self.lock:
                 for model in self.models.values():
-                    model.tick(next_t, 1.0)
-                    model.sampled_at = self.started_wall + next_t
+                    model.tick(next_t, 1.0, self.started_wall + next_t)
             next_t += 1.0
 
-    def answer(self, query: str) -> list[dict]:
+    def answer(self, query: str, at: float | None = None) -> list[dict]:
         window = WINDOW.search(query)
         signal = {q: name for name, q in fleet_queries(int(window.group(1)) if window else 60).items()}.get(query)
         if signal is None:
             self.unknown.add(query)
-        t, rows = self.now(), []
+        rows = []
         with self.lock:
             for name, m in self.models.items():
                 if m.ready == 0:
                     continue
-                value = {"queue": m.queue, "running": m.running, "pods": float(m.ready),
-                         "oldest": m.sampled_at or time.time(),
+                wall, t, queue, running = m.at(at) or (time.time(), 0.0, 0.0, 0.0)
+                value = {"queue": queue, "running": running, "pods": float(m.ready), "oldest": wall,
                          "rate": m.started_per_s(t, int(window.group(1)) if window else 60),
                          "recent_rate": m.started_per_s(t, RECENT_COUNT_SPAN_S)}.get(signal)
                 if value is not None:
