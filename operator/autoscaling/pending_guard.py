@@ -24,8 +24,9 @@ queue above its band at each): what the ready ones served at their throughput pl
 The pass's own reading decides only where neither can be read (the queue within its band since the order). Why
 (issue #28, 50 services on a quiet box, the operator at its own 5 s cadence): compared pass by pass at two standard
 errors of the remembered rate, 15 of 49 orders made while pods were pending were for no higher rate. The passes'
-readings of a steady rate scattered 1.3-1.6x as widely as a Poisson count's (the replicas' batches complete in
-lumps; a sample's time is a scrape's), each of a cold start's 3-4 passes was a new draw against the same remembered
+readings of a steady rate scattered 1.3-1.6x as widely as a Poisson count's (part of that was the benchmark's
+stand-in, which put a queue beside the next second's time until 2026-11-27; the three standard errors were not
+re-tuned without it), each of a cold start's 3-4 passes was a new draw against the same remembered
 reading, and a low remembered reading made the noise small just where a high one followed. All samples since the
 order make the passes of a cold start nearly one test; the latest 10 s find a step after the order within two
 passes, where all of them would dilute it by the time before it (12 -> 24 req/s on a 60 s cold start: not seen
