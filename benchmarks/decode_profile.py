@@ -7,9 +7,14 @@ One request decodes `--steps` tokens through the engine (CUDA graphs on, as serv
   device time, share of the step, and for the GEMMs the bandwidth their weights were read at against the
   measured copy bandwidth: what the matrix reads lose, apart from what the small kernels add;
 - the step's wall time and the device's idle share within it (the host's part: inputs, sampling, detokenizing).
-The heaviest kernels are listed by name below. Weights are random (`load_format="dummy"`). Without CUDA it
-profiles the CPU ops of the same steps (`--shape tiny`: a smoke test of this script, not a figure).
+The heaviest kernels are listed by name below. Then the host's side: the same number of steps again under
+cProfile, plain (no torch profiler), with the wall time of as many unprofiled steps beside it: the Python functions
+with the most own time a step (cProfile's own cost inflates them; read them as shares, not as microseconds).
+Weights are random (`load_format="dummy"`). Without CUDA it profiles the CPU ops of the same steps (`--shape tiny`:
+a smoke test of this script, not a figure).
 """
+import cProfile
+import pstats
 import argparse
 import re
 import sys
@@ -66,13 +71,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         model_dir = write_config_dir(Path(folder) / args.shape, SHAPES[args.shape])
         llm = LLM(str(model_dir), load_format="dummy", device=device, max_num_seqs=1, kv_cache_memory_gib=1.0,
-                  max_model_len=args.prompt_len + 4 * args.steps + 16)
+                  max_model_len=args.prompt_len + 6 * args.steps + 16)
     runner, engine = llm.engine.model_runner, llm.engine
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(f"# {name}; torch {torch.__version__}; shape {args.shape}, {runner.weight_bytes / 1e9:.2f} GB of weights; "
           f"measured copy bandwidth {bandwidth / 1e12:.2f} TB/s; CUDA graphs {'on' if runner.cuda_graphs else 'off'}")
     prompt = random_prompts(1, args.prompt_len, llm.engine.config.model_config.vocab_size)[0]
-    params = SamplingParams(max_tokens=3 * args.steps, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=5 * args.steps, temperature=0, ignore_eos=True)   # 4 x steps run
     llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))   # warm-up
     engine.add_request("profiled", prompt, params)
     for _ in range(args.steps):   # the prefill and the first decode steps, outside the profile
@@ -85,6 +90,7 @@ def main() -> int:
             engine.step()
         sync()
         wall_us = (time.perf_counter() - started) / args.steps * 1e6
+    host_rows = host_profile(engine, args.steps, args.top)
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -110,8 +116,34 @@ def main() -> int:
     print(f"\n## The {args.top} heaviest kernels\n| kernel | kind | launches a step | us a step |\n|---|---|---|---|")
     for kernel, (count, us) in sorted(times.items(), key=lambda item: -item[1][1])[:args.top]:
         print(f"| {kernel[:90]} | {kind_of(kernel)} | {count / args.steps:.1f} | {us / args.steps:.1f} |")
+    print(host_rows)
     llm.shutdown()
     return 0
+
+
+def host_profile(engine, steps: int, top: int) -> str:
+    """`steps` unprofiled steps timed, then `steps` under cProfile: the functions with the most own time a step."""
+    sync()
+    started = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync()
+    plain_us = (time.perf_counter() - started) / steps * 1e6
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    sync()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])   # (file, line, name) -> (cc, nc, tt, ct, callers)
+    total = sum(tt for _, (_, _, tt, _, _) in rows)
+    lines = [f"\n## The host: {steps} steps, {plain_us:.0f} us a step unprofiled, {total / steps * 1e6:.0f} us a step "
+             f"of Python under cProfile\n| function | calls a step | own us a step (profiled) | share |\n|---|---|---|---|"]
+    for (file, line, name), (_, calls, own, _, _) in rows[:top]:
+        where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
+        lines.append(f"| {name} ({where}) | {calls / steps:.0f} | {own / steps * 1e6:.0f} | {own / total:.1%} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
