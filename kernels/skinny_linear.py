@@ -82,10 +82,12 @@ def default_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, bool]
 
     Measured on an H100 (benchmarks/skinny_linear.py --sweep --rows 1 4 16, bf16, the 8B shape's five projections,
     triton 3.6, 2026-11-27; docs/gpu-logs/2026-11-27-h100-skinny/): at one row the multiply-add path with
-    (8, 512, 4, 3) was the fastest or within 0.5% of it on every projection (qkv 27.1 us, o 21.0, gate_up 89.6,
-    down 54.3, LM head 348.4: 0.93-1.00x cuBLAS's time); at 4 and 16 rows tl.dot with (32, 512, 4, 3) within 2%
-    of each projection's best and at or below cuBLAS's time. The first guess, (32, 256, 4, 4) with tl.dot, took
-    o_proj at 16 rows 46.6 us against cuBLAS's 23.4."""
+    (8, 512, 4, 3) was the fastest or within 0.6% of it on every projection (qkv 27.1 us, o 21.0, gate_up 89.6, LM
+    head 348.4; down, not among its four best, 54.5 in the next call against the sweep's best 54.2): 0.90-0.97x the
+    time cuBLAS took. At 4 and 16 rows no launch was the
+    best on every projection; tl.dot with (32, 512, 4, 3) took 0.91-1.05x cuBLAS's time at 2-16 rows in the next
+    call (qkv 1.00-1.05x, the rest 0.91-0.99x), up to 5% more than a projection's best launch of the sweep. The
+    first guess, (32, 256, 4, 4) with tl.dot, took o_proj at 16 rows 46.6 us against cuBLAS's 23.4."""
     if rows == 1:
         return 8, 512, 4, 3, False
     return 32, 512, 4, 3, True
