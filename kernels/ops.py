@@ -13,7 +13,7 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`; on CUDA, for a decode step's few rows, the Triton kernel that reads the weight in whole rows
     (kernels/skinny_linear.py: no split-K and no reduce after it)."""
-    if x.is_cuda and use_triton(x) and x.numel() <= 16 * x.shape[-1]:   # skinny_linear.MAX_ROWS rows
+    if x.is_cuda and use_triton(x):
         from kubeinfer.kernels import skinny_linear
         if skinny_linear.applies(x, weight):
             return skinny_linear.skinny_linear(x, weight, bias)
