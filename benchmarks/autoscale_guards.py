@@ -179,9 +179,9 @@ def analyse(samples: list[tuple[float, int, int, float]], recs: list[int], trace
                 stacked += by_rate
                 stacked_seen += by_seen
                 beyond += spec1 > drain_need(rate, queue, cold_start_s)
-                pending_ups.append({"t": round(t1, 1), "signals_t": signals_t and round(signals_t, 1), "up": ups, "from": spec0, "to": spec1, "ready": ready0,
-                                    "rec": rec, "queue": round(queue, 1), "rate": round(rate, 2),
-                                    "seen": round(seen, 2), "last_rate": round(last_up_rate, 2),
+                pending_ups.append({"t": round(t1, 1), "signals_t": signals_t and round(signals_t, 1), "up": ups,
+                                    "from": spec0, "to": spec1, "ready": ready0, "rec": rec, "queue": round(queue, 1),
+                                    "rate": round(rate, 2), "seen": round(seen, 2), "last_rate": round(last_up_rate, 2),
                                     "last_seen": round(last_up_seen, 2), "stacked": by_rate, "stacked_seen": by_seen})
             last_up_rate, last_up_seen, last_rec = rate, seen, rec
     peak = max(spec for _, spec, _, _ in samples)

@@ -13,9 +13,9 @@ with the most own time a step (cProfile's own cost inflates them; read them as s
 Weights are random (`load_format="dummy"`). Without CUDA it profiles the CPU ops of the same steps (`--shape tiny`:
 a smoke test of this script, not a figure).
 """
+import argparse
 import cProfile
 import pstats
-import argparse
 import re
 import sys
 import tempfile
