@@ -139,7 +139,8 @@ def host_profile(engine, steps: int, top: int) -> str:
     rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])   # (file, line, name) -> (cc, nc, tt, ct, callers)
     total = sum(tt for _, (_, _, tt, _, _) in rows)
     lines = [f"\n## The host: {steps} steps, {plain_us:.0f} us a step unprofiled, {total / steps * 1e6:.0f} us a step "
-             f"of Python under cProfile\n| function | calls a step | own us a step (profiled) | share |\n|---|---|---|---|"]
+             f"of Python under cProfile",
+             "| function | calls a step | own us a step (profiled) | share |\n|---|---|---|---|"]
     for (file, line, name), (_, calls, own, _, _) in rows[:top]:
         where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
         lines.append(f"| {name} ({where}) | {calls / steps:.0f} | {own / steps * 1e6:.0f} | {own / total:.1%} |")

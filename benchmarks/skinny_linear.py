@@ -34,6 +34,11 @@ def quick_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
 
 
+def of_copy(moved: int, us: float, copy_bw: float) -> float:
+    """The rate `moved` bytes in `us` microseconds make, as a share of the copy bandwidth (bytes/s)."""
+    return moved / (us * 1e-6) / copy_bw
+
+
 def bytes_moved(rows: int, n: int, k: int) -> int:
     return 2 * (n * k + rows * k + rows * n)
 
@@ -64,8 +69,8 @@ def main() -> int:
             moved = bytes_moved(rows, n, k)
             base = time_ms(lambda: F.linear(x, w)) * 1e3
             ours = time_ms(lambda: skinny_linear(x, w)) * 1e3
-            print(f"| {name} | {rows} | {base:.1f} | {moved / base / 1e3:.0f} | {moved / base / 1e6 / copy_bw * 1e12:.0%} "
-                  f"| {ours:.1f} | {moved / ours / 1e3:.0f} | {moved / ours / 1e6 / copy_bw * 1e12:.0%} "
+            print(f"| {name} | {rows} | {base:.1f} | {moved / base / 1e3:.0f} | {of_copy(moved, base, copy_bw):.0%} "
+                  f"| {ours:.1f} | {moved / ours / 1e3:.0f} | {of_copy(moved, ours, copy_bw):.0%} "
                   f"| {base / ours:.2f}x | {config} |", flush=True)
             if not args.sweep:
                 continue
@@ -78,7 +83,7 @@ def main() -> int:
                 except Exception as e:   # noqa: BLE001  (a launch the compiler refuses: out of shared memory)
                     print(f"#   {name} rows {rows} {launch}: {type(e).__name__}: {str(e)[:80]}")
             timed.sort()
-            best = ", ".join(f"{launch} {us:.1f} us ({moved / us / 1e6 / copy_bw * 1e12:.0%})"
+            best = ", ".join(f"{launch} {us:.1f} us ({of_copy(moved, us, copy_bw):.0%})"
                              for us, launch in timed[:4])
             print(f"#   sweep {name} rows {rows}: best {best}; worst {timed[-1][1]} {timed[-1][0]:.1f} us", flush=True)
     return 0
