@@ -5,7 +5,9 @@ expected cost. Pure: the caller brings the observation, the state it kept, and t
   from the calibrated replica model (in the simulator the table that sizes the clairvoyant limit; `PerReplicaSizing`
   from a throughput per replica).
 - **Up.** The forecast's upper value over the next cold start (`Forecast.high`), plus what drains the queue at
-  hand within that time: a replica ordered now is ready when the forecast says it is needed.
+  hand within that time: a replica ordered now is ready when the forecast says it is needed. On a significant rise
+  the order also leads the recent rate by its climb since the last pass (a 10 s count reads a step at half its
+  height); the forecaster never keeps that lead.
 - **Down, by expected cost.** Releasing a replica the need wants again costs a re-order (one cold start billed, and
   the requests that miss their target while it starts: `reorder_cost_cold_starts` cold starts of a replica's time);
   keeping it costs the time it idles until then, learned from how soon the need came back after its earlier falls
@@ -73,6 +75,7 @@ class PredictiveConfig:
     queue_per_replica: float = 4.0      # waiting requests a replica holds in normal running (not a backlog)
     confirm_down_s: float = 30.0        # how long the need stays below the fleet before a release
     reorder_cost_cold_starts: float = 8.0   # a release the need wants back costs this many cold starts of a replica
+    rise_lead_s: float = 10.0           # on a significant rise, orders lead the recent rate by this much of its climb
     max_scale_down_step: int = 1
     max_flaps_per_hour: int = 12
     forecast: ForecastConfig = ForecastConfig()
@@ -116,8 +119,10 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     if observed_rate is None:
         return PredictiveDecision(current, "no metrics: holding", state)
     forecast = update(state.forecast, observed_rate, now, config.forecast)
+    lead = 0.0
     if rise and observed_rate > forecast.level:
         forecast = replace(forecast, level=observed_rate)
+        lead = _climb_lead(state.forecast, observed_rate, now, config.rise_lead_s)
     horizon = cold_start_s
     noise = math.sqrt(max(forecast.level, 0.0) / rate_window_s)   # a Poisson count's own spread, as a rate
     k = config.k_spread
@@ -131,14 +136,18 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
         backlog_rate = backlog / config.drain_s
     # Up only past the estimate's own noise (hysteresis): at a rate on a fleet-size boundary, noise alone would
     # order and release a replica every minute.
-    up_need = sizing.replicas_for(max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate)
+    up_rate = max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate
     keep_need = sizing.replicas_for(forecast.peak_over(horizon, k, noise) + backlog_rate)
-    gaps = state.return_gap.observe(now, current, keep_need, up_need)
+    # The need's return is learned from the forecast's need: the lead's replicas are no need that came back.
+    gaps = state.return_gap.observe(now, current, keep_need, sizing.replicas_for(up_rate), config.confirm_down_s)
+    up_need = sizing.replicas_for(up_rate + lead)
     gradual = gaps.comes_back_within(config.reorder_cost_cold_starts * cold_start_s)
     desired, below_since = current, state.below_since
     if up_need > current:
         desired, below_since = up_need, None
         reason = f"forecast {forecast.high(horizon, k, noise):.2f} req/s in {horizon:.0f} s needs {up_need}"
+        if lead:
+            reason += f" (ordered for {lead:.2f} req/s more: the rate's climb since the last pass)"
     elif keep_need < current:
         below_since = now if below_since is None else below_since
         if now - below_since >= config.confirm_down_s:
@@ -165,3 +174,13 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
         below_since = None   # the next step down confirms afresh
     return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes, gaps))
 
+
+
+def _climb_lead(before: Forecast, observed_rate: float, now: float, lead_s: float) -> float:
+    """How far a rising rate is ordered for beyond its observation: `lead_s` of its climb since the last pass, at
+    most the climb itself. Only the order takes it, never the forecaster's state: a level set above its
+    observation would make the next error, the spread and the trend (which the horizon multiplies) large."""
+    if before.updated_at is None or now <= before.updated_at:
+        return 0.0
+    climb = max(0.0, observed_rate - before.level)
+    return min(climb, lead_s * climb / (now - before.updated_at))

@@ -3,6 +3,7 @@ its state a dict) and the decision (one cold start ahead, released by expected c
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_a_jump_raises_the_upper_forecast_at_once_and_it_decays_after():
 
 
 def test_state_round_trips_through_a_dict():
-    state = PredictiveState(feed([1.0, 3.0, 2.0]), 17.0, -1, (5.0,), ReturnGap(40.0, 9, 2, 310.0, 3))
+    state = PredictiveState(feed([1.0, 3.0, 2.0]), 17.0, -1, (5.0,), ReturnGap((40.0, 45.0), 9, 310.0, 3))
     assert PredictiveState.from_dict(state.to_dict()) == state
     assert PredictiveState.from_dict(None) == PredictiveState()
 
@@ -105,19 +106,64 @@ def test_a_significant_rise_sets_the_level_at_once_where_a_plain_observation_is_
     assert lower.state.forecast.level == decide(0.5, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING).state.forecast.level
 
 
-def test_a_return_gap_is_learned_from_a_fall_to_the_need_coming_half_way_back():
+def test_a_rise_is_ordered_ahead_by_its_climb_but_the_forecaster_never_keeps_the_lead():
+    settled = run([1.0] * 20)[-1].state                          # level 1 at 95 s
+    no_lead = replace(CONFIG, rise_lead_s=0.0)
+    plain = decide(9.0, 0.0, 1, settled, no_lead, 60.0, 100.0, SIZING, rise=True)
+    led = decide(9.0, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING, rise=True)
+    assert led.state == plain.state                               # the lead is in the order only
+    assert led.desired_replicas == plain.desired_replicas + 4     # 8 req/s of climb in 5 s, at 2 a replica
+    assert "8.00 req/s more" in led.reason
+    half = decide(9.0, 0.0, 1, settled, replace(CONFIG, rise_lead_s=2.5), 60.0, 100.0, SIZING, rise=True)
+    assert half.desired_replicas == plain.desired_replicas + 2   # 2.5 s of a climb of 1.6 req/s a second
+    flat = decide(9.0, 0.0, led.desired_replicas, led.state, CONFIG, 60.0, 105.0, SIZING, rise=True)
+    assert "more" not in flat.reason and flat.desired_replicas == led.desired_replicas   # no climb: no lead, held
+    unrisen = decide(9.0, 0.0, 1, settled, CONFIG, 60.0, 100.0, SIZING)
+    assert "more" not in unrisen.reason                           # only a significant rise leads
+
+
+def test_a_return_gap_is_learned_from_a_fall_to_the_need_coming_back_two_replicas():
     gaps = ReturnGap()
     gaps = gaps.observe(0.0, 10, 10, 10)
-    assert gaps.fell_at is None                                  # no fall while the need holds the fleet
+    assert not gaps.fell_below                                   # no fall while the need holds the fleet
     gaps = gaps.observe(10.0, 10, 2, 2).observe(100.0, 10, 2, 2)
-    assert (gaps.fell_at, gaps.level, gaps.bottom) == (10.0, 10, 2)
-    assert gaps.observe(200.0, 10, 5, 5).fell_at == 10.0         # 3 of the 8 back: not yet
-    back = gaps.observe(210.0, 10, 6, 6)                         # half way back
-    assert back.fell_at is None and back.gap_s == 200.0 and back.returns == 1
+    assert (gaps.fell_below, gaps.level, gaps.bottom) == ((10.0,) * 8, 10, 2)
+    assert gaps.observe(200.0, 10, 3, 3).fell_below              # one replica back: not yet
+    back = gaps.observe(210.0, 10, 4, 4)                         # two back
+    assert not back.fell_below and back.gap_s == 200.0 and back.returns == 1
     again = back.observe(300.0, 10, 3, 3).observe(400.0, 4, 9, 9)
     assert again.gap_s == pytest.approx((200.0 + 100.0) / 2) and again.returns == 2
     dip = ReturnGap().observe(0.0, 5, 4, 4).observe(5.0, 5, 5, 5)    # one replica, back: not a fall
-    assert dip.fell_at is None and dip.gap_s is None
+    assert not dip.fell_below and dip.gap_s is None
+    two = ReturnGap().observe(0.0, 5, 3, 3).observe(50.0, 5, 4, 4)   # a fall of two, one back
+    assert two.gap_s == 50.0
+    open_fall = back.observe(300.0, 10, 3, 3)
+    assert ReturnGap.from_dict(open_fall.to_dict()) == open_fall and ReturnGap.from_dict(again.to_dict()) == again
+
+
+def test_a_return_gap_is_timed_from_when_the_need_fell_below_the_count_it_came_back_to():
+    # A dip of one replica at a burst's peak opens the fall; the burst ends 200 s later; a smaller burst
+    # comes 400 s after that.
+    gaps = ReturnGap().observe(0.0, 10, 9, 9).observe(200.0, 10, 6, 6).observe(210.0, 10, 2, 2)
+    assert gaps.fell_below == (0.0, 200.0, 200.0, 200.0, 210.0, 210.0, 210.0, 210.0)
+    back = gaps.observe(610.0, 10, 5, 5)                         # back to 5: it fell below 5 at 210 s
+    assert back.gap_s == 400.0                                   # not 610 s, from the dip at the peak
+    assert gaps.observe(610.0, 10, 7, 7).gap_s == 410.0          # back to 7: below 7 since 200 s
+
+
+def test_a_return_within_the_confirmation_is_no_return():
+    # On a burst's rise the need swings as the pending fleet takes the backlog: 8, 6, 7 within 10 s.
+    swing = ReturnGap().observe(610.0, 9, 6, 6).observe(615.0, 9, 8, 8, min_fall_s=30.0)
+    assert not swing.fell_below and swing.gap_s is None and swing.returns == 0
+    late = ReturnGap().observe(610.0, 9, 6, 6).observe(650.0, 9, 8, 8, min_fall_s=30.0)
+    assert late.gap_s == 40.0
+
+
+def test_return_gap_state_kept_by_an_older_operator_is_read():
+    old = {"fellAt": 40.0, "level": 9, "bottom": 2, "gapSeconds": 310.0, "returns": 3}
+    assert ReturnGap.from_dict(old) == ReturnGap((40.0,) * 7, 9, 310.0, 3)
+    closed = {"fellAt": None, "level": 0, "bottom": 0, "gapSeconds": 310.0, "returns": 3}
+    assert ReturnGap.from_dict(closed) == ReturnGap(gap_s=310.0, returns=3)
 
 
 def test_a_need_comes_back_within_a_re_order_only_once_it_has_come_back_that_soon():
