@@ -127,8 +127,13 @@ class Calibration:
         return max(costs[0], 0.0), max(costs[1], 0.0), costs[2]
 
     @property
+    def requests(self) -> float:
+        """The requests (weighted) behind the mix: the fewer of its two histograms' counts."""
+        return min(_total(self.prompt_tokens), _total(self.generation_tokens))
+
+    @property
     def has_mix(self) -> bool:
-        return min(_total(self.prompt_tokens), _total(self.generation_tokens)) >= MIN_REQUESTS
+        return self.requests >= MIN_REQUESTS
 
     def to_dict(self) -> dict:
         return {"moments": {f.name: self.moments.__dict__[f.name] for f in fields(StepMoments)},

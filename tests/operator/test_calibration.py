@@ -99,9 +99,9 @@ def test_usage_from_needs_the_step_series():
     assert u.prompt_tokens == ((128.0, 1.0), (INF, 3.0))
 
 
-def found(per_token=PER_TOKEN, prompts=(1000,) * 100, outputs=(50,) * 100, share=1.0):
+def found(per_token=PER_TOKEN, prompts=(1000,) * 100, outputs=(50,) * 100, share=1.0, requests=200.0):
     return {"decodeBaseSeconds": BASE, "decodePerSequenceSeconds": PER_SEQ, "prefillSecondsPerToken": per_token,
-            "prompts": list(prompts), "outputs": list(outputs), "attainableShare": share}
+            "prompts": list(prompts), "outputs": list(outputs), "attainableShare": share, "requests": requests}
 
 
 def test_the_model_in_use_changes_only_past_the_refresh_thresholds():
@@ -113,6 +113,17 @@ def test_the_model_in_use_changes_only_past_the_refresh_thresholds():
     assert calibrated_sizing.in_use(found(outputs=(60,) * 100), kept) is not kept
     assert calibrated_sizing.in_use(found(share=0.99), kept) is kept       # one of the 100 lengths: noise
     assert calibrated_sizing.in_use(found(share=0.95), kept) is not kept   # 5% of prompts now too long
+
+
+def test_the_model_in_use_is_replaced_by_one_on_twice_the_requests_even_within_the_thresholds():
+    kept = found(prompts=(993,) * 100, requests=210.0)
+    closer = found(prompts=(1040,) * 100, requests=419.0)           # 4.7% more prompt: within the 10%
+    assert calibrated_sizing.in_use(closer, kept) is kept
+    doubled = found(prompts=(1040,) * 100, requests=420.0)
+    assert calibrated_sizing.in_use(doubled, kept) is doubled
+    older = {k: v for k, v in kept.items() if k != "requests"}    # kept by an operator before the count: as if
+    assert calibrated_sizing.in_use(found(prompts=(1040,) * 100, requests=399.0), older) is older   # made from 200
+    assert calibrated_sizing.in_use(doubled, older) is doubled
 
 
 def test_the_estimate_prices_the_load_by_interpolation_and_attainability_by_the_bucket_bound():
@@ -127,6 +138,7 @@ def test_the_estimate_prices_the_load_by_interpolation_and_attainability_by_the_
     est = calibrated_sizing.estimate(cal, ReplicaModel(), 0.5)
     assert est["prefillSecondsPerToken"] == pytest.approx(PER_TOKEN, rel=1e-2)
     assert est["attainableShare"] == pytest.approx(0.95)
+    assert est["requests"] == 1000.0
     assert abs(sum(est["prompts"]) / 100 - sum(prompts) / 1000) < 40   # the mean load, not biased up
     assert sizing_share_of(est) == pytest.approx(0.93)
 
