@@ -175,7 +175,6 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes, gaps))
 
 
-
 def _climb_lead(before: Forecast, observed_rate: float, now: float, lead_s: float) -> float:
     """How far a rising rate is ordered for beyond its observation: `lead_s` of its climb since the last pass, at
     most the climb itself. Only the order takes it, never the forecaster's state: a level set above its
