@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -161,6 +162,8 @@ def main() -> None:
     parser.add_argument("--throughput-per-replica", type=float, help="spec.autoscaling.throughputPerReplica")
     parser.add_argument("--plot", help="write a PNG of both runs here")
     args = parser.parse_args()
+    if args.plot and importlib.util.find_spec("matplotlib") is None:   # before minutes of load, not after
+        parser.error("--plot needs matplotlib: pip install -e '.[bench]'")
     requests = workload(args)
     args.duration = args.compress_to if args.trace_file else 3 * args.phase_seconds
     kube_config.load_kube_config(args.kubeconfig)
