@@ -139,8 +139,9 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     up_rate = max(0.0, forecast.high(horizon, k, noise) - noise) + backlog_rate
     keep_need = sizing.replicas_for(forecast.peak_over(horizon, k, noise) + backlog_rate)
     # The need's return is learned from the forecast's need: the lead's replicas are no need that came back.
-    gaps = state.return_gap.observe(now, current, keep_need, sizing.replicas_for(up_rate), config.confirm_down_s)
-    up_need = sizing.replicas_for(up_rate + lead)
+    forecast_need = sizing.replicas_for(up_rate)
+    gaps = state.return_gap.observe(now, current, keep_need, forecast_need, config.confirm_down_s)
+    up_need = sizing.replicas_for(up_rate + lead) if lead else forecast_need
     gradual = gaps.comes_back_within(config.reorder_cost_cold_starts * cold_start_s)
     desired, below_since = current, state.below_since
     if up_need > current:

@@ -7,7 +7,7 @@ replica released at that count would have idled before it was wanted again. Two 
 bursty_conversation at a 60 s cold start (docs/benchmarks.md, "Return gaps timed per replica count"):
 - timed from the fall's start, a dip of one replica at a burst's peak starts the clock while the burst still runs;
   and waiting for the need to come half the way back to the largest burst's level, a smaller next burst is no
-  return at all: the gap learned there was 1,135 s for bursts 430-490 s apart;
+  return at all: the old rule learned 1,140 s there for bursts 430-490 s apart;
 - a return within `min_fall_s` (the release's confirmation) closes the fall unlearned: it released nothing, so it
   says nothing of a release's cost. On a burst's rise the need swings by replicas from pass to pass as the pending
   fleet takes the backlog, and a 5 s "return" learned there held each later burst's fleet for minutes.
