@@ -4,6 +4,7 @@ Importable from any test as `support` (pytest's `pythonpath` includes tests/).
 """
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -19,10 +20,34 @@ import pytest
 PROMETHEUS_BIN = shutil.which("prometheus")
 
 
+_handed_out: set[int] = set()
+_port_choice = random.Random()   # its own generator: a test that seeds `random` does not repeat our ports
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, below the kernel's ephemeral range.
+
+    A server binds its port seconds after the test chose it (it loads a model first, and under tensor
+    parallelism gloo opens dozens of sockets meanwhile). A port from bind(0) lies in the ephemeral range, where
+    any of those outgoing connections may take it first (CI saw `address already in use` so); the kernel never
+    hands out a port below that range by itself. Each port is handed out once per test process.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(1000):
+        port = _port_choice.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def spawned_children(parent: int) -> list[int]:

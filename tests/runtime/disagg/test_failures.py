@@ -40,11 +40,11 @@ def test_a_decode_replica_of_another_model_is_refused_by_name(llama_dir, model_d
 
 
 def test_a_closed_port_ends_the_request_at_once(llama_dir):
-    with socket.socket() as probe:
+    with socket.socket() as probe:   # bound, never listening: connections are refused, and no one else gets it
         probe.bind(("127.0.0.1", 0))
         address = "127.0.0.1:%d" % probe.getsockname()[1]
-    decode = decode_engine(llama_dir)
-    error = the_error(generate_remote(decode, [PROMPT], PARAMS, address))
+        decode = decode_engine(llama_dir)
+        error = the_error(generate_remote(decode, [PROMPT], PARAMS, address))
     assert f"cannot reach the prefill replica's KV port at {address}: connection refused" in error
     assert_no_leak(decode)
 

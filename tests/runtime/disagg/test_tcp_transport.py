@@ -70,12 +70,12 @@ def test_another_layout_is_refused_with_the_difference_named():
 
 
 def test_a_closed_port_is_refused_at_once():
-    with socket.socket() as probe:   # a port that was free a moment ago, and nothing listens on it
+    with socket.socket() as probe:   # bound, never listening: connections are refused, and no one else gets it
         probe.bind(("127.0.0.1", 0))
         address = "127.0.0.1:%d" % probe.getsockname()[1]
-    puller = TcpKVPuller(LAYOUT, cache(LAYOUT, 2, seed=None), IDLE)
-    with pytest.raises(TransferError, match="connection refused"):
-        puller.pull(address, PullRequest([1, 2], {}), [0])
+        puller = TcpKVPuller(LAYOUT, cache(LAYOUT, 2, seed=None), IDLE)
+        with pytest.raises(TransferError, match="connection refused"):
+            puller.pull(address, PullRequest([1, 2], {}), [0])
 
 
 def test_a_protocol_version_mismatch_is_named():

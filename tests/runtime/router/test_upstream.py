@@ -163,11 +163,11 @@ async def test_connection_close_and_idle_connections_closed_by_the_replica_are_n
 
 
 async def test_refused_and_timed_out_connections_raise_connect_failed():
-    with socket.socket() as closed:
+    with socket.socket() as closed:   # bound, never listening: connections are refused, and no one else gets it
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    with pytest.raises(ConnectFailed, match="cannot connect") as refused:
-        await Upstream(f"http://127.0.0.1:{port}", connect_timeout=1).request("GET", "/")
+        with pytest.raises(ConnectFailed, match="cannot connect") as refused:
+            await Upstream(f"http://127.0.0.1:{port}", connect_timeout=1).request("GET", "/")
     assert not refused.value.timed_out
     # A listener that never accepts, its backlog full: the next handshake gets no answer.
     with socket.socket() as full:
