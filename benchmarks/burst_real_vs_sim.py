@@ -180,6 +180,7 @@ def main() -> None:
     operator = subprocess.Popen([sys.executable, "-P", "-m", "kubeinfer.operator", "-n", NAMESPACE], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, cwd="/")
     timeline: list[tuple[float, int, int]] = []
+    calibration: list[tuple[float, str | None]] = []   # predictive: what the calibration waits for (None: a model)
     try:
         custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
                                                inference_service(args.image, autoscaling_of(args)))
@@ -193,6 +194,10 @@ def main() -> None:
                 obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
                 timeline.append((time.monotonic() - started, obj["spec"].get("replicas", 1),
                                  len(ready_pods(core))))
+                predictive = obj.get("status", {}).get("predictive")
+                if predictive:
+                    calibration.append((timeline[-1][0], None if predictive.get("replicaModel")
+                                        else predictive.get("calibrationWaitsFor")))
                 await asyncio.sleep(1.0)
 
         records = asyncio.run(run_load(url, requests, sample))
@@ -206,7 +211,7 @@ def main() -> None:
         time.sleep(3)
         operator.terminate()
         operator.wait(30)
-    report(args, records, timeline, cold_starts, intervals)
+    report(args, records, timeline, cold_starts, intervals, calibration)
 
 
 def token_intervals(core) -> dict[str, float]:
@@ -269,7 +274,8 @@ def replicas_at(timeline: list[tuple[float, int, int]], t: float) -> tuple[int, 
     return (before[-1][1], before[-1][2]) if before else (1, 1)
 
 
-def report(args, records: list[dict], timeline, cold_starts: list[float], intervals: dict[str, float]) -> None:
+def report(args, records: list[dict], timeline, cold_starts: list[float], intervals: dict[str, float],
+           calibration: list[tuple[float, str | None]]) -> None:
     served = [r for r in records if "ttft" in r]
     errors = [r for r in records if "ttft" not in r]
     cold_start = statistics.median(cold_starts) if cold_starts else 5.0
@@ -292,6 +298,9 @@ def report(args, records: list[dict], timeline, cold_starts: list[float], interv
         print(f"\n### simulated: {label}")
         sim = simulate(args, served, cold_start, factor, tail_s=max(0.0, timeline[-1][0] - args.duration))
         runs.append((label, sim, table(args, served, timeline, sim)))
+        if args.policy == "predictive":
+            print(f"calibrated replica model in use: real {calibrated_from(calibration)}; simulated "
+                  f"{calibrated_from(sim.policy.calibration_log)}")
     if args.plot:
         plot(args.plot, served, timeline, runs, AUTOSCALING["targetTTFTP95Seconds"])
 
@@ -317,6 +326,19 @@ def table(args, served: list[dict], timeline, sim: Simulation) -> dict[float, fl
     print(f"\nTTFT within {target} s: real {real_share:.1%}, simulated {sim_share:.1%}; scale events: real "
           f"{transitions(timeline)}, simulated {[(round(t), a, b) for t, a, b in sim.scale_events]}")
     return sim_ttft
+
+
+def calibrated_from(log: list[tuple[float, str | None]]) -> str:
+    """When the predictive policy's first calibrated replica model was in use, and what the calibration waited for
+    every 20 s before (from `status.predictive` on the cluster, the policy's own log in the simulator)."""
+    ready = next((t for t, waits in log if waits is None), None)
+    waited, mark = [], 0.0
+    for t, waits in log:
+        if waits is not None and t >= mark:
+            waited.append(f"{t:.0f} s: {waits}")
+            mark = t + 20.0
+    return (f"from {ready:.0f} s" if ready is not None else "never") + (f" (waiting at {'; '.join(waited)})"
+                                                                        if waited else "")
 
 
 def quantiles(values: list[float]) -> str:

@@ -75,6 +75,7 @@ class OperatorPredictivePolicy(KubeInferPolicy):
 
     name: str = "kubeinfer predictive (operator)"
     stored: dict | None = None
+    calibration_log: list = field(default_factory=list)   # (time, what the calibration waits for; None: a model)
 
     def __post_init__(self) -> None:
         # A fresh operator: its sizing tables (cached per calibrated model) start empty, so a run does not depend on
@@ -88,6 +89,8 @@ class OperatorPredictivePolicy(KubeInferPolicy):
         outcome = decide_predictive(reactive, self.history, signals, counts, self.stored, config, obs.now)
         self.history = ScaleHistory.from_dict(json.loads(json.dumps(outcome.decision.history.to_dict())))
         self.stored = json.loads(json.dumps(outcome.status))
+        self.calibration_log.append((obs.now, None if self.stored.get("replicaModel")
+                                     else self.stored.get("calibrationWaitsFor")))
         self.reasons.append(outcome.decision.reason)
         return outcome.decision.desired_replicas
 

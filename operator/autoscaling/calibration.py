@@ -126,6 +126,21 @@ class Calibration:
             return None
         return max(costs[0], 0.0), max(costs[1], 0.0), costs[2]
 
+    def waiting_for(self) -> str | None:
+        """What the calibration lacks before a replica model can be made from it, in words; None when it has it."""
+        missing = []
+        if self.moments.steps < MIN_STEPS:
+            missing.append(f"{self.moments.steps:.0f} of {MIN_STEPS:.0f} engine steps")
+        if self.requests < MIN_REQUESTS:
+            missing.append(f"{self.requests:.0f} of {MIN_REQUESTS:.0f} finished requests")
+        if not missing and self.step_costs is None:
+            costs = self.moments.fit()
+            missing.append("engine steps whose batch sizes and prefill tokens vary apart (the fit cannot tell the "
+                           "per-sequence cost from the per-token one)" if costs is None else
+                           "a fit without a negative cost (now %.3g s a step, %.3g s a sequence, %.3g s a prefill "
+                           "token)" % costs)
+        return ", ".join(missing) or None
+
     @property
     def requests(self) -> float:
         """The requests (weighted) behind the mix: the fewer of its two histograms' counts."""

@@ -198,7 +198,10 @@ class ScrapeSource:
     """Direct scrape. The TTFT P95 and request rate are deltas against the newest snapshot of each pod
     taken at least `window_s` before now; with none (a pod seen for less than a window), against zero,
     i.e. the pod's whole life, which equals the window for a pod younger than it. A counter that went
-    down (restarted pod) is taken from zero. Any pod that cannot be read makes the whole signal
+    down (restarted pod) is taken from zero. Counts against a snapshot older than the window (passes 5 s
+    apart and a 10 s window read 10.1 s; a late pass more) are scaled to the window, as Prometheus'
+    `increase()` extrapolates: the request rate and the calibration's usage are per window, and a pass that
+    came 2 s late would otherwise count a fifth too much. Any pod that cannot be read makes the whole signal
     missing: a partial sum would under-count the queue and invite a scale-down."""
 
     client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=2.0))
@@ -229,13 +232,16 @@ class ScrapeSource:
         for url, sample in zip(targets, results):
             history = self._history.setdefault(url, deque(maxlen=self.max_snapshots))
             base = next((h for h in reversed(history) if h.time <= now - window_s), None)
+            scale = 1.0
             if base is None or sample.count < base.count:
                 base = _PodSample(now, 0.0, 0.0, {}, 0.0)
+            else:   # the snapshot lies a pass interval or more past the window: the increase over exactly the window
+                scale = window_s / (now - base.time) if now > base.time else 1.0
             for le, c in sample.buckets.items():
                 total[le] += c - base.buckets.get(le, 0.0)
-            observed += sample.count - base.count
+            observed += (sample.count - base.count) * scale
             for key, c in sample.counters.items():
-                counters[key] += c - base.counters.get(key, 0.0)
+                counters[key] += (c - base.counters.get(key, 0.0)) * scale
             history.append(sample)
             while len(history) > 1 and history[1].time <= now - window_s:
                 history.popleft()  # keep one snapshot older than the window, drop the rest

@@ -35,9 +35,9 @@ from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
 
 REACTIVE_OWNS = frozenset({METRICS_UNAVAILABLE, METRICS_STALE, ABOVE_MAX, BELOW_MIN, SCALE_FROM_ZERO, SCALE_TO_ZERO})
 PREDICTIVE_UP, PREDICTIVE_DOWN, PREDICTIVE_HOLD = "PredictiveScaleUp", "PredictiveScaleDown", "PredictiveHold"
-NO_THROUGHPUT = ("predictive: no replica model calibrated yet (from the replicas' steps and requests) and no "
-                 "saturated throughput per replica known (learned once the fleet is busy for a metric window; or set "
-                 "autoscaling.throughputPerReplica), so the reactive policy decides: ")
+NO_THROUGHPUT = "predictive: no replica model calibrated yet (from the replicas' steps and requests; it waits for "
+NO_THROUGHPUT_THEN = ("), and no saturated throughput per replica known (learned once the fleet is busy for a metric "
+                      "window; or set autoscaling.throughputPerReplica), so the reactive policy decides: ")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     model = calibrated_sizing.in_use(fresh, stored.get("replicaModel"))
     kept = {"state": state.to_dict(), "forecast": stored.get("forecast"), "calibration": calibration.to_dict(),
             "replicaModel": model}
+    if model is None:   # what the calibration still lacks (fresh is None exactly then)
+        kept["calibrationWaitsFor"] = calibration.waiting_for()
     if reactive.reason in REACTIVE_OWNS:
         return PredictiveOutcome(reactive, kept)
     sizing: Sizing | None = None
@@ -78,7 +80,8 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     if sizing is None and per_replica:
         sizing = StaffedSizing(per_replica, config.headroom)
     if sizing is None:
-        return PredictiveOutcome(replace(reactive, message=NO_THROUGHPUT + reactive.message), kept)
+        message = NO_THROUGHPUT + kept["calibrationWaitsFor"] + NO_THROUGHPUT_THEN + reactive.message
+        return PredictiveOutcome(replace(reactive, message=message), kept)
 
     current = counts.current
     window_rate = arrival_rate(reactive.history, signals)

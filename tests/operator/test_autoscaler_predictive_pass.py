@@ -36,6 +36,8 @@ def test_without_a_throughput_the_reactive_policy_decides_and_says_why():
                     Signals(NOW, queue_depth=20, num_running=8, ttft_p95_seconds=0.3), [pod("a"), pod("b")])
     assert p.decision.desired_replicas == reactive.decision.desired_replicas == 5
     assert p.decision.reason == "ScaleUp" and p.decision.message.startswith(NO_THROUGHPUT)
+    waits = "0 of 500 engine steps, 0 of 200 finished requests"   # no usage in these signals
+    assert p.status["predictive"]["calibrationWaitsFor"] == waits and f"it waits for {waits})" in p.decision.message
     assert p.status["predictive"]["state"]["forecast"]["updated_at"] is None   # nothing forecast yet
 
 

@@ -79,6 +79,23 @@ def test_a_calibration_is_ready_once_it_holds_enough_steps_and_requests_and_surv
     assert cal.observe(None, cal.updated_at + 5, 60.0) == cal
 
 
+def test_a_calibration_says_what_it_still_waits_for():
+    prompts, outputs = [500] * 300, [50] * 300
+    assert Calibration().waiting_for() == "0 of 500 engine steps, 0 of 200 finished requests"
+    few = Calibration().observe(usage(mixed_steps(120), prompts[:80], outputs[:80]), 0.0, 60.0)
+    assert few.waiting_for() == "120 of 500 engine steps, 80 of 200 finished requests"
+    ready = Calibration().observe(usage(mixed_steps(600), prompts, outputs), 0.0, 60.0)
+    assert ready.waiting_for() is None and ready.step_costs is not None
+    alike = Calibration().observe(usage([(8, 512)] * 600, prompts, outputs), 0.0, 60.0)
+    assert "cannot tell the per-sequence cost from the per-token one" in alike.waiting_for()
+    # a step that gets faster with more sequences (CPU noise on a tiny model): a negative cost, named
+    lengths = usage([], prompts, outputs)
+    negative = ReplicaUsage(moments(mixed_steps(600), (0.01, -0.001, 0.0001)), lengths.prompt_tokens,
+                            lengths.generation_tokens)
+    said = Calibration().observe(negative, 0.0, 60.0).waiting_for()
+    assert said.startswith("a fit without a negative cost (now 0.01 s a step, -0.001 s a sequence"), said
+
+
 def test_the_old_half_decays_away_within_a_half_life():
     cal = Calibration().observe(ReplicaUsage(StepMoments(steps=1000.0)), 0.0, 60.0)
     cal = cal.observe(ReplicaUsage(StepMoments()), 60.0, 60.0, half_life_s=60.0)

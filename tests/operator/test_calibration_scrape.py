@@ -46,10 +46,33 @@ async def test_the_scrape_source_reads_the_windows_usage_and_it_fits_the_step_co
         for prompt, generated in ((100, 10), (700, 30), (3000, 200)):
             finish(metrics, prompt, generated)
     signals = await source.fetch(list(pods), 60, model_name="m", now=1060.0)
-    await source.aclose()
     usage = signals.usage
     assert usage.moments.steps == 800
     assert dict(usage.prompt_tokens)[128.0] == 2 and dict(usage.prompt_tokens)[float("inf")] == 6
     assert dict(usage.generation_tokens)[12.0] == 2 and dict(usage.generation_tokens)[float("inf")] == 6
     assert usage.moments.fit() == pytest.approx(COSTS, rel=1e-6)
     assert Calibration().observe(usage, 1060.0, 60.0).step_costs == pytest.approx(COSTS, rel=1e-6)
+
+
+async def test_a_late_pass_reads_the_increase_scaled_to_the_window():
+    """Passes 60 s apart read a 60 s window exactly; one 15 s late reads 75 s of counts, scaled to 60 (as
+    Prometheus' increase() extrapolates), so neither the request rate nor the calibration counts a fifth too much."""
+    pods = {"http://10.0.0.1:8000/metrics": EngineMetrics("m")}
+    [metrics] = pods.values()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
+        metrics.registry)))
+    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    rng = random.Random(1)
+    await source.fetch(list(pods), 60, model_name="m", now=1000.0)
+    run_steps(metrics, rng, 600)
+    for _ in range(30):
+        finish(metrics, 100, 10)
+    on_time = await source.fetch(list(pods), 60, model_name="m", now=1060.0)
+    assert (on_time.usage.moments.steps, on_time.request_rate) == (600, 0.5)
+    run_steps(metrics, rng, 750)
+    for _ in range(45):
+        finish(metrics, 100, 10)
+    late = await source.fetch(list(pods), 60, model_name="m", now=1135.0)
+    await source.aclose()
+    assert late.usage.moments.steps == pytest.approx(600) and late.request_rate == pytest.approx(0.6)
+    assert dict(late.usage.prompt_tokens)[float("inf")] == pytest.approx(36)
