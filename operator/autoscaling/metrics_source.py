@@ -201,8 +201,10 @@ class ScrapeSource:
     down (restarted pod) is taken from zero. Counts against a snapshot older than the window (passes 5 s
     apart and a 10 s window read 10.1 s; a late pass more) are scaled to the window, as Prometheus'
     `increase()` extrapolates: the request rate and the calibration's usage are per window, and a pass that
-    came 2 s late would otherwise count a fifth too much. Any pod that cannot be read makes the whole signal
-    missing: a partial sum would under-count the queue and invite a scale-down."""
+    came 2 s late would otherwise count a fifth too much. A pod older than the window that has no snapshot
+    yet (the operator restarted) is not read from zero: its counters hold its whole life (`fetch`). Any pod
+    that cannot be read makes the whole signal missing: a partial sum would under-count the queue and invite
+    a scale-down."""
 
     client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=2.0))
     max_snapshots: int = 64
@@ -216,11 +218,17 @@ class ScrapeSource:
         resp.raise_for_status()
         return parse_pod_metrics(resp.text, model_name, at)
 
-    async def fetch(self, targets: Sequence[str], window_s: int, model_name: str | None = None,
-                    now: float | None = None) -> Signals:
+    async def fetch(self, targets: Mapping[str, float | None] | Sequence[str], window_s: int,
+                    model_name: str | None = None, now: float | None = None) -> Signals:
+        """`targets`: the pods' /metrics URLs, each with its pod's start time where known (`plan.scrape_targets`):
+        a pod seen for the first time is read from zero only if it started within the window (or its start is
+        unknown); an older one has counted more than the window (an operator that restarted beside it), so its
+        first pass gives no rate, TTFT or usage, and the next ones its increase since it was first read, scaled
+        to the window."""
         now = time.time() if now is None else now
         if not targets:
             return Signals.missing("no pods to scrape", now)
+        started = targets if isinstance(targets, Mapping) else {}
         results = await asyncio.gather(*(self._scrape(u, model_name, now) for u in targets), return_exceptions=True)
         errors = [f"{u}: {r}" for u, r in zip(targets, results) if isinstance(r, BaseException)]
         if errors:
@@ -229,11 +237,16 @@ class ScrapeSource:
         total: dict[float, float] = defaultdict(float)
         counters: dict[str, float] = defaultdict(float)
         observed = 0.0
+        unknown = False   # a pod older than the window, read for the first time: its window's increase is unknown
         for url, sample in zip(targets, results):
-            history = self._history.setdefault(url, deque(maxlen=self.max_snapshots))
+            start = started.get(url)
+            history = self._history.setdefault(_key(url, start), deque(maxlen=self.max_snapshots))
             base = next((h for h in reversed(history) if h.time <= now - window_s), None)
+            if base is None and history and start is not None and start < now - window_s:
+                base = history[0]   # older than the window, first read less than a window ago
             scale = 1.0
             if base is None or sample.count < base.count:
+                unknown |= base is None and start is not None and start < now - window_s
                 base = _PodSample(now, 0.0, 0.0, {}, 0.0)
             else:   # the snapshot lies a pass interval or more past the window: the increase over exactly the window
                 scale = window_s / (now - base.time) if now > base.time else 1.0
@@ -245,9 +258,17 @@ class ScrapeSource:
             history.append(sample)
             while len(history) > 1 and history[1].time <= now - window_s:
                 history.popleft()  # keep one snapshot older than the window, drop the rest
-        for url in set(self._history) - set(targets):
-            del self._history[url]  # pods that went away
-        return Signals(timestamp=now, queue_depth=sum(s.waiting for s in results),
-                       num_running=sum(s.running for s in results),
+        live = {_key(url, started.get(url)) for url in targets}
+        for key in set(self._history) - live:
+            del self._history[key]  # pods that went away
+        queue, running = sum(s.waiting for s in results), sum(s.running for s in results)
+        if unknown:
+            return Signals(timestamp=now, queue_depth=queue, num_running=running, num_pods_reporting=len(targets))
+        return Signals(timestamp=now, queue_depth=queue, num_running=running,
                        ttft_p95_seconds=histogram_quantile(0.95, total.items()) if observed > 0 else None,
                        request_rate=observed / window_s, num_pods_reporting=len(targets), usage=_usage(counters))
+
+
+def _key(url: str, start: float | None) -> str:
+    """A pod's history key: its URL and start (a new pod may reuse an old one's IP)."""
+    return url if start is None else f"{url}@{start}"

@@ -57,10 +57,12 @@ def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: fl
     return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)
 
 
-def scrape_targets(pods: list[dict[str, Any]]) -> list[str]:
-    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests)."""
-    return [f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics" for p in live_pods(pods)
-            if _is_ready(p) and (p.get("status") or {}).get("podIP")]
+def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, float | None]:
+    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests), each with its pod's
+    start time (`status.startTime`; None if unset): the scrape reads a pod older than its window from zero only
+    once it has seen it for a window."""
+    return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics": parse_time(p["status"].get("startTime"))
+            for p in live_pods(pods) if _is_ready(p) and (p.get("status") or {}).get("podIP")}
 
 
 def _round(value: float | None) -> float | None:

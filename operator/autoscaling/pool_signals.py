@@ -21,6 +21,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
@@ -106,7 +107,7 @@ async def _prometheus_extras(source: Any, selector: PodSelector, window_s: int) 
     return DecodeExtras(*values)
 
 
-async def _scraped_extras(readers: PoolReaders, targets: list[str], served: str) -> DecodeExtras:
+async def _scraped_extras(readers: PoolReaders, targets: Collection[str], served: str) -> DecodeExtras:
     """ITL P95 since the previous pass and mean KV cache use of the decode pods (None where unknown: a pod that
     cannot be read leaves both unknown, and the policy then decides on the other signals)."""
     texts = await asyncio.gather(*(readers.client.get(u) for u in targets), return_exceptions=True)

@@ -131,3 +131,25 @@ def test_our_policy_in_the_simulator_learns_the_cold_start_from_its_replicas():
     # every replica it created took the model's cold start; the replica that was there at the start is not counted
     assert policy.cold_start.seconds == MODEL.cold_start_s and policy.cold_start.samples
     assert all(not s.pod.endswith("-0") for s in policy.cold_start.samples)
+
+
+def test_the_usage_a_policy_reads_covers_exactly_its_window():
+    """Each tick reads the replicas' usage over the metric window, as `increase()` gives it: windows of 10 s read every
+    5 s count every first token twice, so half their sum is every first token up to the last read (the sample a tick
+    reads is a second old: measured from the tick, the windows were 9 s and the calibration counted a tenth too few)."""
+    from kubeinfer.operator.autoscaling.calibration import ReplicaUsage
+
+    class Reader(FixedFleet):
+        def decide(self, obs):
+            self.read.append((obs.sim.samples.t[-1], obs.signals(5.0, 10.0).usage))
+            return self.replicas
+
+    policy = Reader(3)
+    policy.tick_s, policy.read = 5.0, []
+    sim = Simulation(steady(6.0, 120.0), policy, 3, MODEL, seed=4).run()
+    counted = sum(u.prompt_tokens[-1][1] for _, u in policy.read if isinstance(u, ReplicaUsage)) / 2
+    last = policy.read[-1][0]
+    first_tokens = [r.first_token for r in sim.requests if r.first_token is not None]
+    up_to_last = sum(1 for t in first_tokens if t <= last)
+    after_last_half = sum(1 for t in first_tokens if last - 5 < t <= last) / 2   # read once so far
+    assert counted == pytest.approx(up_to_last - after_last_half, abs=1), (counted, up_to_last)

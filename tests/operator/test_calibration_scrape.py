@@ -76,3 +76,35 @@ async def test_a_late_pass_reads_the_increase_scaled_to_the_window():
     await source.aclose()
     assert late.usage.moments.steps == pytest.approx(600) and late.request_rate == pytest.approx(0.6)
     assert dict(late.usage.prompt_tokens)[float("inf")] == pytest.approx(36)
+
+
+async def test_a_restarted_operator_does_not_read_a_pods_whole_life_as_one_window():
+    """An operator that starts (or restarts) beside a pod that has served for an hour: the pod's counters hold the
+    hour, not the window. Read as the window's increase they made the first pass see 60 times the request rate (and
+    scale up for it). The pod's start time says it is older than the window: its first pass has no rate and no
+    usage, the next ones the increase since it was first read, scaled to the window (as Prometheus' rate() does
+    over a range with fewer samples)."""
+    pods = {"http://10.0.0.1:8000/metrics": EngineMetrics("m")}
+    [metrics] = pods.values()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
+        metrics.registry)))
+    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    rng = random.Random(2)
+    run_steps(metrics, rng, 3600)
+    for _ in range(1800):   # an hour at 0.5 req/s
+        finish(metrics, 100, 10)
+    started = {url: 1000.0 - 3600 for url in pods}
+    first = await source.fetch(started, 60, model_name="m", now=1000.0)
+    assert first.request_rate is None and first.usage is None and first.ttft_p95_seconds is None
+    assert first.queue_depth == 0 and first.available   # the gauges are read
+    run_steps(metrics, rng, 50)
+    for _ in range(5):
+        finish(metrics, 100, 10)
+    second = await source.fetch(started, 60, model_name="m", now=1010.0)
+    assert second.request_rate == pytest.approx(0.5) and second.usage.moments.steps == pytest.approx(300)
+    # a pod started within the window is read from zero, as before (all it did is in the window)
+    young = {url: 1010.0 - 30 for url in pods}
+    fresh_source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    assert (await fresh_source.fetch(young, 60, model_name="m", now=1010.0)).request_rate == pytest.approx(1805 / 60)
+    await source.aclose()
+    await fresh_source.aclose()
