@@ -44,9 +44,17 @@ class StepMoments:
     def plus(self, other: StepMoments) -> StepMoments:
         return StepMoments(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
-    def fit(self) -> tuple[float, float, float] | None:
+    def fit(self, nonnegative: bool = False) -> tuple[float, float, float] | None:
         """(seconds per step, per decoding sequence, per prefill token) by least squares; None when the steps
-        do not tell the three apart (too few, or n and p without spread)."""
+        do not tell the three apart (too few, or n and p without spread).
+
+        `nonnegative`: the least-squares fit with no cost below zero (and the per-token one above it), None if
+        there is none. On a CPU replica of a tiny model a step costs about the same at 1 and at 4 sequences, and
+        the free fit read a per-sequence cost of -0.66 to -0.22 ms for 200 s of a real replay, so no model was
+        ever made from it (docs/benchmarks.md, 2026-11-27). With three unknowns the constrained optimum is the
+        unconstrained fit over one of the subsets that keep the per-token cost: each feasible one is solved and
+        the one that explains the most wins (its residual is the steps' total sum of squares, not exported,
+        less that)."""
         if self.steps <= 0 or self.n <= 0 or self.p <= 0:
             return None
         s, mn, mp = self.steps, self.n / self.steps, self.p / self.steps
@@ -57,7 +65,20 @@ class StepMoments:
         b = [self.t / s, self.nt / (s * mn), self.pt / (s * mp)]
         if _det(a) / (a[1][1] * a[2][2]) < MIN_SPREAD:
             return None
-        y = _solve(a, b)
+        best: tuple[float, list[float]] | None = None
+        for kept in ((0, 1, 2), (0, 2), (1, 2), (2,)) if nonnegative else ((0, 1, 2),):
+            y_kept = _solve([[a[r][c] for c in kept] for r in kept], [b[r] for r in kept])
+            if nonnegative and (min(y_kept) < 0 or y_kept[-1] <= 0):
+                continue
+            explained = sum(y * b[r] for y, r in zip(y_kept, kept))
+            if best is None or explained > best[0]:
+                y = [0.0, 0.0, 0.0]
+                for value, r in zip(y_kept, kept):
+                    y[r] = value
+                best = (explained, y)
+        if best is None:
+            return None
+        y = best[1]
         return y[0], y[1] / mn, y[2] / mp
 
 
@@ -67,12 +88,19 @@ def _det(a: list[list[float]]) -> float:
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Cramer's rule (3 x 3, well conditioned once scaled)."""
-    d = _det(a)
-    out = []
-    for col in range(3):
-        m = [[b[r] if c == col else a[r][c] for c in range(3)] for r in range(3)]
-        out.append(_det(m) / d)
+    """Gaussian elimination with partial pivoting (up to 3 x 3, well conditioned once scaled)."""
+    k = len(b)
+    m = [row[:] + [b[r]] for r, row in enumerate(a)]
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, k):
+            f = m[r][col] / m[col][col]
+            for c in range(col, k + 1):
+                m[r][c] -= f * m[col][c]
+    out = [0.0] * k
+    for r in range(k - 1, -1, -1):
+        out[r] = (m[r][k] - sum(m[r][c] * out[c] for c in range(r + 1, k))) / m[r][r]
     return out
 
 
@@ -117,14 +145,11 @@ class Calibration:
 
     @property
     def step_costs(self) -> tuple[float, float, float] | None:
-        """The fitted (decode base, per decoding sequence, per prefill token) seconds once there is enough data
-        and every cost is sensible (a per-token cost above zero, none below)."""
+        """The fitted (decode base, per decoding sequence, per prefill token) seconds once there is enough data:
+        the least-squares fit with no cost below zero and a per-token cost above it (`StepMoments.fit`)."""
         if self.moments.steps < MIN_STEPS:
             return None
-        costs = self.moments.fit()
-        if costs is None or costs[2] <= 0 or min(costs) < -1e-4:
-            return None
-        return max(costs[0], 0.0), max(costs[1], 0.0), costs[2]
+        return self.moments.fit(nonnegative=True)
 
     def waiting_for(self) -> str | None:
         """What the calibration lacks before a replica model can be made from it, in words; None when it has it."""
@@ -137,8 +162,8 @@ class Calibration:
             costs = self.moments.fit()
             missing.append("engine steps whose batch sizes and prefill tokens vary apart (the fit cannot tell the "
                            "per-sequence cost from the per-token one)" if costs is None else
-                           "a fit without a negative cost (now %.3g s a step, %.3g s a sequence, %.3g s a prefill "
-                           "token)" % costs)
+                           "steps whose time grows with their prefill tokens (the fit reads %.3g s a step, %.3g s a "
+                           "sequence, %.3g s a prefill token)" % costs)
         return ", ".join(missing) or None
 
     @property

@@ -88,12 +88,37 @@ def test_a_calibration_says_what_it_still_waits_for():
     assert ready.waiting_for() is None and ready.step_costs is not None
     alike = Calibration().observe(usage([(8, 512)] * 600, prompts, outputs), 0.0, 60.0)
     assert "cannot tell the per-sequence cost from the per-token one" in alike.waiting_for()
-    # a step that gets faster with more sequences (CPU noise on a tiny model): a negative cost, named
+    # steps that take no longer with more prefill tokens: no model can price a prompt, and that is said
     lengths = usage([], prompts, outputs)
-    negative = ReplicaUsage(moments(mixed_steps(600), (0.01, -0.001, 0.0001)), lengths.prompt_tokens,
-                            lengths.generation_tokens)
-    said = Calibration().observe(negative, 0.0, 60.0).waiting_for()
-    assert said.startswith("a fit without a negative cost (now 0.01 s a step, -0.001 s a sequence"), said
+    free_prefill = ReplicaUsage(moments(mixed_steps(600), (0.01, 0.001, -0.00001)), lengths.prompt_tokens,
+                                lengths.generation_tokens)
+    said = Calibration().observe(free_prefill, 0.0, 60.0).waiting_for()
+    assert said.startswith("steps whose time grows with their prefill tokens (the fit reads 0.01 s a step"), said
+
+
+def test_a_cost_that_fits_below_zero_is_fitted_at_zero_with_the_others_refitted():
+    """A CPU replica of a tiny model: a step at 4 sequences takes no longer than at 1, and noise reads the
+    per-sequence cost below zero. The fit keeps it at zero and refits the rest, as non-negative least squares
+    (checked against an exhaustive search over the constrained costs); a fit already non-negative is unchanged."""
+    steps = mixed_steps(1500, seed=5)
+    m = moments(steps, (0.005, -0.00005, 0.00012), noise=0.02, seed=6)
+    free = m.fit()
+    assert free[1] < 0
+    base, per_seq, per_token = m.fit(nonnegative=True)
+    assert per_seq == 0.0 and base > 0 and per_token > 0
+
+    def residual(c):   # the sum of squares up to the steps' own (constant) sum of t squared
+        b0, b1, b2 = c
+        return (b0 * b0 * m.steps + b1 * b1 * m.nn + b2 * b2 * m.pp + 2 * (b0 * b1 * m.n + b0 * b2 * m.p + b1 * b2 * m.np)
+                - 2 * (b0 * m.t + b1 * m.nt + b2 * m.pt))
+    best = residual((base, per_seq, per_token))
+    for d0 in (-1e-4, 0, 1e-4):
+        for d1 in (0, 1e-6, 1e-5):
+            for d2 in (-1e-6, 0, 1e-6):
+                assert residual((base + d0, per_seq + d1, per_token + d2)) >= best - 1e-12
+    exact = moments(mixed_steps(2000))
+    assert exact.fit(nonnegative=True) == pytest.approx(exact.fit(), rel=1e-12)
+    assert Calibration(m).step_costs == (base, per_seq, per_token)   # what the sizing is made from
 
 
 def test_the_old_half_decays_away_within_a_half_life():
