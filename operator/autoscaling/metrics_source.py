@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubeinfer.operator.autoscaling.calibration import usage_from
 from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
 from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_COUNT_SPAN_S, RECENT_RANGE_S
 from kubeinfer.operator.metric_names import (
     REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, ROUTER_QUEUE, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
 )
@@ -195,19 +195,28 @@ def parse_pod_metrics(text: str, model_name: str | None, at: float) -> _PodSampl
 
 @dataclass
 class ScrapeSource:
-    """Direct scrape. The TTFT P95 and request rate are deltas against the newest snapshot of each pod
-    taken at least `window_s` before now; with none (a pod seen for less than a window), against zero,
-    i.e. the pod's whole life, which equals the window for a pod younger than it. A counter that went
-    down (restarted pod) is taken from zero. Counts against a snapshot older than the window (passes 5 s
-    apart and a 10 s window read 10.1 s; a late pass more) are scaled to the window, as Prometheus'
-    `increase()` extrapolates: the request rate and the calibration's usage are per window, and a pass that
-    came 2 s late would otherwise count a fifth too much. A pod older than the window that has no snapshot
-    yet (the operator restarted) is not read from zero: its counters hold its whole life (`fetch`). Any pod
-    that cannot be read makes the whole signal missing: a partial sum would under-count the queue and invite
-    a scale-down."""
+    """Direct scrape: the pods' counters, differenced against snapshots this source keeps, read as Prometheus'
+    `increase()` and `rate()` would over the same ranges.
+
+    - The window's TTFT P95, request rate and calibration usage are deltas against the newest snapshot of each
+      pod taken at least `window_s` before now, scaled to the window when that snapshot is older (passes 5 s
+      apart and a 10 s window read 10.1 s, a late pass more: unscaled, a pass 2 s late counted a fifth too much).
+    - A pod without such a snapshot that has served (been Ready) for less than the window is read from zero: all
+      it counted is in the window. One that has served longer (an operator that restarted beside it: its
+      counters hold hours) gives no rate, TTFT or usage on its first pass, and its increase since it was first
+      read, scaled to the window, until it has a snapshot a window old.
+    - The recent rate (`recent_arrivals`) is each pod's first tokens since its oldest snapshot within
+      `RECENT_RANGE_S`, over that span, summed: Prometheus' `rate(...[15s])` at one scrape per pass. A pod that
+      became Ready within the range and has no snapshot counts its whole life over `RECENT_COUNT_SPAN_S`; any
+      other pod without one leaves the recent rate unknown (the window's estimate decides).
+    - A counter that went down (restarted process) is taken from zero. A pod that leaves the targets (not Ready
+      for a while) keeps its snapshots for `forget_after_s`, so it is not read from zero when it comes back.
+    - Any pod that cannot be read makes the whole signal missing: a partial sum would under-count the queue and
+      invite a scale-down."""
 
     client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=2.0))
     max_snapshots: int = 64
+    forget_after_s: float = 600.0
     _history: dict[str, deque[_PodSample]] = field(default_factory=dict)
 
     async def aclose(self) -> None:
@@ -220,15 +229,12 @@ class ScrapeSource:
 
     async def fetch(self, targets: Mapping[str, float | None] | Sequence[str], window_s: int,
                     model_name: str | None = None, now: float | None = None) -> Signals:
-        """`targets`: the pods' /metrics URLs, each with its pod's start time where known (`plan.scrape_targets`):
-        a pod seen for the first time is read from zero only if it started within the window (or its start is
-        unknown); an older one has counted more than the window (an operator that restarted beside it), so its
-        first pass gives no rate, TTFT or usage, and the next ones its increase since it was first read, scaled
-        to the window."""
+        """`targets`: the pods' /metrics URLs, each with the time its pod became Ready where known
+        (`plan.scrape_targets`; a plain list: unknown, read as a pod that has served for less than a window)."""
         now = time.time() if now is None else now
         if not targets:
             return Signals.missing("no pods to scrape", now)
-        started = targets if isinstance(targets, Mapping) else {}
+        serving_since = targets if isinstance(targets, Mapping) else {}
         results = await asyncio.gather(*(self._scrape(u, model_name, now) for u in targets), return_exceptions=True)
         errors = [f"{u}: {r}" for u, r in zip(targets, results) if isinstance(r, BaseException)]
         if errors:
@@ -237,38 +243,53 @@ class ScrapeSource:
         total: dict[float, float] = defaultdict(float)
         counters: dict[str, float] = defaultdict(float)
         observed = 0.0
-        unknown = False   # a pod older than the window, read for the first time: its window's increase is unknown
+        unknown = False   # a pod that served longer than the window, read for the first time
+        recent: float | None = 0.0
         for url, sample in zip(targets, results):
-            start = started.get(url)
-            history = self._history.setdefault(_key(url, start), deque(maxlen=self.max_snapshots))
+            since = serving_since.get(url)
+            history = self._history.setdefault(url, deque(maxlen=self.max_snapshots))
+            if history and sample.count < history[-1].count:
+                history.clear()   # a restarted process: its counters start again
+            recent = _plus(recent, _recent_rate(history, sample, since, now))
+            served_longer = since is not None and since < now - window_s
             base = next((h for h in reversed(history) if h.time <= now - window_s), None)
-            if base is None and history and start is not None and start < now - window_s:
-                base = history[0]   # older than the window, first read less than a window ago
+            if base is None and history and served_longer:
+                base = history[0]   # served longer than the window, first read less than a window ago
             scale = 1.0
-            if base is None or sample.count < base.count:
-                unknown |= base is None and start is not None and start < now - window_s
+            if base is None:
+                unknown |= served_longer
                 base = _PodSample(now, 0.0, 0.0, {}, 0.0)
-            else:   # the snapshot lies a pass interval or more past the window: the increase over exactly the window
-                scale = window_s / (now - base.time) if now > base.time else 1.0
+            elif now > base.time:   # the snapshot lies a pass or more past the window: its increase, over the window
+                scale = window_s / (now - base.time)
             for le, c in sample.buckets.items():
                 total[le] += c - base.buckets.get(le, 0.0)
             observed += (sample.count - base.count) * scale
             for key, c in sample.counters.items():
                 counters[key] += (c - base.counters.get(key, 0.0)) * scale
             history.append(sample)
-            while len(history) > 1 and history[1].time <= now - window_s:
-                history.popleft()  # keep one snapshot older than the window, drop the rest
-        live = {_key(url, started.get(url)) for url in targets}
-        for key in set(self._history) - live:
-            del self._history[key]  # pods that went away
+            while len(history) > 1 and history[1].time <= now - max(window_s, RECENT_RANGE_S):
+                history.popleft()  # keep one snapshot older than the window and the recent range, drop the rest
+        for url in [u for u, h in self._history.items() if h[-1].time < now - self.forget_after_s]:
+            del self._history[url]  # pods gone for a while
         queue, running = sum(s.waiting for s in results), sum(s.running for s in results)
         if unknown:
-            return Signals(timestamp=now, queue_depth=queue, num_running=running, num_pods_reporting=len(targets))
+            return Signals(timestamp=now, queue_depth=queue, num_running=running, num_pods_reporting=len(targets),
+                           recent_request_rate=recent)
         return Signals(timestamp=now, queue_depth=queue, num_running=running,
                        ttft_p95_seconds=histogram_quantile(0.95, total.items()) if observed > 0 else None,
-                       request_rate=observed / window_s, num_pods_reporting=len(targets), usage=_usage(counters))
+                       request_rate=observed / window_s, num_pods_reporting=len(targets), usage=_usage(counters),
+                       recent_request_rate=recent)
 
 
-def _key(url: str, start: float | None) -> str:
-    """A pod's history key: its URL and start (a new pod may reuse an old one's IP)."""
-    return url if start is None else f"{url}@{start}"
+def _recent_rate(history: deque[_PodSample], sample: _PodSample, since: float | None, now: float) -> float | None:
+    """One pod's first tokens per second over the recent range (None: unknown)."""
+    first = next((h for h in history if now - RECENT_RANGE_S < h.time < now), None)
+    if first is not None:
+        return (sample.count - first.count) / (now - first.time)
+    if since is not None and since > now - RECENT_RANGE_S:   # Ready within the range: all it counted is recent
+        return sample.count / RECENT_COUNT_SPAN_S
+    return None
+
+
+def _plus(total: float | None, value: float | None) -> float | None:
+    return None if total is None or value is None else total + value

@@ -58,11 +58,16 @@ def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: fl
 
 
 def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, float | None]:
-    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests), each with its pod's
-    start time (`status.startTime`; None if unset): the scrape reads a pod older than its window from zero only
-    once it has seen it for a window."""
-    return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics": parse_time(p["status"].get("startTime"))
+    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests), each with the time it
+    became Ready (its Ready condition's lastTransitionTime; None if unset), from when it has served requests:
+    the scrape reads a pod from zero only if that was within its window (`ScrapeSource`)."""
+    return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics": _ready_since(p)
             for p in live_pods(pods) if _is_ready(p) and (p.get("status") or {}).get("podIP")}
+
+
+def _ready_since(pod: dict[str, Any]) -> float | None:
+    ready = next(c for c in pod["status"]["conditions"] if c.get("type") == "Ready")
+    return parse_time(ready.get("lastTransitionTime"))
 
 
 def _round(value: float | None) -> float | None:

@@ -81,9 +81,9 @@ async def test_a_late_pass_reads_the_increase_scaled_to_the_window():
 async def test_a_restarted_operator_does_not_read_a_pods_whole_life_as_one_window():
     """An operator that starts (or restarts) beside a pod that has served for an hour: the pod's counters hold the
     hour, not the window. Read as the window's increase they made the first pass see 60 times the request rate (and
-    scale up for it). The pod's start time says it is older than the window: its first pass has no rate and no
-    usage, the next ones the increase since it was first read, scaled to the window (as Prometheus' rate() does
-    over a range with fewer samples)."""
+    scale up for it). The time it became Ready says it has served longer than the window: its first pass has no rate
+    and no usage, the next ones the increase since it was first read, scaled to the window (as Prometheus' rate()
+    does over a range with fewer samples)."""
     pods = {"http://10.0.0.1:8000/metrics": EngineMetrics("m")}
     [metrics] = pods.values()
     transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
@@ -102,9 +102,59 @@ async def test_a_restarted_operator_does_not_read_a_pods_whole_life_as_one_windo
         finish(metrics, 100, 10)
     second = await source.fetch(started, 60, model_name="m", now=1010.0)
     assert second.request_rate == pytest.approx(0.5) and second.usage.moments.steps == pytest.approx(300)
-    # a pod started within the window is read from zero, as before (all it did is in the window)
+    # a pod Ready within the window (a cold start of minutes before it) is read from zero: all it served is in it
     young = {url: 1010.0 - 30 for url in pods}
     fresh_source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
     assert (await fresh_source.fetch(young, 60, model_name="m", now=1010.0)).request_rate == pytest.approx(1805 / 60)
     await source.aclose()
     await fresh_source.aclose()
+
+
+def one_pod_source() -> tuple[ScrapeSource, EngineMetrics, str]:
+    metrics = EngineMetrics("m")
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(metrics.registry)))
+    return ScrapeSource(client=httpx.AsyncClient(transport=transport)), metrics, "http://10.0.0.1:8000/metrics"
+
+
+async def test_the_recent_rate_is_the_first_tokens_since_the_oldest_snapshot_in_the_range():
+    """Prometheus' rate(...[15s]) at one scrape per pass: passes 5 s apart read the increase over the last 10 s.
+    The fast arrival rule (`recent_arrivals`) had no such signal from the direct scrape, the default."""
+    source, metrics, url = one_pod_source()
+    ready = {url: 0.0}
+    for t, arrivals in ((1000.0, 0), (1005.0, 10), (1010.0, 10), (1015.0, 60)):
+        for _ in range(arrivals):
+            finish(metrics, 100, 10)
+        signals = await source.fetch(ready, 60, model_name="m", now=t)
+    # at 1015 the range (1000, 1015) holds the snapshots of 1005 and 1010: (80 - 10) / 10 s
+    assert signals.recent_request_rate == pytest.approx(7.0)
+    # a pod Ready 4 s ago, never read: all it served is recent, counted over the 10 s span
+    source2, metrics2, url2 = one_pod_source()
+    for _ in range(6):
+        finish(metrics2, 100, 10)
+    assert (await source2.fetch({url2: 1011.0}, 60, model_name="m", now=1015.0)).recent_request_rate == 0.6
+    # one Ready for long and never read: unknown, and the window's estimate decides
+    source3, metrics3, url3 = one_pod_source()
+    assert (await source3.fetch({url3: 0.0}, 60, model_name="m", now=1015.0)).recent_request_rate is None
+    for s in (source, source2, source3):
+        await s.aclose()
+
+
+async def test_a_pod_that_was_not_ready_for_a_while_is_not_read_from_zero_when_it_comes_back():
+    """A pod that fails its readiness probe for a few passes leaves the targets. Its snapshots stay, so when it
+    comes back (Ready again: a recent transition) its window is its increase, not its whole life."""
+    pods = {f"http://10.0.0.{i}:8000/metrics": EngineMetrics("m") for i in (1, 2)}
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
+        pods[str(request.url)].registry)))
+    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    steady, flapping = pods
+    for _ in range(600):
+        finish(pods[flapping], 100, 10)
+    for t in (1000.0, 1060.0):
+        await source.fetch({steady: 0.0, flapping: 0.0}, 60, model_name="m", now=t)
+    for t in range(1065, 1120, 5):   # not Ready: the passes read the other pod alone
+        await source.fetch({steady: 0.0}, 60, model_name="m", now=float(t))
+    for _ in range(30):
+        finish(pods[flapping], 100, 10)
+    back = await source.fetch({steady: 0.0, flapping: 1118.0}, 60, model_name="m", now=1120.0)
+    assert back.request_rate == pytest.approx(30 / 60)   # not its whole life's 630 / 60
+    await source.aclose()
