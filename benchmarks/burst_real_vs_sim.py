@@ -181,6 +181,7 @@ def main() -> None:
                                 stdout=log, stderr=subprocess.STDOUT, cwd="/")
     timeline: list[tuple[float, int, int]] = []
     calibration: list[tuple[float, str | None]] = []   # predictive: what the calibration waits for (None: a model)
+    arrivals_from: list[str | bool] = []   # predictive, every second: the rate a pass used (False: no recent rate)
     try:
         custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
                                                inference_service(args.image, autoscaling_of(args)))
@@ -198,6 +199,8 @@ def main() -> None:
                 if predictive:
                     calibration.append((timeline[-1][0], None if predictive.get("replicaModel")
                                         else predictive.get("calibrationWaitsFor")))
+                    arrivals_from.append((obj["status"].get("lastSignals") or {}).get("recentRequestRate") is not None
+                                         and (predictive.get("forecast") or {}).get("arrivalRateFrom"))
                 await asyncio.sleep(1.0)
 
         records = asyncio.run(run_load(url, requests, sample))
@@ -211,7 +214,7 @@ def main() -> None:
         time.sleep(3)
         operator.terminate()
         operator.wait(30)
-    report(args, records, timeline, cold_starts, intervals, calibration)
+    report(args, records, timeline, cold_starts, intervals, calibration, arrivals_from)
 
 
 def token_intervals(core) -> dict[str, float]:
@@ -275,7 +278,7 @@ def replicas_at(timeline: list[tuple[float, int, int]], t: float) -> tuple[int, 
 
 
 def report(args, records: list[dict], timeline, cold_starts: list[float], intervals: dict[str, float],
-           calibration: list[tuple[float, str | None]]) -> None:
+           calibration: list[tuple[float, str | None]], arrivals_from: list[str | bool]) -> None:
     served = [r for r in records if "ttft" in r]
     errors = [r for r in records if "ttft" not in r]
     cold_start = statistics.median(cold_starts) if cold_starts else 5.0
@@ -301,6 +304,8 @@ def report(args, records: list[dict], timeline, cold_starts: list[float], interv
         if args.policy == "predictive":
             print(f"calibrated replica model in use: real {calibrated_from(calibration)}; simulated "
                   f"{calibrated_from(sim.policy.calibration_log)}")
+            print(f"arrival rate from the last 15 s (the fast rule): real {rate_sources(arrivals_from)} of the "
+                  f"seconds sampled; simulated {rate_sources(sim.policy.arrivals_from)} of the passes")
     if args.plot:
         plot(args.plot, served, timeline, runs, AUTOSCALING["targetTTFTP95Seconds"])
 
@@ -339,6 +344,13 @@ def calibrated_from(log: list[tuple[float, str | None]]) -> str:
             mark = t + 20.0
     return (f"from {ready:.0f} s" if ready is not None else "never") + (f" (waiting at {'; '.join(waited)})"
                                                                         if waited else "")
+
+
+def rate_sources(sources: list[str | bool]) -> str:
+    """How often a pass had a recent rate, and how often it used it (a significant rise)."""
+    n = max(len(sources), 1)
+    return (f"{sum(1 for x in sources if x) / n:.0%} had one, {sum(1 for x in sources if x == 'recent') / n:.0%} "
+            f"used it")
 
 
 def quantiles(values: list[float]) -> str:

@@ -76,6 +76,7 @@ class OperatorPredictivePolicy(KubeInferPolicy):
     name: str = "kubeinfer predictive (operator)"
     stored: dict | None = None
     calibration_log: list = field(default_factory=list)   # (time, what the calibration waits for; None: a model)
+    arrivals_from: list = field(default_factory=list)   # per pass: "recent" or "window" (False: no recent rate)
 
     def __post_init__(self) -> None:
         # A fresh operator: its sizing tables (cached per calibrated model) start empty, so a run does not depend on
@@ -91,6 +92,8 @@ class OperatorPredictivePolicy(KubeInferPolicy):
         self.stored = json.loads(json.dumps(outcome.status))
         self.calibration_log.append((obs.now, None if self.stored.get("replicaModel")
                                      else self.stored.get("calibrationWaitsFor")))
+        self.arrivals_from.append(signals.recent_request_rate is not None
+                                  and (self.stored.get("forecast") or {}).get("arrivalRateFrom"))
         self.reasons.append(outcome.decision.reason)
         return outcome.decision.desired_replicas
 
