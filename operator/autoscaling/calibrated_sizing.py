@@ -77,11 +77,18 @@ def in_use(fresh: dict[str, Any] | None, kept: dict[str, Any] | None) -> dict[st
     return fresh if abs(kept["attainableShare"] - fresh["attainableShare"]) > REFRESH_SHARE else kept
 
 
-def sizing(found: dict[str, Any], base: ReplicaModel, ttft_target_s: float, max_replicas: int) -> ModelSizing | None:
-    """The fleet sizing of a model in use; None when no share of requests is attainable within the target."""
+def sizing(found: dict[str, Any], base: ReplicaModel, ttft_target_s: float, max_replicas: int,
+           itl_target_s: float | None = None) -> ModelSizing | None:
+    """The fleet sizing of a model in use; None when no share of requests is attainable within the target. An ITL
+    target counts only where a step of one decoding sequence meets it (`itl_attainable`): below that no fleet does."""
     model = replica_model(found, base)
     pairs = lengths(found)
     share = round(min(SHARE, found["attainableShare"] - MARGIN), 4)
     if share <= 0:
         return None
-    return ModelSizing(model, pairs, ttft_target_s, share, max_replicas)
+    itl = itl_target_s if itl_target_s is not None and itl_attainable(model, itl_target_s) else None
+    return ModelSizing(model, pairs, ttft_target_s, share, max_replicas, itl)
+
+
+def itl_attainable(model: ReplicaModel, itl_target_s: float) -> bool:
+    return model.step_seconds(1, 0) <= itl_target_s

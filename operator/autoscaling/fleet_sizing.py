@@ -11,6 +11,10 @@ when the share of first tokens within the target reaches the sizing share.
   is found by a few runs at that rate, and the capacity of a fleet beyond the walk is extrapolated, not walked.
 - `sizing_share`: 99% of the requests, but 2 points below the share an idle replica can answer in time where
   long prompts alone take longer than the target (no fleet does better; sizing for 99% would bound nothing).
+
+With an ITL target (`autoscaling.targetITLP95Seconds`) a fleet serves a rate only if 95% of the tokens after the
+first also come within it: each decoding sequence waits its replica's whole step, and a step that admits prompts
+is a long one, so fewer sequences and fewer admissions per replica (a larger fleet) shorten them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.replica_model import Lengths, ReplicaModel, steady_requests, steady_share
+from kubeinfer.operator.autoscaling.replica_model import Lengths, ReplicaModel, steady_requests, steady_shares
 
 RATE_STEP = 0.25      # requests/s between the rates at which a fleet is measured (rounded up: conservative)
 DRAIN_CAP_S = 900.0   # a request not served this long after a run's end is a miss
@@ -29,6 +33,7 @@ SHARE, MARGIN = 0.99, 0.02
 SEED = 7
 MAX_RATE = 1000.0     # requests/s: no fleet is walked further
 WALK_BUDGET = 8       # grid rates one question of the predictive policy may walk (each a run of 0.05-0.6 s CPU)
+ITL_SHARE = 0.95      # with an ITL target: the share of tokens after the first within it (the target is a P95)
 
 
 def run_seconds(rate: float, lengths: Lengths) -> float:
@@ -51,10 +56,13 @@ def sizing_share(lengths: Lengths, ttft_target_s: float, model: ReplicaModel, sh
 
 
 def serves(replicas: int, rate: float, ttft_target_s: float, model: ReplicaModel, share: float, seed: int = SEED,
-           lengths: Lengths = None) -> bool:
+           lengths: Lengths = None, itl_target_s: float | None = None) -> bool:
+    """`replicas` hold `share` of first tokens within the TTFT target at `rate`, and with an ITL target
+    ITL_SHARE of the later tokens within it."""
     duration = run_seconds(rate, lengths)
     requests = steady_requests(rate, duration, lengths, seed)
-    return steady_share(replicas, requests, ttft_target_s, model, duration + DRAIN_CAP_S) >= share
+    ttft, itl = steady_shares(replicas, requests, ttft_target_s, model, duration + DRAIN_CAP_S, itl_target_s)
+    return ttft >= share and itl >= ITL_SHARE
 
 
 @dataclass(frozen=True)
@@ -96,18 +104,19 @@ class _Walk:
     """The table walk, kept between questions: `max_rates` of the fleets done, and the next rate to try on the
     next fleet (it serves every grid rate below it)."""
 
-    def __init__(self, ttft_target_s: float, model: ReplicaModel, share: float, seed: int, lengths: Lengths):
-        self.args = (ttft_target_s, model, share, seed, lengths)
+    def __init__(self, ttft_target_s: float, model: ReplicaModel, share: float, seed: int, lengths: Lengths,
+                 itl_target_s: float | None = None):
+        self.args = (ttft_target_s, model, share, seed, lengths, itl_target_s)
         self.max_rates: list[float] = []
         self.rate = RATE_STEP
         self.ahead: dict[float, int] = {}   # grid rate past the walk -> the smallest fleet that serves it
 
     def advance(self, until_rate: float) -> None:
         """Walks the open fleet up to `until_rate`, or to the rate it fails (which closes it)."""
-        target, model, share, seed, lengths = self.args
+        target, model, share, seed, lengths, itl_target = self.args
         n = len(self.max_rates) + 1
         while self.rate <= until_rate:
-            if not serves(n, self.rate, target, model, share, seed, lengths):
+            if not serves(n, self.rate, target, model, share, seed, lengths, itl_target):
                 self.max_rates.append(self.rate - RATE_STEP)
                 return
             self.rate += RATE_STEP
@@ -121,8 +130,8 @@ def _per_replica(walk: _Walk) -> float:
 
 @functools.lru_cache(maxsize=64)
 def _walk(ttft_target_s: float, model: ReplicaModel, share: float, seed: int, lengths: Lengths,
-          max_replicas: int) -> _Walk:
-    return _Walk(ttft_target_s, model, share, seed, lengths)
+          max_replicas: int, itl_target_s: float | None = None) -> _Walk:
+    return _Walk(ttft_target_s, model, share, seed, lengths, itl_target_s)
 
 
 @dataclass(frozen=True)
@@ -136,9 +145,11 @@ class ModelSizing:
     ttft_target_s: float
     share: float
     max_replicas: int
+    itl_target_s: float | None = None   # autoscaling.targetITLP95Seconds: a fleet must also hold it
 
     def _walk(self) -> _Walk:
-        return _walk(self.ttft_target_s, self.model, self.share, SEED, self.lengths, self.max_replicas)
+        return _walk(self.ttft_target_s, self.model, self.share, SEED, self.lengths, self.max_replicas,
+                     self.itl_target_s)
 
     def replicas_for(self, rate: float) -> int:
         """The table's answer; once a question has walked WALK_BUDGET new grid rates, the fleet for the rate itself
@@ -169,10 +180,10 @@ class ModelSizing:
         so far (which pool less) would order up to twice the fleet; 3-4 runs answer it, and are kept."""
         grid = math.ceil(rate / RATE_STEP - 1e-9) * RATE_STEP
         if grid not in walk.ahead:
-            target, model, share, seed, lengths = walk.args
+            target, model, share, seed, lengths, itl_target = walk.args
             while least < most:
                 mid = (least + most) // 2
-                if serves(mid, grid, target, model, share, seed, lengths):
+                if serves(mid, grid, target, model, share, seed, lengths, itl_target):
                     most = mid
                 else:
                     least = mid + 1

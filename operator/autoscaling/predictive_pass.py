@@ -75,7 +75,8 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
         return PredictiveOutcome(reactive, kept)
     sizing: Sizing | None = None
     if model is not None:
-        sizing = calibrated_sizing.sizing(model, base, config.target_ttft_p95_seconds, config.max_replicas)
+        sizing = calibrated_sizing.sizing(model, base, config.target_ttft_p95_seconds, config.max_replicas,
+                                          config.target_itl_p95_seconds)
     per_replica = saturation_throughput(reactive.history, config)
     if sizing is None and per_replica:
         sizing = StaffedSizing(per_replica, config.headroom)
@@ -96,7 +97,7 @@ def decide_predictive(reactive: ScaleDecision, history_before: ScaleHistory, sig
     if desired != current:
         history = history.with_event(ScaleEvent(now, current, desired, reason))
     decision = ScaleDecision(desired, reason, d.reason, history, recommendation=desired)
-    seen = _seen(rate, recent, d, cold_start, window, sizing, predictive)
+    seen = _seen(rate, recent, d, cold_start, window, sizing, predictive, config)
     return PredictiveOutcome(decision, {**kept, "state": d.state.to_dict(), "forecast": seen})
 
 
@@ -107,8 +108,21 @@ def base_model(config: PolicyConfig) -> ReplicaModel:
                    prefill_token_budget=config.max_num_batched_tokens or base.prefill_token_budget)
 
 
+def _model_sizing(sizing: Any, config: PolicyConfig) -> str:
+    """status.predictive.forecast.sizing for the calibrated model's sizing."""
+    said = f"calibrated replica model, {100 * sizing.share:.1f}% within target"
+    target = config.target_itl_p95_seconds
+    if target is None:
+        return said
+    if sizing.itl_target_s is not None:
+        return said + f", 95% of tokens within the ITL target {target:g} s"
+    step = sizing.model.step_seconds(1, 0)
+    return said + (f"; the ITL target {target:g} s is below a step of one sequence ({step:.3g} s on the calibrated "
+                   f"model): no fleet holds it, sized on the TTFT target alone")
+
+
 def _seen(rate: float, recent: bool, d, cold_start: float, window: float, sizing: Sizing,
-          predictive: PredictiveConfig) -> dict[str, Any]:
+          predictive: PredictiveConfig, config: PolicyConfig) -> dict[str, Any]:
     """status.predictive.forecast: what the pass saw and why it decided."""
     forecast = d.state.forecast
     high = forecast.high(cold_start, predictive.k_spread, math.sqrt(max(forecast.level, 0.0) / window))
@@ -116,5 +130,5 @@ def _seen(rate: float, recent: bool, d, cold_start: float, window: float, sizing
             "trendPerMinute": round(forecast.trend * 60, 4), "high": round(high, 4),
             "horizonSeconds": round(cold_start, 1), "replicasNeeded": sizing.replicas_for(high),
             **({"ratePerReplica": round(sizing.rate_per_replica, 4)} if isinstance(sizing, StaffedSizing)
-               else {"sizing": f"calibrated replica model, {100 * sizing.share:.1f}% within target"}),
+               else {"sizing": _model_sizing(sizing, config)}),
             "reason": d.reason}

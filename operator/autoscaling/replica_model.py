@@ -82,7 +82,7 @@ class _Req:
 class _Replica:
     """Running requests are counted, not listed: one admitted at step s decodes in steps s + 1 .. s + output - 1
     (one token each), so it is kept only as a count due to leave after step s + output - 1."""
-    __slots__ = ("waiting", "running", "leaving", "steps", "prefill", "busy")
+    __slots__ = ("waiting", "running", "leaving", "steps", "prefill", "busy", "decoding", "step_s")
 
     def __init__(self):
         self.waiting: deque[_Req] = deque()
@@ -91,6 +91,8 @@ class _Replica:
         self.steps = 0
         self.prefill: list[_Req] = []
         self.busy = False
+        self.decoding = 0     # sequences decoding in the step under way, each waiting its time for a token
+        self.step_s = 0.0
 
     @property
     def outstanding(self) -> int:
@@ -101,8 +103,16 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
                  model: ReplicaModel, end_s: float) -> float:
     """Share of `requests` whose first token comes within the target on a fixed, ready fleet of `replicas`
     (requests not served by `end_s` count as misses)."""
+    return steady_shares(replicas, requests, ttft_target_s, model, end_s)[0]
+
+
+def steady_shares(replicas: int, requests: Sequence[tuple[float, int, int]], ttft_target_s: float,
+                  model: ReplicaModel, end_s: float, itl_target_s: float | None = None) -> tuple[float, float]:
+    """`steady_share`, and the share of the tokens after the first that come within `itl_target_s` of the one
+    before (each decoding sequence waits its step's time for its next token, a step that admits a prompt included;
+    1.0 without a target or without such tokens)."""
     if not requests:
-        return 0.0
+        return 0.0, 1.0
     fleet = [_Replica() for _ in range(replicas)]
     limit = model.max_batch + model.local_queue
     held: deque[_Req] = deque()
@@ -113,6 +123,7 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
     heapq.heapify(events)
     seq = len(reqs)
     within = 0
+    intervals = slow = 0
 
     def start(idx: int, now: float) -> None:
         nonlocal seq
@@ -123,7 +134,8 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
             return
         r.busy = True
         seq += 1
-        heapq.heappush(events, (now + model.step_seconds(r.running, tokens), seq, idx))
+        r.decoding, r.step_s = r.running, model.step_seconds(r.running, tokens)
+        heapq.heappush(events, (now + r.step_s, seq, idx))
 
     def assign(req: _Req, now: float) -> bool:
         best = min((i for i in range(replicas) if fleet[i].outstanding < limit), default=None,
@@ -147,6 +159,9 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
                     held.popleft()
             continue
         r = fleet[who]
+        intervals += r.decoding
+        if itl_target_s is not None and r.step_s > itl_target_s:
+            slow += r.decoding
         step = r.steps
         r.steps += 1
         r.running -= r.leaving.pop(step, 0)
@@ -160,4 +175,4 @@ def steady_share(replicas: int, requests: Sequence[tuple[float, int, int]], ttft
         while held and assign(held[0], now):
             held.popleft()
         start(who, now)
-    return within / len(reqs)
+    return within / len(reqs), 1.0 - slow / intervals if intervals else 1.0

@@ -28,6 +28,12 @@ class Autoscaling(SpecModel):
     max_replicas: int = Field(ge=1)
     target_queue_depth_per_replica: float = Field(default=4, gt=0)
     target_ttft_p95_seconds: float = Field(default=0.5, gt=0, alias="targetTTFTP95Seconds")
+    target_itl_p95_seconds: float | None = Field(
+        default=None, gt=0, alias="targetITLP95Seconds",
+        description="Inter-token latency P95 to hold (policy: predictive): its fleet sizing counts a fleet as serving "
+                    "a rate only if 95% of the tokens after the first also come within this of the one before on "
+                    "the calibrated replica model (fewer sequences and prompt admissions per replica shorten the "
+                    "steps). Unset: sized on the TTFT target alone.")
     metric_window_seconds: int = Field(default=60, ge=1)
     scale_up_stabilization_seconds: int = Field(default=0, ge=0)
     scale_down_stabilization_seconds: int = Field(default=300, ge=0)

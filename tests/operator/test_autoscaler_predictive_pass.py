@@ -87,9 +87,10 @@ def test_missing_metrics_hold_and_keep_the_stored_forecast():
     assert blind.status["predictive"] == stored["predictive"]
 
 
-def calibrated_usage(seed: int = 0):
+def calibrated_usage(seed: int = 0, prompts: tuple[float, float] = (1920.0, 2048.0),
+                     outputs: tuple[float, float] = (24.0, 32.0)):
     """A 60 s window of two replicas' steps, timed by the simulator's replica model, and their requests' lengths
-    (prompts of 2,000 tokens, outputs of 30): what the runtime's calibration series would show."""
+    (prompts of 2,000 tokens, outputs of 30: the buckets given): what the runtime's calibration series would show."""
     from kubeinfer.operator.autoscaling.calibration import ReplicaUsage, StepMoments
     import random
     rng = random.Random(seed)
@@ -100,8 +101,8 @@ def calibrated_usage(seed: int = 0):
         for k, v in enumerate((1, t, n, p, n * n, n * p, p * p, n * t, p * t)):
             m[k] += v
     inf = float("inf")
-    return ReplicaUsage(StepMoments(*m), ((1920.0, 0.0), (2048.0, 300.0), (inf, 300.0)),
-                        ((24.0, 0.0), (32.0, 300.0), (inf, 300.0)))
+    return ReplicaUsage(StepMoments(*m), ((prompts[0], 0.0), (prompts[1], 300.0), (inf, 300.0)),
+                        ((outputs[0], 0.0), (outputs[1], 300.0), (inf, 300.0)))
 
 
 def test_with_a_calibrated_replica_model_the_pass_sizes_by_it_not_by_the_throughput():
@@ -133,6 +134,27 @@ def test_with_a_calibrated_replica_model_the_pass_sizes_by_it_not_by_the_through
                                  [pod("a"), pod("b"), pod("c")], NOW + 5)
     assert again.status["predictive"]["replicaModel"] == model
     assert again.decision.reason == PREDICTIVE_HOLD
+
+
+def test_an_itl_target_sizes_the_fleet_for_it_and_one_no_fleet_meets_is_said():
+    """Chat-like requests (prompts of ~480 tokens, outputs of ~240) at 8 req/s: each prompt is prefilled in a step
+    of ~0.08 s that the replica's decoding sequences wait, so a 0.05 s ITL target asks for a fleet with fewer
+    sequences and admissions per replica than the TTFT target alone; a target below a step of one sequence
+    (0.0208 s) no fleet meets, and the status says so."""
+    signals = Signals(NOW, queue_depth=0, num_running=4, ttft_p95_seconds=0.2, request_rate=8.0,
+                      usage=calibrated_usage(prompts=(384.0, 512.0), outputs=(192.0, 256.0)))
+    plain = plan(predictive_body(settled_status(1), targetTTFTP95Seconds=0.5), signals, [pod("a")])
+    itl = plan(predictive_body(settled_status(1), targetTTFTP95Seconds=0.5, targetITLP95Seconds=0.05), signals,
+               [pod("a")])
+    sized = itl.status["predictive"]["forecast"]
+    assert sized["sizing"].endswith("within target, 95% of tokens within the ITL target 0.05 s")
+    assert sized["replicasNeeded"] > plain.status["predictive"]["forecast"]["replicasNeeded"] + 1
+    low = plan(predictive_body(settled_status(1), targetTTFTP95Seconds=0.5, targetITLP95Seconds=0.02), signals,
+               [pod("a")])
+    said = low.status["predictive"]["forecast"]
+    assert said["sizing"].endswith("the ITL target 0.02 s is below a step of one sequence (0.0208 s on the calibrated "
+                                   "model): no fleet holds it, sized on the TTFT target alone")
+    assert said["replicasNeeded"] == plain.status["predictive"]["forecast"]["replicasNeeded"]
 
 
 def test_a_significant_recent_rise_orders_for_the_recent_rate_and_a_fall_waits_for_the_window():

@@ -131,7 +131,8 @@ def test_every_status_field_is_declared() -> None:
 def test_autoscaling_fields_match_the_contract() -> None:
     fields = set(_schema()["properties"]["spec"]["properties"]["autoscaling"]["properties"])
     assert fields == {
-        "policy", "minReplicas", "maxReplicas", "targetQueueDepthPerReplica", "targetTTFTP95Seconds", "metricWindowSeconds",
+        "policy", "minReplicas", "maxReplicas", "targetQueueDepthPerReplica", "targetTTFTP95Seconds", "targetITLP95Seconds",
+        "metricWindowSeconds",
         "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "maxScaleUpStep", "maxScaleDownStep",
         "scaleToZeroIdleSeconds", "initialDelaySeconds", "tolerance", "throughputPerReplica", "routerMetricsUrl"}
 

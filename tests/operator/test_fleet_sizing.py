@@ -10,7 +10,7 @@ import pytest
 from kubeinfer.operator.autoscaling.fleet_sizing import (
     ModelSizing, attainable_share, fleet_sizing, serves, sizing_share,
 )
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, steady_requests, steady_share
+from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, steady_requests, steady_share, steady_shares
 
 CODE = tuple((p, o) for p in (800, 1500, 2000, 2600, 3300) for o in (10, 25, 60))   # long prompts, short outputs
 MODEL = ReplicaModel()
@@ -90,3 +90,32 @@ def test_a_rate_past_the_walk_gets_the_tables_fleet_from_runs_at_that_rate():
     per_replica = max(r / n for n, r in enumerate([*walk.max_rates, walk.rate - 0.25], start=1))
     assert table.replicas_for(10.0) < math.ceil(10.0 / per_replica)   # what extrapolating would have ordered
     assert walk.rate <= 0.25 * (1 + 2 * fs.WALK_BUDGET) + 1e-9        # two questions' budget walked, no more
+
+
+def test_the_inter_token_share_counts_each_decoding_sequence_per_step():
+    """By hand, one replica (0.01 s a step, 1 ms a sequence, 0.1 ms a prompt token): A (100 tokens, 3 out) is
+    prefilled in 0.02 s and decodes two tokens in steps of 0.011 s; B (1,000 tokens, 2 out) arrives at 0.025 s and
+    is prefilled in the step after A's first decode, 0.111 s long, which A's last token waits; B then decodes its
+    second token in 0.011 s. Three intervals, one over a 0.05 s target; B's first token 0.117 s after it came."""
+    model = ReplicaModel(decode_base_s=0.01, decode_per_seq_s=0.001, prefill_s_per_token=0.0001)
+    requests = [(0.0, 100, 3), (0.025, 1000, 2)]
+    assert steady_shares(1, requests, 0.1, model, 10.0, itl_target_s=0.05) == pytest.approx((0.5, 2 / 3))
+    assert steady_shares(1, requests, 0.1, model, 10.0)[1] == 1.0                      # no target
+    assert steady_shares(1, requests, 0.1, model, 10.0, itl_target_s=0.011)[1] == pytest.approx(2 / 3)
+    assert steady_shares(1, requests, 0.1, model, 10.0, itl_target_s=0.0109)[1] == 0.0
+
+
+def test_an_itl_target_sizes_a_larger_fleet_where_steps_are_too_long():
+    """Prompts of ~512 tokens are prefilled in steps of ~0.08 s that the decoding sequences wait: with a 0.05 s
+    ITL target a fleet serves a rate only with fewer admissions and sequences per replica. A target every step
+    meets sizes as the TTFT alone does; a fleet with the target never needs fewer replicas."""
+    plain = ModelSizing(MODEL, None, 0.5, 0.99, 30)
+    loose = ModelSizing(MODEL, None, 0.5, 0.99, 30, itl_target_s=1.0)
+    tight = ModelSizing(MODEL, None, 0.5, 0.99, 30, itl_target_s=0.05)
+    rates = (1.0, 5.0, 10.0, 20.0)
+    assert [loose.replicas_for(r) for r in rates] == [plain.replicas_for(r) for r in rates]
+    assert all(tight.replicas_for(r) >= plain.replicas_for(r) for r in rates)
+    assert tight.replicas_for(10.0) > plain.replicas_for(10.0)
+    n = tight.replicas_for(10.0)   # what it sizes holds the target; one replica fewer does not
+    assert serves(n, 10.0, 0.5, MODEL, 0.99, itl_target_s=0.05)
+    assert not serves(n - 1, 10.0, 0.5, MODEL, 0.99, itl_target_s=0.05)
