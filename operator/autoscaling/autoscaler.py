@@ -44,9 +44,8 @@ from pydantic import ValidationError
 
 from kubeinfer.operator.autoscaling import pool_pass, pool_signals
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory
-from kubeinfer.operator.autoscaling.metrics_source import (
-    PodSelector, ScrapeSource, router_queue, with_router_queue,
-)
+from kubeinfer.operator.autoscaling.metrics_source import PodSelector, router_queue, with_router_queue
+from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource
 from kubeinfer.operator.autoscaling.plan import (  # noqa: F401  (replica_counts, scrape_targets: this module's API)
     MANUAL_SCALE_OVERRIDDEN, PROMETHEUS_LABELS, Plan, _is_ready, live_pods, plan_pass, replica_counts,
     scrape_targets,

@@ -10,6 +10,7 @@ from typing import Any
 
 from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory, history_for, history_status
+from kubeinfer.operator.autoscaling.scrape_source import ScrapeTarget
 from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
 from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleDecision, Signals
 from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
@@ -57,11 +58,12 @@ def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: fl
     return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)
 
 
-def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, float | None]:
+def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, ScrapeTarget]:
     """/metrics of the ready pods (a loading pod is not listening yet and runs no requests), each with the time it
-    became Ready (its Ready condition's lastTransitionTime; None if unset), from when it has served requests:
-    the scrape reads a pod from zero only if that was within its window (`ScrapeSource`)."""
-    return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics": _ready_since(p)
+    became Ready (its Ready condition's lastTransitionTime; None if unset), from when it has served requests (the
+    scrape reads a pod from zero only if that was within its window), and its uid (`ScrapeSource`)."""
+    return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics":
+            ScrapeTarget(_ready_since(p), (p.get("metadata") or {}).get("uid"))
             for p in live_pods(pods) if _is_ready(p) and (p.get("status") or {}).get("podIP")}
 
 

@@ -29,7 +29,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, ScrapeSource, with_router_queue
+from kubeinfer.operator.autoscaling.metrics_source import PodSelector, with_router_queue
+from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource
 from kubeinfer.operator.autoscaling.plan import PROMETHEUS_LABELS, scrape_targets
 from kubeinfer.operator.autoscaling.policy_types import Signals
 from kubeinfer.operator.metric_names import ITL, KV_USAGE

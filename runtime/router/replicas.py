@@ -41,7 +41,7 @@ def parse_gauges(text: str) -> Scraped:
     adapters whose `kubeinfer_lora_adapter_loaded` is 1.
 
     A scan of its own rather than prometheus_client's parser (the operator's one, in operator/autoscaling/
-    metrics_source.py): it runs on every replica scrape of the router's hot loop, and measured on the same text it
+    scrape_source.py): it runs on every replica scrape of the router's hot loop, and measured on the same text it
     takes 4.5 us against the parser's 88 us on the filtered scrape, 28 against 1,340 us on a full exposition, with
     the same values."""
     values: dict[str, float] = {}

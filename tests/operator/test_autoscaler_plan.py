@@ -26,10 +26,11 @@ def test_replica_counts_treat_young_unready_missing_and_deleting_pods_as_pending
 def test_scrape_targets_are_the_ready_live_pods():
     pods = [pod("a", ip="10.0.0.1"), pod("b", ready=False, ip="10.0.0.2"), pod("c", ip=None),
             pod("d", deleting=True, ip="10.0.0.4")]
-    assert autoscaler.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": None}   # no transition time
+    assert autoscaler.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": (None, None)}   # neither known
     ready = next(c for c in pods[0]["status"]["conditions"] if c["type"] == "Ready")
     ready["lastTransitionTime"] = "2026-11-27T12:00:00Z"   # Ready since: when it began to serve
-    assert autoscaler.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": 1795780800.0}
+    pods[0]["metadata"]["uid"] = "u-1"
+    assert autoscaler.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": (1795780800.0, "u-1")}
 
 
 def test_scale_up_writes_status_then_replicas_and_one_event():

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from kubeinfer.operator.autoscaling.calibration import Calibration
-from kubeinfer.operator.autoscaling.metrics_source import ScrapeSource
+from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource, ScrapeTarget
 from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.metrics import EngineMetrics
@@ -157,4 +157,23 @@ async def test_a_pod_that_was_not_ready_for_a_while_is_not_read_from_zero_when_i
         finish(pods[flapping], 100, 10)
     back = await source.fetch({steady: 0.0, flapping: 1118.0}, 60, model_name="m", now=1120.0)
     assert back.request_rate == pytest.approx(30 / 60)   # not its whole life's 630 / 60
+    await source.aclose()
+
+
+async def test_a_new_pod_on_a_reused_ip_keeps_no_snapshot_of_the_old_one():
+    """Snapshots outlive a pod's absence (a readiness flap), so they are kept per pod uid: a new pod that gets a
+    deleted pod's IP, and whose first scrape happens to count more first tokens than the old pod's last, is read
+    from zero, not against the old pod's counters (whose steps could exceed its own and read negative)."""
+    source, metrics, url = one_pod_source()
+    for _ in range(5):
+        finish(metrics, 100, 10)
+    run_steps(metrics, random.Random(3), 2000)
+    await source.fetch({url: ScrapeTarget(0.0, "old")}, 60, model_name="m", now=1000.0)
+    new = EngineMetrics("m")   # the new pod behind the same URL: 8 requests, few steps
+    for _ in range(8):
+        finish(new, 100, 10)
+    run_steps(new, random.Random(4), 50)
+    metrics.registry = new.registry
+    read = await source.fetch({url: ScrapeTarget(1095.0, "new")}, 60, model_name="m", now=1100.0)
+    assert read.usage.moments.steps == 50 and read.request_rate == pytest.approx(8 / 60)
     await source.aclose()

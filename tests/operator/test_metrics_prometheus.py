@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource, ScrapeSource
+from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource
 from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals
 from support import Prometheus, free_port, static_targets
 
