@@ -44,10 +44,15 @@ def parse_time(value: str | None) -> float | None:
     return unix(value) if value else None
 
 
+def ready_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's Ready condition (None before the kubelet reports one)."""
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+
+
 def observe_pod(pod: Mapping[str, Any]) -> ColdStartSample | None:
     """The pod's creation -> Ready, or None while it is not Ready, lacks a timestamp, or has restarted."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    ready = ready_condition(pod)
     if ready is None or ready.get("status") != "True" or meta.get("deletionTimestamp"):
         return None
     if any((cs.get("restartCount") or 0) > 0 for cs in status.get("containerStatuses") or []):

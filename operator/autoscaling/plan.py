@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time
+from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time, ready_condition
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory, history_for, history_status
 from kubeinfer.operator.autoscaling.scrape_source import ScrapeTarget
 from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
@@ -36,8 +36,8 @@ class Plan:
 
 
 def _is_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in ((pod.get("status") or {}).get("conditions") or []))
+    ready = ready_condition(pod)
+    return ready is not None and ready.get("status") == "True"
 
 
 def live_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -68,8 +68,8 @@ def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, ScrapeTarget]:
 
 
 def _ready_since(pod: dict[str, Any]) -> float | None:
-    ready = next(c for c in pod["status"]["conditions"] if c.get("type") == "Ready")
-    return parse_time(ready.get("lastTransitionTime"))
+    ready = ready_condition(pod)
+    return None if ready is None else parse_time(ready.get("lastTransitionTime"))
 
 
 def _round(value: float | None) -> float | None:

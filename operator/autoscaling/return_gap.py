@@ -49,12 +49,16 @@ class ReturnGap:
         if depth >= 2 and up_need - bottom >= min(2, (depth + 1) // 2):
             gap = now - fell[self.level - min(up_need, self.level)]   # since the need fell below where it is back
             if gap < min_fall_s:
-                return ReturnGap((), 0, self.gap_s, self.returns)
+                return self._closed()
             learned = gap if self.gap_s is None else (self.gap_s + gap) / 2
             return ReturnGap((), 0, learned, self.returns + 1)
         if depth < 2 and keep_need >= current:
-            return ReturnGap((), 0, self.gap_s, self.returns)   # a dip of one replica, over: not a fall
+            return self._closed()   # a dip of one replica, over: not a fall
         return ReturnGap(fell, self.level, self.gap_s, self.returns)
+
+    def _closed(self) -> ReturnGap:
+        """No fall open, nothing learned from the one that was."""
+        return ReturnGap((), 0, self.gap_s, self.returns)
 
     def comes_back_within(self, reorder_s: float) -> bool:
         """Whether the need, after its falls so far, came back sooner than a re-order costs (`reorder_s`)."""

@@ -125,10 +125,10 @@ class ScrapeSource:
         resp.raise_for_status()
         return parse_pod_metrics(resp.text, model_name, at)
 
-    async def fetch(self, targets: Mapping[str, ScrapeTarget | float | None] | Sequence[str], window_s: int,
+    async def fetch(self, targets: Mapping[str, ScrapeTarget] | Sequence[str], window_s: int,
                     model_name: str | None = None, now: float | None = None) -> Signals:
-        """`targets`: the pods' /metrics URLs, each with its `ScrapeTarget` (or the time it became Ready alone;
-        a plain list: unknown, read as pods that have served for less than a window)."""
+        """`targets`: the pods' /metrics URLs, each with its `ScrapeTarget` (a plain list: nothing known, read as
+        pods that have served for less than a window)."""
         now = time.time() if now is None else now
         if not targets:
             return Signals.missing("no pods to scrape", now)
@@ -144,8 +144,7 @@ class ScrapeSource:
         unknown = False   # a pod that served longer than the window, read for the first time
         recent: float | None = 0.0
         for url, sample in zip(targets, results):
-            target = known.get(url)
-            target = target if isinstance(target, ScrapeTarget) else ScrapeTarget(target)
+            target = known.get(url, ScrapeTarget())
             since = target.ready_since
             history = self._history.setdefault(url if target.pod is None else f"{url}#{target.pod}",
                                                deque(maxlen=self.max_snapshots))

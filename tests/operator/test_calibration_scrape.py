@@ -30,11 +30,21 @@ def finish(metrics: EngineMetrics, prompt: int, generated: int) -> None:
                                         0, 0.0, 0.0), 1.0)
 
 
-async def test_the_scrape_source_reads_the_windows_usage_and_it_fits_the_step_costs():
-    pods = {f"http://10.0.0.{i}:8000/metrics": EngineMetrics("m") for i in (1, 2)}
+def scrape_source(pods: dict[str, EngineMetrics]) -> ScrapeSource:
+    """A direct scrape whose client answers each URL with its pod's exposition, read at every request."""
     transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
         pods[str(request.url)].registry)))
-    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    return ScrapeSource(client=httpx.AsyncClient(transport=transport))
+
+
+def one_pod_source() -> tuple[ScrapeSource, EngineMetrics, str]:
+    url, metrics = "http://10.0.0.1:8000/metrics", EngineMetrics("m")
+    return scrape_source({url: metrics}), metrics, url
+
+
+async def test_the_scrape_source_reads_the_windows_usage_and_it_fits_the_step_costs():
+    pods = {f"http://10.0.0.{i}:8000/metrics": EngineMetrics("m") for i in (1, 2)}
+    source = scrape_source(pods)
     rng = random.Random(0)
     for metrics in pods.values():   # before the window: not in its increase
         run_steps(metrics, rng, 300)
@@ -57,22 +67,18 @@ async def test_the_scrape_source_reads_the_windows_usage_and_it_fits_the_step_co
 async def test_a_late_pass_reads_the_increase_scaled_to_the_window():
     """Passes 60 s apart read a 60 s window exactly; one 15 s late reads 75 s of counts, scaled to 60 (as
     Prometheus' increase() extrapolates), so neither the request rate nor the calibration counts a fifth too much."""
-    pods = {"http://10.0.0.1:8000/metrics": EngineMetrics("m")}
-    [metrics] = pods.values()
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
-        metrics.registry)))
-    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    source, metrics, url = one_pod_source()
     rng = random.Random(1)
-    await source.fetch(list(pods), 60, model_name="m", now=1000.0)
+    await source.fetch([url], 60, model_name="m", now=1000.0)
     run_steps(metrics, rng, 600)
     for _ in range(30):
         finish(metrics, 100, 10)
-    on_time = await source.fetch(list(pods), 60, model_name="m", now=1060.0)
+    on_time = await source.fetch([url], 60, model_name="m", now=1060.0)
     assert (on_time.usage.moments.steps, on_time.request_rate) == (600, 0.5)
     run_steps(metrics, rng, 750)
     for _ in range(45):
         finish(metrics, 100, 10)
-    late = await source.fetch(list(pods), 60, model_name="m", now=1135.0)
+    late = await source.fetch([url], 60, model_name="m", now=1135.0)
     await source.aclose()
     assert late.usage.moments.steps == pytest.approx(600) and late.request_rate == pytest.approx(0.6)
     assert dict(late.usage.prompt_tokens)[float("inf")] == pytest.approx(36)
@@ -84,16 +90,12 @@ async def test_a_restarted_operator_does_not_read_a_pods_whole_life_as_one_windo
     scale up for it). The time it became Ready says it has served longer than the window: its first pass has no rate
     and no usage, the next ones the increase since it was first read, scaled to the window (as Prometheus' rate()
     does over a range with fewer samples)."""
-    pods = {"http://10.0.0.1:8000/metrics": EngineMetrics("m")}
-    [metrics] = pods.values()
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
-        metrics.registry)))
-    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    source, metrics, url = one_pod_source()
     rng = random.Random(2)
     run_steps(metrics, rng, 3600)
     for _ in range(1800):   # an hour at 0.5 req/s
         finish(metrics, 100, 10)
-    started = {url: 1000.0 - 3600 for url in pods}
+    started = {url: ScrapeTarget(1000.0 - 3600)}
     first = await source.fetch(started, 60, model_name="m", now=1000.0)
     assert first.request_rate is None and first.usage is None and first.ttft_p95_seconds is None
     assert first.queue_depth == 0 and first.available   # the gauges are read
@@ -103,24 +105,18 @@ async def test_a_restarted_operator_does_not_read_a_pods_whole_life_as_one_windo
     second = await source.fetch(started, 60, model_name="m", now=1010.0)
     assert second.request_rate == pytest.approx(0.5) and second.usage.moments.steps == pytest.approx(300)
     # a pod Ready within the window (a cold start of minutes before it) is read from zero: all it served is in it
-    young = {url: 1010.0 - 30 for url in pods}
-    fresh_source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    young = {url: ScrapeTarget(1010.0 - 30)}
+    fresh_source = scrape_source({url: metrics})
     assert (await fresh_source.fetch(young, 60, model_name="m", now=1010.0)).request_rate == pytest.approx(1805 / 60)
     await source.aclose()
     await fresh_source.aclose()
-
-
-def one_pod_source() -> tuple[ScrapeSource, EngineMetrics, str]:
-    metrics = EngineMetrics("m")
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(metrics.registry)))
-    return ScrapeSource(client=httpx.AsyncClient(transport=transport)), metrics, "http://10.0.0.1:8000/metrics"
 
 
 async def test_the_recent_rate_is_the_first_tokens_since_the_oldest_snapshot_in_the_range():
     """Prometheus' rate(...[15s]) at one scrape per pass: passes 5 s apart read the increase over the last 10 s.
     The fast arrival rule (`recent_arrivals`) had no such signal from the direct scrape, the default."""
     source, metrics, url = one_pod_source()
-    ready = {url: 0.0}
+    ready = {url: ScrapeTarget(0.0)}
     for t, arrivals in ((1000.0, 0), (1005.0, 10), (1010.0, 10), (1015.0, 60)):
         for _ in range(arrivals):
             finish(metrics, 100, 10)
@@ -131,10 +127,10 @@ async def test_the_recent_rate_is_the_first_tokens_since_the_oldest_snapshot_in_
     source2, metrics2, url2 = one_pod_source()
     for _ in range(6):
         finish(metrics2, 100, 10)
-    assert (await source2.fetch({url2: 1011.0}, 60, model_name="m", now=1015.0)).recent_request_rate == 0.6
+    assert (await source2.fetch({url2: ScrapeTarget(1011.0)}, 60, model_name="m", now=1015.0)).recent_request_rate == 0.6
     # one Ready for long and never read: unknown, and the window's estimate decides
     source3, metrics3, url3 = one_pod_source()
-    assert (await source3.fetch({url3: 0.0}, 60, model_name="m", now=1015.0)).recent_request_rate is None
+    assert (await source3.fetch({url3: ScrapeTarget(0.0)}, 60, model_name="m", now=1015.0)).recent_request_rate is None
     for s in (source, source2, source3):
         await s.aclose()
 
@@ -143,19 +139,18 @@ async def test_a_pod_that_was_not_ready_for_a_while_is_not_read_from_zero_when_i
     """A pod that fails its readiness probe for a few passes leaves the targets. Its snapshots stay, so when it
     comes back (Ready again: a recent transition) its window is its increase, not its whole life."""
     pods = {f"http://10.0.0.{i}:8000/metrics": EngineMetrics("m") for i in (1, 2)}
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=generate_latest(
-        pods[str(request.url)].registry)))
-    source = ScrapeSource(client=httpx.AsyncClient(transport=transport))
+    source = scrape_source(pods)
     steady, flapping = pods
+    old_pod, back_at = ScrapeTarget(0.0), ScrapeTarget(1118.0)
     for _ in range(600):
         finish(pods[flapping], 100, 10)
     for t in (1000.0, 1060.0):
-        await source.fetch({steady: 0.0, flapping: 0.0}, 60, model_name="m", now=t)
+        await source.fetch({steady: old_pod, flapping: old_pod}, 60, model_name="m", now=t)
     for t in range(1065, 1120, 5):   # not Ready: the passes read the other pod alone
-        await source.fetch({steady: 0.0}, 60, model_name="m", now=float(t))
+        await source.fetch({steady: old_pod}, 60, model_name="m", now=float(t))
     for _ in range(30):
         finish(pods[flapping], 100, 10)
-    back = await source.fetch({steady: 0.0, flapping: 1118.0}, 60, model_name="m", now=1120.0)
+    back = await source.fetch({steady: old_pod, flapping: back_at}, 60, model_name="m", now=1120.0)
     assert back.request_rate == pytest.approx(30 / 60)   # not its whole life's 630 / 60
     await source.aclose()
 
