@@ -14,6 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kubeinfer.runtime.errors import ConfigError
+from kubeinfer.runtime.trained_models import SMOLLM2_NAME, smollm2_dir
 
 logger = logging.getLogger(__name__)
 DEMO_NAME = "demo"
@@ -154,21 +155,24 @@ def demo_model_dir(name: str = DEMO_NAME) -> Path:
 
 
 def resolve_model_dir(model: str) -> Path:
-    """`demo` or `demo-moe` -> that demo model's folder (built on first use); anything else is a folder path."""
+    """`demo` or `demo-moe` -> that demo model's folder (built on first use); `smollm2-135m-instruct` -> the trained
+    model's (runtime/trained_models.py); anything else is a folder path."""
+    if model == SMOLLM2_NAME:
+        return smollm2_dir()
     if model not in BUILDERS:
         return Path(model).expanduser()
     target = demo_model_dir(model)
     if not (target / "model.safetensors").is_file():
         logger.info("building the %s model in %s (once)", model, target)
         try:
-            _build_into(target, BUILDERS[model])
+            build_into(target, BUILDERS[model])
         except OSError as error:
             raise ConfigError(f"cannot build the {model} model in {target}: {error.strerror or error}; point "
                               f"XDG_CACHE_HOME (or {DEMO_DIR_ENV}) at a writable folder") from error
     return target
 
 
-def _build_into(target: Path, build) -> None:
+def build_into(target: Path, build) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".demo-"))
     try:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kubeinfer.runtime.demo import save_tokenizer, train_tokenizer
+from support.trained_model import smollm2  # noqa: F401  (a real trained model, for test_trained_model.py)
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe"]
