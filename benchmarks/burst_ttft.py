@@ -3,7 +3,7 @@
 Every request of a burst arrives at once (as at the 64-stream level of `benchmarks/serve.py`), so each one's
 time to first token is the time to prefill the prompts started before it. The policies alternate, each in a
 fresh engine warmed up by one full step (which also measures the prefill rate that shortest-first ages by), on
-benchmarks/throughput.py's model and its fixed-seed token ids; greedy, ignore_eos. It prints each run's TTFT
+a real model's shape (`--shape`, benchmarks/shapes.py; random weights) and fixed-seed token ids; greedy, ignore_eos. It prints each run's TTFT
 P50/P95 and the burst's wall time, then the medians; the outputs of the two policies are compared token by token.
 
     python benchmarks/burst_ttft.py [--num-requests 64] [--min-prompt 256] [--max-prompt 768] [--output 128]
@@ -24,10 +24,12 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve import quantile   # noqa: E402
-from throughput import build_model, ours_settings   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
+from shapes import describe as describe_shape   # noqa: E402
+from throughput import ours_settings   # noqa: E402
 
 POLICIES = ("shortest-first", "fcfs")
-SETTINGS = ours_settings(None)   # benchmarks/throughput.py's engine settings
+SETTINGS = ours_settings(None, load_format="dummy")   # benchmarks/throughput.py's engine settings
 
 
 def run_burst(model: Path, policy: str, prompts: list[list[int]], output: int) -> dict:
@@ -58,17 +60,18 @@ def main() -> None:
     parser.add_argument("--max-prompt", type=int, default=768)
     parser.add_argument("--output", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each policy")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0])
     args = parser.parse_args()
     torch.manual_seed(0)
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_model(Path(tmp) / "model", 512, 4)
+        model = write_shape_dir(Path(tmp) / "model", args.shape)
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(args.min_prompt, args.max_prompt))]
                    for _ in range(args.num_requests)]
         print(f"burst of {len(prompts)} requests at once, {sum(map(len, prompts))} prompt tokens "
               f"({args.min_prompt}-{args.max_prompt} each), {args.output} output tokens each; "
-              f"model: Llama hidden 512, 4 layers, fp32, CPU; kubeinfer: {SETTINGS}")
+              f"model: {describe_shape(args.shape)}, fp32, CPU; kubeinfer: {SETTINGS}")
         runs: dict[str, list[dict]] = {policy: [] for policy in POLICIES}
         for repeat in range(args.repeats):
             for policy in POLICIES:

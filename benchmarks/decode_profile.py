@@ -27,7 +27,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_model import SHAPES, copy_bandwidth, matmul_params, random_prompts, sync, write_config_dir   # noqa: E402
+from gpu_model import copy_bandwidth, matmul_params, random_prompts, sync   # noqa: E402
+from shapes import SHAPES, write_shape_dir   # noqa: E402
 
 # Kernel kinds by name, first match wins: Triton's kernels by their function names, the vendor GEMMs by theirs.
 KINDS = [
@@ -69,7 +70,7 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     bandwidth = copy_bandwidth()
     with tempfile.TemporaryDirectory() as folder:
-        model_dir = write_config_dir(Path(folder) / args.shape, SHAPES[args.shape])
+        model_dir = write_shape_dir(Path(folder) / args.shape, SHAPES[args.shape])
         llm = LLM(str(model_dir), load_format="dummy", device=device, max_num_seqs=1, kv_cache_memory_gib=1.0,
                   max_model_len=args.prompt_len + 6 * args.steps + 16)
     runner, engine = llm.engine.model_runner, llm.engine

@@ -17,7 +17,6 @@ runs every step on CPU in seconds (a smoke test of this script, not a figure).
 """
 import argparse
 import gc
-import json
 import random
 import sys
 import tempfile
@@ -26,30 +25,8 @@ from pathlib import Path
 
 import torch
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-SHAPES = {
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
-               rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False, dtype="bfloat16"),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=8192,
-               rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True, dtype="bfloat16"),
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=1024,
-                 rope_parameters={**LLAMA3_ROPE, "original_max_position_embeddings": 256}, tie_word_embeddings=False, dtype="float32"),
-}
-
-
-def write_config_dir(path: Path, shape: dict) -> Path:
-    """config.json of the shape and the demo's byte-level tokenizer (ids past its vocabulary decode to '')."""
-    from kubeinfer.runtime.demo import save_tokenizer, train_tokenizer
-    path.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
-              "eos_token_id": None, "bos_token_id": None, **shape}
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    save_tokenizer(train_tokenizer(), path)
-    return path
+sys.path.insert(0, str(Path(__file__).parent))
+from shapes import SHAPES, write_shape_dir   # noqa: E402
 
 
 def sync() -> None:
@@ -246,7 +223,7 @@ def main() -> int:
     if device == "cpu":
         bandwidth = 1e11   # a placeholder so the smoke test prints numbers; no CPU figure is meant
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_config_dir(Path(tmp) / f"llama-{args.shape}", SHAPES[args.shape])
+        model_dir = write_shape_dir(Path(tmp) / f"llama-{args.shape}", SHAPES[args.shape])
         bench_ours(model_dir, args, bandwidth, device)
         if not args.skip_transformers:
             bench_transformers(model_dir, args, device)

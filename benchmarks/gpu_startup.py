@@ -26,10 +26,10 @@ def write_checkpoint(path: Path, shape: dict) -> float:
 
     from kubeinfer.runtime.demo import random_llama_weights
     sys.path.insert(0, str(Path(__file__).parent))
-    from gpu_model import write_config_dir
+    from shapes import write_shape_dir
 
     started = time.perf_counter()
-    write_config_dir(path, shape)
+    write_shape_dir(path, shape)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     weights = random_llama_weights(shape, device=device, dtype=getattr(torch, shape["dtype"]))
     if shape["tie_word_embeddings"]:
@@ -63,7 +63,7 @@ def main() -> int:
         print("benchmarks/gpu_startup.py needs a CUDA GPU for this shape (none found); --shape tiny runs on CPU.")
         return 0
     sys.path.insert(0, str(Path(__file__).parent))
-    from gpu_model import SHAPES
+    from shapes import SHAPES
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / f"llama-{args.shape}"

