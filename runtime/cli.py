@@ -25,6 +25,9 @@ ENGINE_FLAGS = [
     ("num_kvcache_blocks", int, "KV cache size in blocks (overrides the memory budget)"),
     ("kv_cache_memory_gib", float, "KV cache memory budget in GiB"),
     ("gpu_memory_utilization", float, "share of GPU memory the runtime may use"),
+    ("cpu_memory_utilization", float, "on CPU: share of the host memory the engine may use (none: 0.9 of its "
+                                      "cgroup's limit, else 0.5 of the machine's); the KV cache gets it less what is "
+                                      "in use and a margin"),
     ("device", str, "auto | cpu | cuda[:N]"),
     ("kernel_backend", str, "auto | torch | triton | cpu"),
     ("tensor_parallel_size", int, "shard the model over N processes, one per GPU (gloo on CPU)"),

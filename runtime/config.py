@@ -37,6 +37,7 @@ class EngineConfig:
     num_kvcache_blocks: int | None = None  # overrides the memory budget below
     kv_cache_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
+    cpu_memory_utilization: float | None = None   # CPU: share of host memory; None: 0.9 of a cgroup's, 0.5 of a machine's
     max_waiting_requests: int = 1024
     scheduling_policy: str = "fcfs"        # or shortest-first (docs/runtime.md, Scheduling)
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
@@ -113,6 +114,8 @@ class EngineConfig:
         _require(self.load_format in LOAD_FORMATS,
                  f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
+        _require(self.cpu_memory_utilization is None or 0 < self.cpu_memory_utilization <= 1,
+                 "cpu_memory_utilization must be in (0, 1]")
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
         _require(self.scheduling_policy in SCHEDULING_POLICIES,

@@ -15,6 +15,7 @@ from kubeinfer.runtime.cpu_allocator import keep_freed_memory
 from kubeinfer.runtime.cpu_threads import configure_torch_threads
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.cuda_graphs import DecodeGraphs, capture_engine_graphs
+from kubeinfer.runtime.engine import kv_sizing
 from kubeinfer.runtime.engine.draft_model import DraftModel
 from kubeinfer.runtime.engine.scheduler import ScheduledBatch
 from kubeinfer.runtime.engine.step_inputs import StepInputs, build_step_inputs, lora_slot_ids, step_to_device
@@ -29,7 +30,6 @@ from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
 from kubeinfer.runtime.parallel import min_over_ranks, tp_size, world_size
 
 logger = logging.getLogger(__name__)
-DEFAULT_CPU_KV_CACHE_GIB = 0.5
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -135,15 +135,17 @@ class ModelRunner:
                            "more memory, or set --max-model-len)", fits, self.num_blocks, config.block_size,
                            config.max_model_len, fits)
             config.max_model_len = fits
-        self.kv_cache = torch.zeros(2, model_config.num_layers, self.num_blocks, config.block_size,
-                                    self.num_kv_heads, model_config.head_dim, dtype=self.kv_dtype, device=self.device)
+        shape = (2, model_config.num_layers, self.num_blocks, config.block_size, self.num_kv_heads, model_config.head_dim)
+        self.kv_cache = (kv_sizing.lazy_zeros(shape, self.kv_dtype) if self.device.type == "cpu"
+                         else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
         if self.draft is not None:   # the same blocks, addressed by the same tables
             self.draft.allocate_kv_cache(self.num_blocks, self.kv_dtype)
         attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         for layer, module in enumerate(attention_layers):
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", self.num_blocks, config.block_size,
-                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**30)
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s): %d tokens, %.1f sequences of max_model_len %d",
+                    self.num_blocks, config.block_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**30,
+                    self.kv_budget_source, fits, fits / config.max_model_len, config.max_model_len)
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -188,19 +190,15 @@ class ModelRunner:
         if self.draft is not None:   # a block of the draft's pool comes with each block of ours
             block_bytes += self.draft.block_bytes(self.kv_dtype)
         if config.num_kvcache_blocks is not None:
+            self.kv_budget_source = "--num-kvcache-blocks"
             return config.num_kvcache_blocks
-        if config.kv_cache_memory_gib is not None:
-            budget = config.kv_cache_memory_gib * 2**30
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - (1 - config.gpu_memory_utilization) * total
-        else:
-            budget = DEFAULT_CPU_KV_CACHE_GIB * 2**30
+        budget, self.kv_budget_source = kv_sizing.kv_budget(config, self.device, self.dtype)
         # Never more than every sequence at full length could use.
         most = config.max_num_seqs * config.max_blocks_per_seq + 1
         num_blocks = min(int(budget // block_bytes), most)
         if num_blocks < 1:
-            raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB)")
+            raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB, "
+                              f"{self.kv_budget_source})")
         return num_blocks
 
     def expert_load(self) -> list[list[int]] | None:

@@ -22,7 +22,9 @@ def assert_one_line_error(result, *expected: str, code: int = 2) -> None:
     ([], {"KUBEINFER_MAX_NUM_SEQS": "abc"}, ["KUBEINFER_MAX_NUM_SEQS='abc': expected an integer"]),
     ([], {"KUBEINFER_GPU_MEMORY_UTILIZATION": "most"}, ["KUBEINFER_GPU_MEMORY_UTILIZATION='most': expected a number"]),
     (["--load-format", "npz"], {}, ["load_format must be one of auto, dummy"]),
-], ids=["kv-blocks-0", "kv-memory-negative", "env-not-an-integer", "env-not-a-number", "load-format"])
+    (["--cpu-memory-utilization", "1.5"], {}, ["cpu_memory_utilization must be in (0, 1]"]),
+], ids=["kv-blocks-0", "kv-memory-negative", "env-not-an-integer", "env-not-a-number", "load-format",
+        "cpu-memory-share"])
 def test_bad_engine_settings(tmp_path, llama_dir, args, env, expected):
     result = run_kubeinfer("generate", "--model", str(llama_dir), "--prompt", "x", *args, env=env, cache=tmp_path)
     assert_one_line_error(result, *expected)
