@@ -75,16 +75,22 @@ def test_layers_pack_once_and_free_the_plain_weight():
     torch.testing.assert_close(model[1](model[0](x)[:, :96]), want, atol=0.05, rtol=0.02)
 
 
-@needs_packing
-def test_an_untied_lm_head_packs_and_a_tied_one_keeps_the_embeddings_weight():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_untied_lm_head_packs_and_a_tied_one_packs_a_copy_beside_the_embeddings_weight(dtype):
+    if not cpu_linear.can_pack(torch.empty(2, 2, dtype=dtype)):
+        pytest.skip(f"this torch or CPU has no oneDNN {dtype} GEMM")
     from kubeinfer.runtime.layers.embedding import ParallelLMHead
+    tolerance = dict(atol=0.1, rtol=0.02) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-5)
     head = ParallelLMHead(100, 64)
-    head.weight.data = torch.randn(100, 64, dtype=torch.bfloat16)
-    hidden = torch.randn(3, 64, dtype=torch.bfloat16)
+    head.weight.data = torch.randn(100, 64, dtype=dtype)
+    hidden = torch.randn(3, 64, dtype=dtype)
     want = head(hidden)
     assert head.pack_weight() and head.weight.numel() == 0
-    torch.testing.assert_close(head(hidden), want, atol=0.1, rtol=0.02)
+    torch.testing.assert_close(head(hidden), want, **tolerance)
     tied = ParallelLMHead(100, 64)
-    tied.weight.data = torch.randn(100, 64, dtype=torch.bfloat16)
+    tied.weight.data = torch.randn(100, 64, dtype=dtype)
     tied.tied = True
-    assert not tied.pack_weight() and tied.weight.numel() == 100 * 64
+    plain, want = tied.weight.data.clone(), tied(hidden)
+    assert tied.pack_weight() and not tied.pack_weight()
+    assert torch.equal(tied.weight.data, plain)   # the embedding's rows, untouched
+    torch.testing.assert_close(tied(hidden), want, **tolerance)
