@@ -48,6 +48,11 @@ from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
 from shapes import describe as describe_shape   # noqa: E402
 
 
+# vLLM's CPU KV cache, when not given: this share of the machine's memory less what its worker holds. Its default, 0.92,
+# refuses to start on a box whose available memory is below 92% of the total; 0.5 is what ours takes on a machine.
+VLLM_CPU_MEMORY_SHARE = 0.5
+
+
 def quantile(values: list[float], q: float) -> float:
     """The sample at rank q of `values` (nearest rank below)."""
     ordered = sorted(values)
@@ -231,6 +236,8 @@ def start_vllm(args, model_dir: Path, python: Path) -> tuple[subprocess.Popen, s
                args.dtype, "--max-model-len", "4096", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
                "--host", "127.0.0.1", "--port", str(args.port + 1), "--no-enable-log-requests",
                "--load-format", args.load_format]
+    if not args.kv_cache_gib:   # its default sizing, at the share of memory it can get here (0.92 fails: NOTES)
+        command += ["--gpu-memory-utilization", str(VLLM_CPU_MEMORY_SHARE)]
     log = (Path(args.workdir) / "vllm-serve.log").open("w")
     env = vllm_env.environment("best", args.kv_cache_gib or None)
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), url
@@ -247,7 +254,8 @@ def compare_with_vllm(args) -> None:
         print(f"machine: {describe()}")
         print(f"model: {model_dir if args.load_format == 'auto' else describe_shape(args.shape)}, {args.dtype}")
         print(f"kubeinfer: kubeinfer serve, defaults (2048-token steps, 256 sequences, native CPU attention), {kv}")
-        print(f"vllm: {vllm_env.describe('best', args.kv_cache_gib or None)}; "
+        share = "" if args.kv_cache_gib else f" (--gpu-memory-utilization {VLLM_CPU_MEMORY_SHARE}: its own sizing)"
+        print(f"vllm: {vllm_env.describe('best', args.kv_cache_gib or None)}{share}; "
               f"python -m vllm.entrypoints.openai.api_server")
         figures: dict[str, dict[int, dict]] = {}
         for name in ("kubeinfer", "vllm"):
