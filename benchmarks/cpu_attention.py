@@ -7,7 +7,7 @@
   `scaled_dot_product_attention` on the same dense tensors, and beside this machine's fp32 GEMM rate
   (`F.linear` on the model's gate/up shape, 2048 x 512 x 2730: about what a CPU attention could reach).
 
-    python benchmarks/cpu_attention.py [--repeats 7]
+    python -P benchmarks/cpu_attention.py [--shape smollm2-135m] [--repeats 7]
 """
 import argparse
 import random
@@ -23,8 +23,9 @@ from kubeinfer.kernels.metadata import AttentionMetadata
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES   # noqa: E402
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 4, 64, 16   # benchmarks/throughput.py's Llama
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16   # the SmolLM2 shape's; main() sets --shape's
 
 
 def best_seconds(run, repeats: int) -> float:
@@ -78,11 +79,15 @@ def prefill(n: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0], help="its attention heads")
     args = parser.parse_args()
+    global HEADS, KV_HEADS, HEAD_DIM
+    shape = SHAPES[args.shape]
+    HEADS, KV_HEADS, HEAD_DIM = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
     assert cpu_attention.supports(torch.zeros(1, HEADS, HEAD_DIM), torch.zeros(1, BLOCK, KV_HEADS, HEAD_DIM)), \
         "the native kernel is not built here (no C compiler?)"
     print(f"machine: {describe()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-          f"{HEADS} query / {KV_HEADS} KV heads of {HEAD_DIM}, fp32, block {BLOCK}")
+          f"{args.shape}'s {HEADS} query / {KV_HEADS} KV heads of {HEAD_DIM}, fp32, block {BLOCK}")
     decode((300, 700), 4, args.repeats)
     decode((800, 1500), 4, args.repeats)
     for n in (128, 512, 2048):
