@@ -23,6 +23,9 @@ MEMINFO = Path("/proc/meminfo")
 NO_LIMIT = 2**60   # cgroup v1 writes "no limit" as a page-aligned 2**63 - 1
 MIN_ACTIVATION_MARGIN = 256 * 2**20
 DEDICATED_UTILIZATION, SHARED_UTILIZATION = 0.9, 0.5   # cpu_memory_utilization's default (see above)
+# A busy machine (less than the share available) still gets the old fixed pool where that much is free, rather than
+# an engine that refuses to start.
+CPU_FLOOR = 2**29
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,11 @@ def kv_budget(config, device: torch.device, dtype: torch.dtype) -> tuple[float, 
                                model.intermediate_size, model.vocab_size, dtype.itemsize)
     utilization = config.cpu_memory_utilization or (DEDICATED_UTILIZATION if memory.dedicated else SHARED_UTILIZATION)
     budget = cpu_kv_budget(memory, utilization, margin, config.world_size)
-    return budget, f"cpu_memory_utilization {utilization:g} of {memory.limit / 2**30:.1f} GiB, {memory.source}"
+    source = f"cpu_memory_utilization {utilization:g} of {memory.limit / 2**30:.1f} GiB, {memory.source}"
+    floor = min(CPU_FLOOR, (memory.available - margin) // config.world_size)
+    if budget < floor:
+        return floor, f"{source}: {budget / 2**30:.2f} GiB by that rule, raised to the {CPU_FLOOR / 2**30:g} GiB floor"
+    return budget, source
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -121,3 +121,16 @@ def test_the_default_share_is_a_containers_memory_or_half_a_machines(llama_dir, 
     assert source.startswith(f"cpu_memory_utilization {share:g} of 16.0 GiB")
     explicit = EngineConfig(model=str(llama_dir), cpu_memory_utilization=0.25)
     assert kv_sizing.kv_budget(explicit, torch.device("cpu"), torch.float32)[0] < budget
+
+
+def test_a_busy_machine_keeps_the_old_fixed_pool_where_that_much_is_free(llama_dir, monkeypatch):
+    """Under half of a machine available, the rule gives nothing; the engine still starts with 0.5 GiB when that much
+    is free beyond the margin, and with what is free when less is."""
+    from kubeinfer.runtime.config import EngineConfig
+    config = EngineConfig(model=str(llama_dir), max_num_batched_tokens=64, max_num_seqs=8)
+    monkeypatch.setattr(kv_sizing, "read_host_memory", lambda: HostMemory(16 * GIB, 4 * GIB, "test"))
+    budget, source = kv_sizing.kv_budget(config, torch.device("cpu"), torch.float32)
+    assert budget == kv_sizing.CPU_FLOOR and "raised to the 0.5 GiB floor" in source
+    tight = HostMemory(16 * GIB, kv_sizing.MIN_ACTIVATION_MARGIN + 100 * 2**20, "test")
+    monkeypatch.setattr(kv_sizing, "read_host_memory", lambda: tight)
+    assert kv_sizing.kv_budget(config, torch.device("cpu"), torch.float32)[0] == 100 * 2**20
