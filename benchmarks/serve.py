@@ -44,7 +44,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import cpu_time, vllm_env   # noqa: E402
 from peers.machine import describe   # noqa: E402
-from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES, model_folder   # noqa: E402
 from shapes import describe as describe_shape   # noqa: E402
 
 
@@ -291,14 +291,10 @@ def compare_with_vllm(args) -> None:
 
 
 def prepare_model(args, tmp: Path) -> Path:
-    """`--model` as given, else the shape's folder (dummy weights); sets args.model and args.load_format."""
-    if args.model is not None:
-        from kubeinfer.runtime.demo import resolve_model_dir
-        args.load_format, args.model = "auto", str(resolve_model_dir(args.model))
-        return Path(args.model)
-    args.load_format = "dummy"
-    args.model = str(write_shape_dir(tmp / args.shape, args.shape))
-    return Path(args.model)
+    """benchmarks/shapes.model_folder, into args.model and args.load_format (what the servers are started with)."""
+    folder, args.load_format = model_folder(tmp, args.shape, args.model)
+    args.model = str(folder)
+    return folder
 
 
 async def one_warm_up(url: str, model: str) -> None:

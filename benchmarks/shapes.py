@@ -67,6 +67,15 @@ def write_shape_dir(path: Path, shape: dict | str) -> Path:
     return path
 
 
+def model_folder(tmp: Path, shape: str, model: str | None) -> tuple[Path, str]:
+    """The folder a benchmark runs and its load format: `model` (a folder or a name such as smollm2-135m-instruct) as
+    it is, else the shape's folder under `tmp`, with dummy weights."""
+    if model is not None:
+        from kubeinfer.runtime.demo import resolve_model_dir
+        return resolve_model_dir(model), "auto"
+    return write_shape_dir(tmp / shape, shape), "dummy"
+
+
 def describe(name: str) -> str:
     shape = SHAPES[name]
     return (f"{name} ({shape['architectures'][0]}: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "

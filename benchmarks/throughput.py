@@ -31,25 +31,17 @@ from pathlib import Path
 
 import torch
 
-from kubeinfer.runtime.demo import resolve_model_dir
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
 from peers.machine import describe   # noqa: E402
-from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES, model_folder   # noqa: E402
 from shapes import describe as describe_shape   # noqa: E402
 
 WORKLOADS = {"short": ((32, 512), (16, 256)), "long": ((128, 1024), (256, 512)), "prefill": ((256, 1024), (1, 1))}
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 256, 2048, 4096
-
-
-def model_folder(tmp: Path, shape: str, model: str | None) -> tuple[Path, str]:
-    """The model folder and its load format: a real folder as it is, else the shape with dummy weights."""
-    if model is not None:
-        return resolve_model_dir(model), "auto"
-    return write_shape_dir(tmp / shape, shape), "dummy"
 
 
 def workload(num: int, vocab: int, seed: int = 0, name: str = "short"):

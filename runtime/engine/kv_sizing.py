@@ -11,6 +11,7 @@ container's memory is its own, as a GPU's is), 0.5 of a machine's (shared with e
 The pool is never more than every sequence at full length could use. On the CPU it is allocated lazily
 (`lazy_zeros`): pages are committed as blocks are first written, so a large budget costs nothing at start-up.
 """
+import math
 import mmap
 import re
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ MEMINFO = Path("/proc/meminfo")
 NO_LIMIT = 2**60   # cgroup v1 writes "no limit" as a page-aligned 2**63 - 1
 MIN_ACTIVATION_MARGIN = 256 * 2**20
 DEDICATED_UTILIZATION, SHARED_UTILIZATION = 0.9, 0.5   # cpu_memory_utilization's default (see above)
-# A busy machine (less than the share available) still gets the old fixed pool where that much is free, rather than
-# an engine that refuses to start.
+# Under the default share, a busy machine (less than the share available) still gets the old fixed pool where that
+# much is free, rather than an engine that refuses to start. A share the user set is taken as set.
 CPU_FLOOR = 2**29
 
 
@@ -93,7 +94,7 @@ def kv_budget(config, device: torch.device, dtype: torch.dtype) -> tuple[float, 
     budget = cpu_kv_budget(memory, utilization, margin, config.world_size)
     source = f"cpu_memory_utilization {utilization:g} of {memory.limit / 2**30:.1f} GiB, {memory.source}"
     floor = min(CPU_FLOOR, (memory.available - margin) // config.world_size)
-    if budget < floor:
+    if config.cpu_memory_utilization is None and budget < floor:
         return floor, f"{source}: {budget / 2**30:.2f} GiB by that rule, raised to the {CPU_FLOOR / 2**30:g} GiB floor"
     return budget, source
 
@@ -101,9 +102,7 @@ def kv_budget(config, device: torch.device, dtype: torch.dtype) -> tuple[float, 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor on anonymous memory: the kernel commits (and zeroes) each page when it is first touched,
     so a pool sized for the whole budget takes memory as it fills, not at start-up."""
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)

@@ -125,7 +125,8 @@ class ModelRunner:
     def _allocate_kv_cache(self, config: EngineConfig) -> None:
         model_config = config.model_config
         self.num_kv_heads = max(1, model_config.num_kv_heads // tp_size())
-        self.num_blocks = min_over_ranks(self._num_kv_blocks(), self.device)   # one block table fits every rank
+        num_blocks, budget_source = self._num_kv_blocks()
+        self.num_blocks = min_over_ranks(num_blocks, self.device)   # one block table fits every rank
         fits = self.num_blocks * config.block_size
         if fits < config.max_model_len:
             # A sequence longer than the whole cache could never finish: it would preempt itself forever and
@@ -145,7 +146,7 @@ class ModelRunner:
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s): %d tokens, %.1f sequences of max_model_len %d",
                     self.num_blocks, config.block_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**30,
-                    self.kv_budget_source, fits, fits / config.max_model_len, config.max_model_len)
+                    budget_source, fits, fits / config.max_model_len, config.max_model_len)
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -183,23 +184,22 @@ class ModelRunner:
         self.cuda_graphs, self.verify_graphs = capture_engine_graphs(config, self.model, self.draft, self.dtype,
                                                                      self.device)
 
-    def _num_kv_blocks(self) -> int:
+    def _num_kv_blocks(self) -> tuple[int, str]:
+        """Blocks this rank's budget holds, and where the budget came from (for the log line)."""
         config, model_config = self.config, self.config.model_config
         block_bytes = (2 * model_config.num_layers * config.block_size * self.num_kv_heads
                        * model_config.head_dim * self.kv_dtype.itemsize)
         if self.draft is not None:   # a block of the draft's pool comes with each block of ours
             block_bytes += self.draft.block_bytes(self.kv_dtype)
         if config.num_kvcache_blocks is not None:
-            self.kv_budget_source = "--num-kvcache-blocks"
-            return config.num_kvcache_blocks
-        budget, self.kv_budget_source = kv_sizing.kv_budget(config, self.device, self.dtype)
+            return config.num_kvcache_blocks, "--num-kvcache-blocks"
+        budget, source = kv_sizing.kv_budget(config, self.device, self.dtype)
         # Never more than every sequence at full length could use.
         most = config.max_num_seqs * config.max_blocks_per_seq + 1
         num_blocks = min(int(budget // block_bytes), most)
         if num_blocks < 1:
-            raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB, "
-                              f"{self.kv_budget_source})")
-        return num_blocks
+            raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB, {source})")
+        return num_blocks, source
 
     def expert_load(self) -> list[list[int]] | None:
         """Tokens routed to each expert since start-up, per MoE layer (None for a dense model). Rank 0 routes every

@@ -134,3 +134,11 @@ def test_a_busy_machine_keeps_the_old_fixed_pool_where_that_much_is_free(llama_d
     tight = HostMemory(16 * GIB, kv_sizing.MIN_ACTIVATION_MARGIN + 100 * 2**20, "test")
     monkeypatch.setattr(kv_sizing, "read_host_memory", lambda: tight)
     assert kv_sizing.kv_budget(config, torch.device("cpu"), torch.float32)[0] == 100 * 2**20
+
+
+def test_a_share_the_user_set_is_not_raised_to_the_floor(llama_dir, monkeypatch):
+    from kubeinfer.runtime.config import EngineConfig
+    config = EngineConfig(model=str(llama_dir), max_num_batched_tokens=64, max_num_seqs=8, cpu_memory_utilization=0.5)
+    monkeypatch.setattr(kv_sizing, "read_host_memory", lambda: HostMemory(16 * GIB, 4 * GIB, "test"))
+    budget, source = kv_sizing.kv_budget(config, torch.device("cpu"), torch.float32)
+    assert budget == 0 and "floor" not in source
