@@ -20,6 +20,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram", "draft")
 SCHEDULING_POLICIES = ("fcfs", "shortest-first", "fair")   # the waiting queue's order (runtime/engine/scheduler.py)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+JSON_LAYOUTS = ("model", "compact")
 KV_ROLES = ("prefill", "decode")
 KV_SOURCE_NETWORKS = ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")   # runtime/disagg   # runtime/server/tool_parsers.py
 
@@ -42,6 +43,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"        # or shortest-first (docs/runtime.md, Scheduling)
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
+    json_layout: str = "model"             # structured output's whitespace: the model's own, bounded, or compact
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks
     enable_expert_parallel: bool = False   # = expert_parallel_size tensor_parallel_size
@@ -122,6 +124,8 @@ class EngineConfig:
                  f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}")
         _require(self.tool_call_parser in TOOL_CALL_PARSERS,
                  f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
+        _require(self.json_layout in JSON_LAYOUTS,
+                 f"json_layout must be one of {', '.join(JSON_LAYOUTS)}, got {self.json_layout!r}")
         _require(self.num_kvcache_blocks is None or self.num_kvcache_blocks >= 1,
                  f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
         _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,

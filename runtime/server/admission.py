@@ -16,6 +16,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.engine.messages import check_prompt, check_resumed_output, check_token_ids
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing
+from kubeinfer.runtime.server.checked_answers import checked_outputs
 from kubeinfer.runtime.server import lora_api
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.kv_source import after, check_kv_source
@@ -69,9 +70,11 @@ class Job:
             yield index, f"{self.request_id}-{index}", self.prompts[index // self.n], params
 
     def outputs(self, engine: EngineClient, sub_id: str, prompt: list[int], params: SamplingParams):
-        """A sub-request's outputs: started already (a pulled request's, `start_pulled`), or started now."""
+        """A sub-request's outputs: started already (a pulled request's, `start_pulled`), or started now; a
+        constrained answer is checked against its schema (`checked_answers`)."""
         primed = self.primed.pop(sub_id, None)
-        return after(*primed) if primed is not None else engine.generate(sub_id, prompt, params, self.resume)
+        outputs = after(*primed) if primed is not None else engine.generate(sub_id, prompt, params, self.resume)
+        return checked_outputs(outputs, params.structured)
 
     async def close_primed(self) -> None:
         """Ends the started requests nobody read (a stream whose body never started): aborted, their blocks freed."""
@@ -99,7 +102,7 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
     if state.draining:
         raise APIError(503, "the server is shutting down", code="draining")
     lora_name = lora_api.adapter_of(state, body.model)   # None: the base model; 404 for a name not served
-    structured = structured or body.structured_output()
+    structured = structured or body.structured_output(state.config.json_layout)
     max_len = state.engine.info.max_model_len
     params = []
     for prompt in prompts:

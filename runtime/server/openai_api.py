@@ -23,6 +23,7 @@ from kubeinfer.runtime.router.resume import RESUMABLE_HEADER, failed_event, id_l
 from kubeinfer.runtime.server.admission import Job, ServerState, admit, authenticate
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.engine_client import EngineDeadError
+from kubeinfer.runtime.server.errors import APIError, error_body
 from kubeinfer.runtime.server.kv_source import start_pulled
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from kubeinfer.runtime.server.responses import Formatter, sse
@@ -47,7 +48,7 @@ async def completions(state: ServerState, body: CompletionRequest, request: Requ
 async def chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request):
     key = authenticate(state, request)
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, flat=False)
-    structured = plan.structured_output() if plan else None
+    structured = plan.structured_output(state.config.json_layout) if plan else None
     if structured is not None and (body.response_format or {}).get("type", "text") != "text":
         raise InvalidRequestError("response_format cannot be combined with tool_choice required or a named function",
                                   "response_format")
@@ -178,6 +179,10 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
             index, item = await queue.get()
             if item is None:
                 remaining -= 1
+            elif isinstance(item, APIError):   # a finished answer that broke its schema (checked_answers)
+                state.metrics.count_error(item.status)
+                yield sse(error_body(item.status, item.message, item.param, item.code))
+                return
             elif isinstance(item, Exception):
                 state.metrics.count_error(500)
                 event = sse({"error": {"message": str(item), "type": "server_error", "param": None, "code": None}})

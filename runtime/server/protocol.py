@@ -61,9 +61,9 @@ class _SamplingFields(BaseModel):
     # the router only, which drops it from clients' bodies (docs/disaggregation.md, "Who may name a KV source")
     kubeinfer_kv_source: str | None = None
 
-    def structured_output(self) -> StructuredOutput | None:
+    def structured_output(self, layout: str = "model") -> StructuredOutput | None:
         """The grammar the output must match (checked: a bad format or schema is a 400 naming it)."""
-        return response_format_output(self.response_format)
+        return response_format_output(self.response_format, layout=layout)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int,
                         structured: StructuredOutput | None = None) -> SamplingParams:

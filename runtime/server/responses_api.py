@@ -43,7 +43,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     conversation = history + item_messages(body.input_items())
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
-    structured = plan.structured_output() if plan else None
+    structured = plan.structured_output(state.config.json_layout) if plan else None
     if structured is not None and body.text_format.get("type") != "text":
         raise InvalidRequestError("text.format cannot be combined with tool_choice required or a named function",
                                   "text.format")
@@ -102,7 +102,7 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
         for event in builder.started() + ([] if tools else builder.text_started(0, item_id)):
             yield event
         last = None
-        async for output in state.engine.generate(sub_id, prompt, params):
+        async for output in job.outputs(state.engine, sub_id, prompt, params):
             last, emitted = output, len(output.token_ids)
             if output.new_text and tools is None:
                 yield builder.text_delta(0, item_id, output.new_text)
@@ -119,6 +119,9 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
             for event in events:
                 yield event
         yield builder.finished(_finish(state, builder, job, last, items, conversation))
+    except APIError as error:   # a finished answer that broke its schema (checked_answers)
+        state.metrics.count_error(error.status)
+        yield builder.event("error", code=error.code, message=error.message, param=error.param)
     except Exception as error:   # noqa: BLE001 - reported to the client as an error event
         state.metrics.count_error(500)
         yield builder.event("error", code="server_error", message=str(error), param=None)

@@ -54,8 +54,8 @@ class ResponsesRequest(_SamplingFields):
         if self.truncation == "auto":
             raise InvalidRequestError("truncation 'auto' is not supported: a prompt too long is refused", "truncation")
 
-    def structured_output(self) -> StructuredOutput | None:
-        return text_format_output(self.text.format if self.text else None)
+    def structured_output(self, layout: str = "model") -> StructuredOutput | None:
+        return text_format_output(self.text.format if self.text else None, layout=layout)
 
     @property
     def text_format(self) -> dict:

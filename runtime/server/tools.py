@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.structured.schema_check import json_schema_grammar
+from kubeinfer.runtime.structured.schema_check import json_schema_output
 from kubeinfer.runtime.structured.spec import StructuredOutput
 
 CHOICES = ("none", "auto", "required")
@@ -47,10 +47,10 @@ class ToolPlan:
         """The tools as the template renders them (none when the choice is none)."""
         return [tool.template_entry() for tool in self.tools] if self.tools and self.choice != "none" else None
 
-    def structured_output(self) -> StructuredOutput | None:
+    def structured_output(self, layout: str = "model") -> StructuredOutput | None:
         if self.choice == "function":
             tool = next(t for t in self.tools if t.name == self.name)
-            return StructuredOutput(json_schema_grammar(tool.parameters, "tools.parameters"), "tool_calls")
+            return json_schema_output(tool.parameters, "tools.parameters", "tool_calls", layout)
         if self.choice != "required":
             return None
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
@@ -58,7 +58,7 @@ class ToolPlan:
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
         if not self.parallel:
             schema["maxItems"] = 1
-        return StructuredOutput(json_schema_grammar(schema, "tools"), "tool_calls")
+        return json_schema_output(schema, "tools", "tool_calls", layout)
 
     def constrained_calls(self, text: str) -> list[dict]:
         """The calls of a constrained output (`required` or a named function)."""
@@ -107,5 +107,5 @@ def _tool(entry, index: int, flat: bool) -> Tool:
         raise InvalidRequestError(f"{param}: a function needs a name", param)
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     where = f"{param}.parameters" if flat else f"{param}.function.parameters"
-    json_schema_grammar(parameters, where)   # checked now: a bad schema is refused even under auto
+    json_schema_output(parameters, where)   # checked now: a bad schema is refused even under auto
     return Tool(function["name"], function.get("description"), parameters)

@@ -29,7 +29,7 @@ def metric(text: str, name: str) -> float:
 
 
 def offline_greedy(llama_dir) -> list[str]:
-    structured = response_format_output(FORMAT)
+    structured = response_format_output(FORMAT, layout="compact")
     outputs = LLM(str(llama_dir), max_model_len=256).generate(
         PROMPTS, SamplingParams(max_tokens=120, temperature=0, structured=structured))
     assert all(o.finish_reason == "stop" for o in outputs)
@@ -50,7 +50,7 @@ def served(url: str, temperature: float) -> list[str]:
 def test_preempted_constrained_sequences_resume_their_grammar(llama_dir, start_server):
     expected = offline_greedy(llama_dir)
     # 16 blocks of 16 tokens for 8 sequences of ~90 tokens each: the scheduler must preempt
-    with start_server(llama_dir, max_model_len=256, num_kvcache_blocks=16) as (url, _):
+    with start_server(llama_dir, max_model_len=256, num_kvcache_blocks=16, json_layout="compact") as (url, _):
         assert served(url, 0) == expected
         served(url, 1.0)
         preemptions = metric(httpx.get(url + "/metrics").text, "kubeinfer_num_preemptions_total")
@@ -59,7 +59,8 @@ def test_preempted_constrained_sequences_resume_their_grammar(llama_dir, start_s
 
 def test_drafts_are_checked_by_the_grammar(llama_dir, start_server):
     expected = offline_greedy(llama_dir)
-    with start_server(llama_dir, max_model_len=256, speculative_method="ngram", speculative_ngram_min=1) as (url, _):
+    with start_server(llama_dir, max_model_len=256, speculative_method="ngram", speculative_ngram_min=1,
+                      json_layout="compact") as (url, _):
         assert served(url, 0) == expected
         served(url, 1.0)
         text = httpx.get(url + "/metrics").text

@@ -1,16 +1,20 @@
 """Structured output through the real server (the engine in its own process) with the official openai client: with
 the random-weight model, every output parses and validates against its schema (jsonschema, the reference
-validator), finishes by itself within a modest max_tokens, and carries no whitespace between JSON tokens.
-Bounded schemas only: a `number` has no bound on its digits, and greedy random weights were seen to loop on them."""
+validator), finishes by itself within a max_tokens the layout's bounds imply, and lays its JSON out only as
+json_layout allows (per gap: nothing, a space, or one newline and bounded indentation); an answer the grammar only
+over-approximates is held and checked, and one that breaks its schema is a 422, never sent."""
 import json
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+
+from kubeinfer.runtime.structured.enforceable import enforceable
+from kubeinfer.runtime.structured.json_layout import INDENT, nesting
 
 MODEL = "tiny"
 SCHEMA = {
@@ -38,7 +42,7 @@ class Pet(BaseModel):
     name: str = Field(max_length=8)
     legs: int = Field(ge=0, le=8)
     kind: Literal["cat", "dog", "bird"]
-    friends: list[str] = Field(max_length=2)
+    friends: list[Annotated[str, Field(max_length=6)]] = Field(max_length=2)   # bounded: random weights
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +51,34 @@ def client(server):
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
-def assert_valid_compact(text: str, schema: dict) -> None:
+def assert_valid_laid_out(text: str, schema: dict) -> None:
     jsonschema.validate(json.loads(text), schema)
-    assert not re.search(r"\s", STRINGS.sub('""', text)), f"whitespace between JSON tokens: {text!r}"
+    assert_bounded_gaps(text, schema)
 
 
-def test_every_sampled_output_validates_and_finishes(client):
+def assert_bounded_gaps(text: str, schema: dict) -> None:
+    gaps = re.findall(r"\s+", STRINGS.sub('""', text))
+    widest = INDENT * (nesting(*[enforceable(schema)[0]] * 2) + 1)
+    assert all(re.fullmatch(rf" |\n[ \t]{{0,{widest}}}", gap) for gap in gaps), f"unbounded whitespace: {text!r}"
+
+
+def test_every_sampled_output_validates_or_is_cut_inside_the_layout_bounds(client):
+    """Random weights at temperature 1 pick whitespace as often as anything the grammar allows, so some answers use
+    every gap's bound and run out of tokens: those must still be laid out within the bounds; the rest validate."""
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a person"}], n=12,
-                                          temperature=1.0, seed=7, max_tokens=160, response_format=FORMAT)
+                                          temperature=1.0, seed=7, max_tokens=200, response_format=FORMAT)
     completion = client.completions.create(model=MODEL, prompt="a person:", n=4, temperature=1.0, seed=1,
-                                           max_tokens=160, extra_body={"response_format": FORMAT})
-    texts = [c.message.content for c in chat.choices] + [c.text for c in completion.choices]
-    assert [c.finish_reason for c in chat.choices + completion.choices] == ["stop"] * 16
-    for text in texts:
-        assert_valid_compact(text, SCHEMA)
-    assert len(set(texts)) > 1   # sampled, not one forced answer
+                                           max_tokens=200, extra_body={"response_format": FORMAT})
+    choices = [(c.message.content, c.finish_reason) for c in chat.choices]
+    choices += [(c.text, c.finish_reason) for c in completion.choices]
+    finished = [text for text, reason in choices if reason == "stop"]
+    assert len(finished) >= 4, choices
+    for text in finished:
+        assert_valid_laid_out(text, SCHEMA)
+    for text, reason in choices:
+        assert reason in ("stop", "length") and text.startswith("{")
+        assert_bounded_gaps(text, SCHEMA)
+    assert len(set(finished)) > 1   # sampled, not one forced answer
 
 
 def test_streamed_greedy_output_equals_the_whole_one(client):
@@ -72,7 +89,10 @@ def test_streamed_greedy_output_equals_the_whole_one(client):
                                                  response_format=FORMAT, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == whole.choices[0].message.content
-    assert_valid_compact(text, SCHEMA)
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    if whole.choices[0].finish_reason == "stop":   # greedy random weights may spend every gap's bound
+        assert_valid_laid_out(text, SCHEMA)
+    assert_bounded_gaps(text, SCHEMA)
 
 
 def test_json_object_gives_an_object(client):
@@ -89,7 +109,15 @@ def test_json_object_gives_an_object(client):
         assert choice.message.content.startswith("{")
 
 
-def test_parse_with_a_pydantic_model(client):
+@pytest.fixture(scope="module")
+def compact_client(llama_dir, start_server):
+    """A server writing compact JSON: random weights at temperature 0.8 would spend each gap's whitespace bound."""
+    with start_server(llama_dir, max_model_len=256, json_layout="compact") as (url, _):
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_parse_with_a_pydantic_model(compact_client):
+    client = compact_client
     parsed = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "a pet"}],
                                            response_format=Pet, max_tokens=100, temperature=0.8, seed=2)
     pet = parsed.choices[0].message.parsed
@@ -104,17 +132,18 @@ def test_parse_with_a_pydantic_model(client):
 
 
 BAD = [
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}},
-     "response_format.json_schema.schema", "uniqueItems"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}},
-     "response_format.json_schema.schema", "not"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$dynamicAnchor": "n", "type": "object", "properties": {"c": {"$dynamicRef": "#n"}}}}},
+     "response_format.json_schema.schema", "$dynamicAnchor"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {}}}},
+     "response_format.json_schema.schema", "unsatisfiable"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"age": {"type": "strin"}}}}},
      "response_format.json_schema.schema", "properties.age.type"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": -1}}},
      "response_format.json_schema.schema", "maxLength"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "colour"}}},
-     "response_format.json_schema.schema", "colour"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 3, "maximum": 1}}},
+     "response_format.json_schema.schema", "unsatisfiable"),
     ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema", "required"),
     ({"type": "json_schema"}, "response_format.json_schema", "required"),
     ({"type": "yaml"}, "response_format.type", "yaml"),
@@ -134,11 +163,50 @@ def test_bad_formats_are_400s_naming_the_field(server, response_format, param, n
 
 def test_text_format_errors_and_conflicts_name_the_param(server):
     url, _ = server
-    bad = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "array", "contains": {}}}}
+    bad = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "array", "maxItems": 1, "minItems": 2}}}
     reply = httpx.post(f"{url}/v1/responses", json={"model": MODEL, "input": "x", "text": bad})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "text.format.schema"
-    assert "contains" in reply.json()["error"]["message"]
+    assert "unsatisfiable" in reply.json()["error"]["message"]
     for extra, param in (({"ignore_eos": True}, "ignore_eos"), ({"min_tokens": 2}, "min_tokens")):
         reply = httpx.post(f"{url}/v1/chat/completions", json={
             "model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": FORMAT} | extra)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+# The grammar forces [1, 1] (two items, each 1); uniqueItems is checked after: every answer breaks it.
+DOOMED = {"type": "json_schema", "json_schema": {"name": "pair", "schema": {
+    "type": "array", "items": {"const": 1}, "minItems": 2, "maxItems": 2, "uniqueItems": True}}}
+HELD = {"type": "json_schema", "json_schema": {"name": "pair", "schema": {   # forced to [1, 2]: unique
+    "type": "array", "prefixItems": [{"const": 1}, {"const": 2}], "items": False, "minItems": 2, "uniqueItems": True}}}
+
+
+def test_an_answer_that_breaks_its_schema_is_a_422_never_sent(server, client):
+    url, _ = server
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": DOOMED,
+            "max_tokens": 32}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body)
+    assert reply.status_code == 422, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "schema_not_satisfied" and "uniqueItems" in error["message"], error
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body | {"stream": True}) as stream:
+        events = [line.removeprefix("data: ") for line in stream.iter_lines() if line.startswith("data: ")]
+    chunks, error = [json.loads(event) for event in events[:-1]], json.loads(events[-1])
+    assert not any(choice["delta"].get("content") for chunk in chunks for choice in chunk["choices"]), chunks
+    assert error["error"]["code"] == "schema_not_satisfied", events
+    response = httpx.post(f"{url}/v1/responses", json={"model": MODEL, "input": "x", "stream": True,
+                                                        "text": {"format": dict(DOOMED["json_schema"],
+                                                                                type="json_schema")}})
+    assert "schema_not_satisfied" in response.text and "response.output_text.delta" not in response.text
+
+
+def test_a_held_answer_that_validates_arrives_whole(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=3,
+                                                 temperature=1.0, seed=5, max_tokens=32, response_format=HELD,
+                                                 stream=True))
+    texts = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            if choice.delta.content:
+                assert choice.index not in texts, "a held answer comes in one piece"
+                texts[choice.index] = choice.delta.content
+    assert len(texts) == 3 and all(json.loads(text) == [1, 2] for text in texts.values())

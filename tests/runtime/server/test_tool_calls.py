@@ -37,7 +37,7 @@ def tool_server(llama_dir, tmp_path_factory, start_server):
     shutil.copytree(llama_dir, model_dir)
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": TEMPLATE}))
-    with start_server(model_dir, max_model_len=512) as (url, _):
+    with start_server(model_dir, max_model_len=512, json_layout="compact") as (url, _):   # random weights
         yield url, model_dir
 
 
