@@ -1,0 +1,67 @@
+"""Structured output on a real trained model, SmolLM2-135M-Instruct: with the layout the model was trained to write
+(json_layout) and the bounds of `enforceable`, its answers end by themselves where a compact-only grammar made it
+write digits to max_tokens, and twenty pydantic schemas users write are answered validly. Greedy and sampled, fp32,
+one batch each (the figures: docs/server.md, "Structured output")."""
+import json
+
+import jsonschema
+import pytest
+
+from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.chat import render_chat
+from kubeinfer.runtime.structured.enforceable import FRACTION_DIGITS
+from kubeinfer.runtime.structured.formats import response_format_output
+from support.pydantic_cases import CASES, CityFacts
+
+POPULATION = ["What is the capital of France and its population? Reply in JSON.",
+              "Paris population in millions, as JSON.",
+              "Which city is the capital of France? How many people live there?",
+              "Describe the largest city of Japan in JSON.", "Give me a JSON object about Berlin."]
+MAX_TOKENS = 256
+
+
+def output_format(model, layout: str = "model"):
+    return response_format_output({"type": "json_schema", "json_schema": {
+        "name": model.__name__, "schema": model.model_json_schema(), "strict": True}}, layout=layout)
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2):
+    with LLM(str(smollm2), kv_cache_memory_gib=0.5, max_model_len=2048) as engine:
+        yield engine
+
+
+def ask(llm, questions: list[str], formats: list, **sampling):
+    tokenizer = llm.tokenizer
+    prompts = [render_chat(tokenizer.chat_template, [{"role": "user", "content": q}], True, tokenizer.bos_token,
+                           tokenizer.eos_token) for q in questions]
+    return llm.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, structured=f, **sampling) for f in formats])
+
+
+def test_the_population_answer_ends_where_the_model_ends_it(llm):
+    bounded = ask(llm, POPULATION, [output_format(CityFacts)] * len(POPULATION), temperature=0)
+    compact = ask(llm, POPULATION[:1], [output_format(CityFacts, "compact")], temperature=0)
+    # Compact, the newline the model wants after the number is forbidden and digits are all that is left: only the
+    # digit bound ends it (before the bound it ran to max_tokens: 11.1988888...).
+    number = str(json.loads(compact[0].text)["population_millions"])
+    assert len(number.split(".")[1]) == FRACTION_DIGITS, compact[0].text
+    for output in bounded:
+        assert output.finish_reason == "stop" and len(output.token_ids) < 64, output.text
+        jsonschema.validate(json.loads(output.text), CityFacts.model_json_schema())
+    assert bounded[0].text.startswith('{\n  "city": "Paris",\n  "country": "'), bounded[0].text
+
+
+def test_twenty_pydantic_schemas_are_answered_validly(llm):
+    questions = [question for _, question in CASES]
+    formats = [output_format(model) for model, _ in CASES]
+    greedy = ask(llm, questions, formats, temperature=0)
+    sampled = ask(llm, questions, formats, temperature=0.7, seed=0)
+    for (model, _), output in zip(CASES * 2, greedy + sampled):
+        if output.finish_reason == "stop":
+            model.model_validate_json(output.text)
+    cut = [o.text[:80] for o in greedy if o.finish_reason == "length"]
+    # Measured: greedy cuts 2-3 of 20, each a list repeating one item ("Fantasy", "Fantasy", ...), a greedy loop the
+    # model shows without any grammar too (12 of 26 unconstrained answers ran to max_tokens); sampled cuts none.
+    assert len(cut) <= 3, cut
+    assert sum(o.finish_reason == "length" for o in sampled) <= 1, [o.text[:80] for o in sampled]
