@@ -4,9 +4,12 @@ matchers) against the whole step, and the same batch's plain step for reference.
 are counted. Fixed seeds; prints its figures.
 
     python benchmarks/structured_mask_cost.py [--batch 64] [--model demo] [--vocab 32000] [--device cuda]
+    python benchmarks/structured_mask_cost.py --batch 16 --model ~/.cache/kubeinfer/models/smollm2-135m-instruct-v1
+    python benchmarks/structured_mask_cost.py --batch 16 --shape qwen2.5-0.5b
 
 `--vocab N` builds a demo-shaped model around an N-token byte-level BPE (trained here on the standard library's
-sources), to see the mask at a real vocabulary's size.
+sources), to see the mask at a real vocabulary's size; `--shape NAME` (benchmarks/shapes.py) a model of that real
+shape with dummy weights around a BPE of the shape's vocabulary, so the step is the real shape's too.
 """
 import argparse
 import statistics
@@ -65,6 +68,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--model", default="demo")
     parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--shape", default=None, help="a real shape of benchmarks/shapes.py, with dummy weights")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the demo model's own dtype; graphs on CUDA)")
     parser.add_argument("--torch-threads", type=int, default=None, help="torch's CPU threads (default: torch's)")
     args = parser.parse_args()
@@ -75,20 +79,31 @@ def main() -> None:
         from kubeinfer.runtime.demo import write_llama_model
         model = str(Path(tempfile.mkdtemp()) / f"demo-{args.vocab}")
         write_llama_model(Path(model), big_tokenizer(args.vocab))
+    load_format = "auto"
+    if args.shape is not None:
+        from grammar_libraries import big_tokenizer
+        from shapes import SHAPES, write_shape_dir
+        from kubeinfer.runtime.demo import save_tokenizer
+        model = write_shape_dir(Path(tempfile.mkdtemp()) / args.shape, args.shape)
+        save_tokenizer(big_tokenizer(SHAPES[args.shape]["vocab_size"]), model)
+        model, load_format = str(model), "dummy"
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     sampler_module.apply_grammars = timed("mask", sampler_module.apply_grammars)
     advance = core_module.EngineCore._advance_grammars
     core_module.EngineCore._advance_grammars = staticmethod(timed("advance", advance))
     engine = LLMEngine(EngineConfig(model=model, device=args.device, max_num_seqs=args.batch, max_model_len=512,
-                                    max_num_batched_tokens=args.batch * 64))
+                                    max_num_batched_tokens=args.batch * 64, load_format=load_format,
+                                    kv_cache_memory_gib=1.0 if args.device == "cpu" else None))
     structured = response_format_output({"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}})
     run(engine, args.batch, structured)   # warm-up: the grammar compiled, the allocator warm
     plain, _, _ = run(engine, args.batch, None)
     steps, masks, advances = run(engine, args.batch, structured)
     grammar = [m + a for m, a in zip(masks, advances)]
     ms = lambda values: statistics.median(values) * 1e3   # noqa: E731
-    print(f"model {model} (vocab {engine.config.model_config.vocab_size}), batch {args.batch}, {args.device}, "
+    tokens = engine.tokenizer.vocab_size if hasattr(engine, "tokenizer") else "?"
+    print(f"model {model} (vocab {engine.config.model_config.vocab_size}, tokenizer {tokens}), batch {args.batch}, "
+          f"{args.device}, "
           f"torch threads {torch.get_num_threads()}, {len(steps)} constrained decode steps counted")
     print(f"plain decode step        {ms(plain):8.2f} ms (median)")
     print(f"constrained decode step  {ms(steps):8.2f} ms")
