@@ -77,10 +77,14 @@ class EngineConfig:
 
     def __post_init__(self):
         from kubeinfer.runtime.demo import resolve_model_dir
-        self.model = str(resolve_model_dir(self.model))
+        from kubeinfer.runtime.trained_models import SMOLLM2_NAME
+        given = self.model
+        self.model = str(resolve_model_dir(given))
         _check_model_dir(self.model)
         self.model_config = ModelConfig.from_dir(self.model)
-        self.served_model_name = self.served_model_name or Path(self.model).name
+        # The trained model is served under the name given, not its cache folder's (the demo keeps its documented
+        # folder name, demo-model-v1).
+        self.served_model_name = self.served_model_name or (given if given == SMOLLM2_NAME else Path(self.model).name)
         limit = self.model_config.max_position_embeddings
         self.max_model_len = self.max_model_len or limit
         _require(self.max_model_len <= limit,

@@ -16,7 +16,7 @@ UNSATISFIED_CODE = "schema_not_satisfied"
 class UnsatisfiedSchemaError(APIError):
     def __init__(self, structured: StructuredOutput, reason: str):
         checked = ", ".join(structured.approximated)
-        how = (f"; {checked} cannot be enforced while the answer is written and are checked when it is finished"
+        how = (f" ({checked}: not enforceable while the answer is written, checked when it is finished)"
                if checked else "")
         super().__init__(422, f"the model's answer does not satisfy the schema {reason}{how}",
                          code=UNSATISFIED_CODE)

@@ -9,6 +9,7 @@ import pytest
 import transformers as tf
 
 from kubeinfer.runtime import demo, trained_models
+from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.server.chat import render_chat
@@ -78,6 +79,8 @@ def test_the_folder_is_built_once_and_resolves_by_name(smollm2):
     started = time.monotonic()
     assert smollm2_dir() == smollm2
     assert time.monotonic() - started < 1.0
+    config = EngineConfig(model=SMOLLM2_NAME)
+    assert (config.model, config.served_model_name) == (str(smollm2), SMOLLM2_NAME)   # served by the name given
     assert demo.resolve_model_dir(SMOLLM2_NAME) == smollm2
     assert (smollm2 / "model.safetensors").stat().st_mtime_ns == stamp
 
