@@ -65,3 +65,14 @@ def test_twenty_pydantic_schemas_are_answered_validly(llm):
     # model shows without any grammar too (12 of 26 unconstrained answers ran to max_tokens); sampled cuts none.
     assert len(cut) <= 3, cut
     assert sum(o.finish_reason == "length" for o in sampled) <= 1, [o.text[:80] for o in sampled]
+
+
+def test_speculative_decoding_keeps_the_answers(llm, smollm2):
+    """n-gram drafts the grammar refuses are never accepted: greedy answers with speculation equal those without."""
+    formats = [output_format(CityFacts)] * len(POPULATION)
+    plain = [o.text for o in ask(llm, POPULATION, formats, temperature=0)]
+    with LLM(str(smollm2), kv_cache_memory_gib=0.5, max_model_len=2048, speculative_method="ngram",
+             speculative_ngram_min=1) as speculating:
+        assert [o.text for o in ask(speculating, POPULATION, formats, temperature=0)] == plain
+        stats = speculating.engine.core.scheduler.stats
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0   # drafted, some kept, some refused
