@@ -74,7 +74,7 @@ class Job:
         constrained answer is checked against its schema (`checked_answers`)."""
         primed = self.primed.pop(sub_id, None)
         outputs = after(*primed) if primed is not None else engine.generate(sub_id, prompt, params, self.resume)
-        return checked_outputs(outputs, params.structured)
+        return outputs if params.structured is None else checked_outputs(outputs, params.structured)
 
     async def close_primed(self) -> None:
         """Ends the started requests nobody read (a stream whose body never started): aborted, their blocks freed."""

@@ -22,12 +22,8 @@ class UnsatisfiedSchemaError(APIError):
                          code=UNSATISFIED_CODE)
 
 
-async def checked_outputs(outputs, structured: StructuredOutput | None):
+async def checked_outputs(outputs, structured: StructuredOutput):
     """`outputs` (an engine request's RequestOutputs) with the finished answer checked, held back when need be."""
-    if structured is None:
-        async for output in outputs:
-            yield output
-        return
     async for output in outputs:
         if not output.finished:
             if not structured.held:

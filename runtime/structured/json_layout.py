@@ -11,7 +11,6 @@ INDENT = 4
 MAX_LEVELS = 8
 
 NESTED = ("properties", "patternProperties")
-NESTED_ONE = ("additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems")
 IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
 
 

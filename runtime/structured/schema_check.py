@@ -21,9 +21,8 @@ _ONE_OF = "oneOf constraints are not supported"
 
 
 def check_meta_schema(schema, param: str) -> None:
-    """Refuses a schema that is not valid JSON Schema (draft 2020-12 unless it names its own `$schema`)."""
-    if not isinstance(schema, dict | bool):
-        raise InvalidRequestError(f"{param}: a JSON schema must be an object, got {type(schema).__name__}", param)
+    """Refuses a schema (an object or a boolean) that is not valid JSON Schema (draft 2020-12 unless it names its own
+    `$schema`)."""
     if isinstance(schema, bool):
         return
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
