@@ -176,7 +176,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
                           max_waiting_requests=args.max_waiting_requests, tool_call_parser=args.tool_call_parser,
-                          json_layout=args.json_layout,
+                          json_layout=args.json_layout, prefix_cache_sharing=args.prefix_cache_sharing,
+                          lora_modules_file=args.lora_modules_file,
                           **engine_settings(args), **kv_settings(args))
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
                  args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
@@ -211,11 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("engine-mode", str, "process", "process: the engine in its own process (default); thread: in this one"),
         ("tool-call-parser", str, "hermes", "format of the model's tool calls under tool_choice auto"),
         ("json-layout", str, "model", "structured output's whitespace: model (the model's own, bounded) or compact"),
+        ("lora-modules-file", str, None, "a file holding `--lora-modules NAME=PATH ...`, watched: adapters are "
+                                          "loaded and unloaded as it changes (docs/lora.md)"),
+        ("prefix-cache-sharing", str, "tenant", "whose prefix cache blocks a request may reuse: tenant (its API key's "
+                                                "tenant's, or its cache_group's) or shared (everyone's)"),
     ]:
         name = flag.replace("-", "_")
         kind = port_number if flag == "port" else kind
         choices = {"engine-mode": ("process", "thread"), "tool-call-parser": ("hermes", "llama3_json"),
-                   "json-layout": ("model", "compact")}.get(flag)
+                   "json-layout": ("model", "compact"), "prefix-cache-sharing": ("tenant", "shared")}.get(flag)
         serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, default),
                            choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
     add_kv_args(serve)

@@ -21,6 +21,8 @@ ROUTER_FLAGS = [
     ("served-model-name", str, None, "model /v1/models lists while no replica is up (default: the replicas')"),
     ("api-keys-file", str, None, "the replicas' API keys file: each request's tenant (the router checks no key)"),
     ("max-in-flight-per-tenant", int, None, "a tenant's requests open at the router at most; more get 429"),
+    ("prefix-cache-sharing", str, "tenant", "the replicas' --prefix-cache-sharing (tenant or shared): prefix affinity "
+                                            "keys prefixes as their caches do"),
     ("drain-timeout-seconds", float, 30.0, "on SIGTERM, how long open requests and streams may finish"),
 ]
 
@@ -47,7 +49,8 @@ def add_router_parser(commands) -> None:
     router.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
                         help="LoRA adapters the service offers, as `kubeinfer serve` takes them (docs/lora.md)")
     for flag, kind, default, help_text in ROUTER_FLAGS:
-        choices = ("prefix", "round-robin", "least-load") if flag == "policy" else None
+        choices = {"policy": ("prefix", "round-robin", "least-load"),
+                   "prefix-cache-sharing": ("tenant", "shared")}.get(flag)
         router.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=default, choices=choices,
                             help=f"{help_text} [default {default}]")
     router.set_defaults(run=_router)
@@ -71,6 +74,7 @@ def _router(args: argparse.Namespace) -> int:
                               service=args.service, namespace=args.namespace or default_namespace(),
                               service_port_name=args.service_port_name, endpoints_file=args.endpoints_file,
                               api_keys_file=args.api_keys_file, max_in_flight_per_tenant=args.max_in_flight_per_tenant,
+                              prefix_cache_sharing=args.prefix_cache_sharing,
                               lora_modules=parse_lora_modules(args.lora_modules),
                               prefill_upstreams=args.prefill_upstream, prefill_service=args.prefill_service,
                               prefill_endpoints_file=args.prefill_endpoints_file)

@@ -21,6 +21,7 @@ SPECULATIVE_METHODS = ("ngram", "draft")
 SCHEDULING_POLICIES = ("fcfs", "shortest-first", "fair")   # the waiting queue's order (runtime/engine/scheduler.py)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 JSON_LAYOUTS = ("model", "compact")
+PREFIX_CACHE_SHARING = ("tenant", "shared")
 KV_ROLES = ("prefill", "decode")
 KV_SOURCE_NETWORKS = ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")   # runtime/disagg   # runtime/server/tool_parsers.py
 
@@ -44,6 +45,8 @@ class EngineConfig:
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     json_layout: str = "model"             # structured output's whitespace: the model's own, bounded, or compact
+    prefix_cache_sharing: str = "tenant"   # whose prefix cache blocks a request may reuse: its tenant's (or its
+                                           # trust group's), or everyone's (shared); docs/runtime.md
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks
     enable_expert_parallel: bool = False   # = expert_parallel_size tensor_parallel_size
@@ -63,6 +66,7 @@ class EngineConfig:
     max_lora_rank: int = 16                # the largest adapter rank served
     max_cpu_loras: int | None = None       # adapters kept in host memory; None = max(max_loras, 8)
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapters loaded at start: name -> PEFT folder
+    lora_modules_file: str | None = None   # a file of `--lora-modules ...` the server keeps its adapters equal to
     # Disaggregated serving (docs/disaggregation.md): a prefill replica serves its prompts' KV on kv_port; a decode
     # replica pulls it for requests that name a KV source. Either role still serves ordinary requests.
     kv_role: str | None = None             # None | prefill | decode
@@ -130,6 +134,8 @@ class EngineConfig:
                  f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
         _require(self.json_layout in JSON_LAYOUTS,
                  f"json_layout must be one of {', '.join(JSON_LAYOUTS)}, got {self.json_layout!r}")
+        _require(self.prefix_cache_sharing in PREFIX_CACHE_SHARING, "prefix_cache_sharing must be one of "
+                 f"{', '.join(PREFIX_CACHE_SHARING)}, got {self.prefix_cache_sharing!r}")
         _require(self.num_kvcache_blocks is None or self.num_kvcache_blocks >= 1,
                  f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
         _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,

@@ -5,6 +5,7 @@ from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20
+MAX_SALT = 1024
 
 
 @dataclass
@@ -31,6 +32,10 @@ class SamplingParams:
     tenant_weight: float = 1.0      # its share of tokens against other tenants' weights
     priority: int = 0               # strict classes: lower goes first, and may preempt higher ones
     lora_name: str | None = None    # the LoRA adapter the request runs on (docs/lora.md); None: the base model
+    # Who may reuse this request's prefix cache blocks (docs/runtime.md, "Prefix cache isolation"): requests of equal
+    # scope (set by the server from the tenant and --prefix-cache-sharing; None: everyone) and equal salt
+    cache_scope: tuple[str, str] | None = None
+    cache_salt: str | None = None   # the client's own (`cache_salt`, as vLLM names it)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -51,6 +56,8 @@ class SamplingParams:
                f"min_tokens must be in [0, max_tokens], got {self.min_tokens}", "min_tokens")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", "stop")
         _check(self.tenant_weight > 0, f"tenant_weight must be > 0, got {self.tenant_weight}", "tenant_weight")
+        _check(self.cache_salt is None or (isinstance(self.cache_salt, str) and 0 < len(self.cache_salt) <= MAX_SALT),
+               f"cache_salt must be a non-empty string of at most {MAX_SALT} characters", "cache_salt")
         _check(self.seed is None or -2**63 <= self.seed < 2**64,   # what torch's generators take
                f"seed must be a 64-bit integer, got {self.seed}", "seed")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,

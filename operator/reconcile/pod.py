@@ -93,6 +93,8 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args.append("--no-enable-prefix-caching")
     if spec.keys_secret_ref is not None:
         args += ["--api-keys-file", API_KEYS_FILE]
+    if spec.prefix_cache_sharing != "tenant":
+        args += ["--prefix-cache-sharing", spec.prefix_cache_sharing]
     if rt.lora is not None:
         args += lora_fetch.runtime_args(rt.lora)
     return args + list(rt.extra_args)

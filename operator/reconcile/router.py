@@ -88,6 +88,8 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
         *(["--api-keys-file", pod.API_KEYS_FILE] if spec.keys_secret_ref is not None else []),
         *(["--max-in-flight-per-tenant", str(spec.max_in_flight_per_tenant)]
           if spec.max_in_flight_per_tenant is not None else []),
+        # Prefix affinity keys prefixes as the replicas' caches do.
+        *(["--prefix-cache-sharing", spec.prefix_cache_sharing] if spec.prefix_cache_sharing != "tenant" else []),
         # The replicas above are then the decode pool.
         *(["--prefill-endpoints-file", PREFILL_ENDPOINTS_FILE] if spec.disaggregation is not None else []),
     ]

@@ -156,6 +156,11 @@ class InferenceServiceSpec(SpecModel):
         return self.tenants.scheduling_policy if self.tenants is not None else self.runtime.scheduling_policy
 
     @property
+    def prefix_cache_sharing(self) -> str:
+        """tenants.prefixCacheSharing; without tenants each API key is its own tenant, isolated (the default)."""
+        return self.tenants.prefix_cache_sharing if self.tenants is not None else "tenant"
+
+    @property
     def max_in_flight_per_tenant(self) -> int | None:
         """The router's cap on a tenant's open requests, from spec.tenants or spec.router."""
         if self.tenants is not None and self.tenants.max_in_flight_per_tenant is not None:

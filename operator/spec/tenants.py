@@ -30,6 +30,11 @@ class TenantsSpec(SpecModel):
     max_in_flight_per_tenant: int | None = Field(
         default=None, ge=1, description="Requests one tenant may hold open at the router (needs spec.router); more "
                                         "get 429. No cap when unset.")
+    prefix_cache_sharing: Literal["tenant", "shared"] = Field(
+        default="tenant", description="Whose prefix cache blocks a request may reuse: tenant (its own tenant's, or "
+                                      "its keys' cache_group's: no tenant can time another's prompts) or shared "
+                                      "(everyone's: one prefill of a prompt common to all tenants). "
+                                      "docs/runtime.md, Prefix cache isolation.")
 
 
 _TENANTS = "!has(self.tenants) || "

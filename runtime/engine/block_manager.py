@@ -5,9 +5,16 @@ whole prefix up to that block. Keys are looked up in a dict, which compares the 
 two prefixes that merely collide in hash never share a block. A freed block keeps its key and stays
 reusable until it is taken for new data; free blocks are taken least recently freed first (LRU).
 
+Who may share: a sequence's first block is keyed by its cache root (`cache_root`), a tuple of the LoRA adapter's
+content digest, the sharing scope the server gave the request (its tenant or trust group, or none) and the
+request's `cache_salt`, compared whole: no name, salt or tenant a client picks can make two roots equal, as a
+string joined from them could. The root also holds a secret drawn per process, so the hashes chained from it
+cannot be predicted (nor collisions crafted) from outside (docs/runtime.md, "Prefix cache isolation").
+
 Each sequence holding blocks gets a row of `tables` (numpy, `[max_num_seqs, max_blocks_per_seq]`), kept
 in step with its `block_table`, so the model runner gathers a batch's block tables with one index.
 """
+import secrets
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -18,14 +25,14 @@ from kubeinfer.runtime.engine.sequence import Sequence
 if TYPE_CHECKING:
     import torch
 
-ROOT_HASH = 0x6B756265  # parent hash of a sequence's first block
-BlockKey = tuple[int, tuple[int, ...]]
+PROCESS_SECRET = secrets.randbits(64)   # in every cache root: the chain's hashes are unknown outside this process
+BlockKey = tuple[object, tuple[int, ...]]   # (the cache root, or the previous block key's hash; the block's tokens)
 
 
-def root_hash(seq: Sequence) -> int:
-    """The parent hash of a sequence's first block: one per LoRA adapter, so KV is never shared across adapters
-    (or between an adapter and the base model)."""
-    return ROOT_HASH if seq.lora_path is None else hash((ROOT_HASH, seq.params.lora_name, seq.lora_path))
+def cache_root(seq: Sequence) -> tuple:
+    """The parent of a sequence's first block: the prefixes of two sequences share blocks only when their roots
+    are equal, i.e. same adapter weights (or both the base model), same sharing scope, same salt."""
+    return (PROCESS_SECRET, seq.lora_id, seq.params.cache_scope, seq.params.cache_salt)
 
 
 def slot_mapping(tables: "torch.Tensor", owner: "torch.Tensor", positions: "torch.Tensor",
@@ -72,7 +79,7 @@ class BlockManager:
         """Blocks that already hold a prefix of the sequence. The last token is always left to compute."""
         if not self.enable_prefix_caching:
             return []
-        hits, parent, size, tokens = [], root_hash(seq), self.block_size, seq.token_ids
+        hits, parent, size, tokens = [], cache_root(seq), self.block_size, seq.token_ids
         for start in range(0, (seq.num_tokens - 1) // size * size, size):
             block = self.cached.get((parent, tuple(tokens[start:start + size])))
             if block is None:
@@ -97,7 +104,7 @@ class BlockManager:
         self.tables[self.rows[seq.seq_id], :len(hits)] = hits
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_hashed_blocks = len(hits)
-        seq.last_block_hash = self.block_hashes[hits[-1]] if hits else root_hash(seq)
+        seq.last_block_hash = self.block_hashes[hits[-1]] if hits else cache_root(seq)
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
 
     # -- growth of a running sequence ----------------------------------------------------------------------

@@ -48,6 +48,9 @@ class EngineCore:
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size, config.max_num_seqs,
                                           config.max_blocks_per_seq, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
+        if self.model_runner.lora is not None:   # rank 0 reads an adapter before it takes a slot (slot_table)
+            self.scheduler.loras.prepare = self.model_runner.lora.read
+        self.failures: list[tuple[str, str]] = []   # (request id, why): ended by the engine with an error
         self.seqs: dict[str, Sequence] = {}
         self.tenant_tokens = TenantTokens()
         self.step_tenant_tokens: dict[str, int] = {}   # tokens the last step computed, by tenant ("" anonymous)
@@ -55,6 +58,7 @@ class EngineCore:
         self._expert_load_read: tuple[float, tuple] | None = None   # (when, figures) of the last MoE load read
         self.last_step: tuple[int, int] = (0, 0)   # the last step's decoding sequences and prefill tokens
         self.lora_paths: dict[str, str] = {}   # adapters requests may name (docs/lora.md)
+        self.lora_ids: dict[str, str] = {}     # their content digests (the prefix cache's key, block_manager)
         for name, path in config.lora_modules.items():   # a bad one is logged and left out; the others serve
             try:
                 self.load_lora(name, path)
@@ -93,6 +97,7 @@ class EngineCore:
             seq.lora_path = self.lora_paths.get(params.lora_name)
             if seq.lora_path is None:
                 raise InvalidRequestError(f"no LoRA adapter {params.lora_name!r} is loaded", "model")
+            seq.lora_id = self.lora_ids[params.lora_name]
         if params.structured is not None:
             seq.guide = self.grammars.matcher(params.structured.grammar)
             if output_token_ids and not seq.guide.consume_tokens(list(output_token_ids)):
@@ -119,7 +124,7 @@ class EngineCore:
             raise LoraError("LoRA adapters are off on this server: start it with --max-loras N")
         if self.lora_paths.get(name, path) != path:
             raise LoraError(f"adapter {name!r} is already loaded from {self.lora_paths[name]}: unload it first")
-        self.model_runner.lora.read(name, path)
+        self.lora_ids[name] = self.model_runner.lora.read(name, path).digest
         self.lora_paths[name] = path
         logger.info("LoRA adapter %s loaded from %s", name, path)
 
@@ -127,6 +132,7 @@ class EngineCore:
         """Stops serving `name` to new requests (running ones finish on it); False if it was not loaded."""
         if self.lora_paths.pop(name, None) is None:
             return False
+        del self.lora_ids[name]
         if not any(seq.params.lora_name == name for seq in self.seqs.values()):   # else kept for them (its folder
             self.model_runner.lora.forget(name)                                  # may be gone once unloaded)
         logger.info("LoRA adapter %s unloaded", name)
@@ -146,6 +152,11 @@ class EngineCore:
         self.scheduler.finish([seq], reason)
         return True
 
+    def take_failures(self) -> list[tuple[str, str]]:
+        """Requests the engine ended with an error since the last call (an adapter it could not read)."""
+        failures, self.failures = self.failures, []
+        return failures
+
     def has_unfinished(self) -> bool:
         return bool(self.seqs) or any(role is not None and role.busy for role in (self.kv_exporter, self.kv_importer))
 
@@ -155,6 +166,10 @@ class EngineCore:
         if self.kv_exporter is not None:
             self.kv_exporter.take_pulls()
         batch = self.scheduler.schedule()
+        for seq, why in self.scheduler.take_failed():
+            self.seqs.pop(seq.request_id, None)
+            self.failures.append((seq.request_id, why))
+            logger.error("request %s ended: %s", seq.request_id, why)
         self.last_step = (0, 0)
         self.step_tenant_tokens = self.tenant_tokens.count(batch)
         if not batch.seqs:

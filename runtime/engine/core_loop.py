@@ -8,7 +8,9 @@ Messages from the API side:   ("add", request_id, token_ids, params, arrival_tim
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds,
                               {tenant: tokens computed}) per step, ("rejected", request_id, message),
                               ("lora_done", number, error or None), ("transfer_failed", request_id, message)
-                              after the step that found a KV pull failed, ("error", message) when it dies.
+                              after the step that found a KV pull failed, ("failed", request_id, message) after
+                              the step that ended a request with an error (an adapter it could not read),
+                              ("error", message) when it dies.
 
 The loop takes every waiting message, runs one step if any request is unfinished, and sends that step's
 deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and
@@ -73,6 +75,8 @@ def serve_core(core, channel) -> None:
             if core.kv_importer is not None:
                 for request_id, why in core.kv_importer.take_failures():
                     channel.send(("transfer_failed", request_id, why))
+            for request_id, why in core.take_failures():
+                channel.send(("failed", request_id, why))
         elif touched:   # the gauges, after aborts or stops with no step to follow
             channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None, {}))
 

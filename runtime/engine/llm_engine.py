@@ -87,10 +87,12 @@ class LLMEngine:
         outputs, stopped = self.processor.process(self.core.step())
         for request_id, stop in stopped:
             self.core.finish(request_id, "stop", stop)
+        failures = self.core.take_failures()
         if self.core.kv_importer is not None:
-            for request_id, message in self.core.kv_importer.take_failures():
-                output = self.processor.abort(request_id)
-                if output is not None:
-                    output.finish_reason, output.error = "error", message
-                    outputs.append(output)
+            failures += self.core.kv_importer.take_failures()
+        for request_id, message in failures:
+            output = self.processor.abort(request_id)
+            if output is not None:
+                output.finish_reason, output.error = "error", message
+                outputs.append(output)
         return outputs

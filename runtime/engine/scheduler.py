@@ -43,6 +43,7 @@ from kubeinfer.runtime.engine.ngram_proposer import propose_ngram
 from kubeinfer.runtime.engine.scheduler_stats import SchedulerStats, next_draft_limit
 from kubeinfer.runtime.engine.sequence import Sequence, SequenceStatus
 from kubeinfer.runtime.engine.waiting_queue import waiting_queue
+from kubeinfer.runtime.lora.adapter import LoraError
 from kubeinfer.runtime.lora.slot_table import LoraSlotTable
 
 PREFILL_RATE_SMOOTHING = 0.2   # weight of the newest step in the prefill rate's moving average
@@ -55,7 +56,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     num_decodes: int = 0   # the first seqs, each computing its one last token with no drafts (the fast paths')
-    lora_loads: list[tuple[int, str, str]] = field(default_factory=list)   # adapters to put in slots first
+    lora_loads: list[tuple[int, str, str, str]] = field(default_factory=list)   # adapters to put in slots first
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -84,6 +85,7 @@ class Scheduler:
         self.stats = SchedulerStats(accepted_per_position=[0] * config.speculative_tokens)
         self.bulk_decodes = True   # the bulk path of all-decode steps (runtime/engine/bulk_decode.py)
         self.loras = LoraSlotTable(config.max_loras)   # adapters in device slots; a running sequence holds its own
+        self.failed: list[tuple[Sequence, str]] = []     # ended at admission, with why (take_failed)
 
     @property
     def num_unfinished(self) -> int:
@@ -145,7 +147,13 @@ class Scheduler:
             if not block_manager.can_allocate(seq, hits, num_new, reserve=bool(running)):
                 break
             self.waiting.pop()
-            if (deferred and seq.params.lora_name is not None) or not self.loras.admit(seq):
+            try:
+                admitted = not (deferred and seq.params.lora_name is not None) and self.loras.admit(seq)
+            except LoraError as error:   # its adapter cannot be read (files gone or changed): it alone ends
+                self.finish_one(seq, "error")
+                self.failed.append((seq, str(error)))
+                continue
+            if not admitted:
                 deferred.append(seq)   # no adapter slot free: base-model requests behind it go first, adapters wait
                 continue
             block_manager.allocate(seq, hits, num_new)
@@ -261,6 +269,11 @@ class Scheduler:
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
+
+    def take_failed(self) -> list[tuple[Sequence, str]]:
+        """Sequences that ended at admission with an error since the last call, with the error's words."""
+        failed, self.failed = self.failed, []
+        return failed
 
     def finish_one(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         """Ends `seq` inside a step (its blocks go back to the pool; `running` is filtered by the caller)."""

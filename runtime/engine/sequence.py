@@ -30,7 +30,7 @@ class Sequence:
         self.num_computed_tokens = 0   # tokens whose K/V are in the cache
         self.num_cached_tokens = 0     # of the prompt, served by the prefix cache at first admission
         self.num_hashed_blocks = 0     # leading full blocks registered in the prefix cache
-        self.last_block_hash: int | None = None
+        self.last_block_hash: object = None   # the last registered block's hash (or the cache root: none yet)
         self.num_preemptions = 0
         self.num_charged_tokens = 0    # the fair policy's count of tokens computed for it (recomputes excluded)
         self.finish_reason: str | None = None
@@ -45,6 +45,7 @@ class Sequence:
         self.draft_limit: int | None = None    # drafts to propose next step (adapted to acceptance); None: all
         self.guide = None   # structured output: the grammar's matcher, advanced by every kept output token
         self.lora_path: str | None = None   # the folder of its adapter (params.lora_name), resolved at admission
+        self.lora_id: str | None = None     # its adapter's content digest: what its prefix cache blocks are keyed by
         self.lora_slot: int | None = None   # the device slot of its adapter while it runs (lora/slot_table.py)
 
     def __len__(self) -> int:

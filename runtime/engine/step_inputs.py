@@ -23,7 +23,7 @@ class StepInputs:
     sample_rows: list[int]         # token rows whose logits are sampled
     sample_seqs: list[int]         # the batch index of the sequence each of those rows belongs to
     lora_slot_ids: torch.Tensor | None = None   # int64 [num_tokens]: each token's adapter slot; None: no adapter
-    lora_loads: list[tuple[int, str, str]] = field(default_factory=list)   # (slot, name, folder) to fill first
+    lora_loads: list[tuple[int, str, str, str]] = field(default_factory=list)   # (slot, name, folder, digest) to fill first
 
     def astuple(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))

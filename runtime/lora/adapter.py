@@ -5,6 +5,7 @@ Each targeted projection keeps `A [r, in]` and `B [out, r]` on the host in fp32,
 (lora_alpha / r, or / sqrt(r) with rsLoRA) folded into B. Errors name the adapter, the file and what is wrong:
 they become the API's 400 for `/v1/load_lora_adapter` and the operator's condition.
 """
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class LoraAdapter:
     path: str
     rank: int
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]   # (layer, module) -> (A, scaled B)
+    digest: str = ""   # of its two files' bytes: its identity for the prefix cache, whatever its name or folder
 
     @property
     def num_bytes(self) -> int:
@@ -127,4 +129,16 @@ def load_adapter(name: str, path: str, model_config: ModelConfig, max_rank: int)
             raise LoraError(f"{where}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit the base model "
                             f"(expected ({rank}, {d_in}) and ({d_out}, {rank}): an adapter of another base model?)")
         weights[(layer, module)] = (a, b * scaling)
-    return LoraAdapter(name, str(folder), rank, weights)
+    return LoraAdapter(name, str(folder), rank, weights, content_digest(folder / "adapter_config.json", weights_file))
+
+
+def content_digest(*files: Path) -> str:
+    """SHA-256 over the files' lengths and bytes: equal for the same adapter under any name or folder, different
+    for other weights or scaling (the KV an adapter computes depends on nothing else)."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.stat().st_size.to_bytes(8, "little"))
+        with open(file, "rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()

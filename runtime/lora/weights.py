@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import torch
 
-from kubeinfer.runtime.lora.adapter import LoraAdapter, load_adapter
+from kubeinfer.runtime.lora.adapter import LoraAdapter, LoraError, load_adapter
 from kubeinfer.runtime.lora.layers import attach_lora_slots
 from kubeinfer.runtime.models.config import ModelConfig
 
@@ -17,11 +17,15 @@ class LoraWeights:
         self.layers = attach_lora_slots(model, max_loras, max(max_rank, 16), dtype, device)   # tl.dot: K >= 16
         self.cache: OrderedDict[str, LoraAdapter] = OrderedDict()
 
-    def read(self, name: str, path: str) -> LoraAdapter:
-        """The adapter, from the cache or its folder (checked against the model: LoraError otherwise)."""
+    def read(self, name: str, path: str, digest: str | None = None) -> LoraAdapter:
+        """The adapter, from the cache or its folder (checked against the model: LoraError otherwise). `digest`: the
+        content the engine loaded under this name: files changed in the folder since are refused, not served under
+        KV keyed by the old content."""
         adapter = self.cache.get(name)
-        if adapter is None or adapter.path != path:
+        if adapter is None or adapter.path != path or digest not in (None, adapter.digest):
             adapter = load_adapter(name, path, self.model_config, self.max_rank)
+            if digest not in (None, adapter.digest):
+                raise LoraError(f"adapter {name!r}: the files in {path} changed since it was loaded: load it again")
             self.cache[name] = adapter
             while len(self.cache) > self.max_cpu_loras:
                 self.cache.popitem(last=False)
@@ -31,10 +35,10 @@ class LoraWeights:
     def forget(self, name: str) -> None:
         self.cache.pop(name, None)
 
-    def apply(self, loads: list[tuple[int, str, str]]) -> None:
-        for slot, name, path in loads:
+    def apply(self, loads: list[tuple[int, str, str, str]]) -> None:
+        for slot, name, path, digest in loads:
             by_layer: dict[int, dict] = {}
-            for (layer, module), ab in self.read(name, path).weights.items():
+            for (layer, module), ab in self.read(name, path, digest).weights.items():
                 by_layer.setdefault(layer, {})[module] = ab
             for layer, slots in self.layers.items():
                 for lora_slots in slots:

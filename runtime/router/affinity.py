@@ -17,12 +17,15 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
 
 
-def chunk_hashes(text: str, chunk_chars: int, max_chunks: int, adapter: str | None = None) -> list[int]:
+def chunk_hashes(text: str, chunk_chars: int, max_chunks: int, adapter: str | None = None,
+                 scope: tuple = ()) -> list[int]:
     """Chained hashes of the full `chunk_chars`-long chunks at the start of `text` (a partial tail has none).
 
-    Under a LoRA `adapter` the chain starts from the adapter's name: a replica's KV of a prompt under one adapter
-    (or the base model) is never reused under another, so the same text is another prefix there."""
-    hashes, parent = [], (0 if adapter is None else stable_hash("lora", adapter))
+    The chain starts from what a replica's prefix cache keys blocks by besides the tokens (block_manager's cache
+    root): the LoRA `adapter` and the `scope` (`cache_scope`: the sharing scope and the request's salt). A replica
+    never reuses KV across those, so the same text is another prefix under each."""
+    root = (adapter, *scope)
+    hashes, parent = [], (0 if not any(part is not None for part in root) else stable_hash("root", *root))
     for start in range(0, min(len(text) // chunk_chars, max_chunks) * chunk_chars, chunk_chars):
         parent = stable_hash(parent, text[start:start + chunk_chars])
         hashes.append(parent)
@@ -53,6 +56,13 @@ def prompt_text(body: dict) -> str:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]   # a batch of prompts: the first one decides
     return prompt if isinstance(prompt, str) else " ".join(map(str, prompt or ()))
+
+
+def cache_scope(tenant, body, sharing: str) -> tuple:
+    """The part of a replica's cache root the router can know (`chunk_hashes`' scope): the tenant's sharing scope
+    (`Tenant.cache_scope`) and the request's `cache_salt`."""
+    salt = body.get("cache_salt") if isinstance(body, dict) else None
+    return (tenant.cache_scope(sharing), salt if isinstance(salt, str) else None)
 
 
 class PrefixIndex:

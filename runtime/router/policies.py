@@ -13,10 +13,11 @@ class Chooser:
         self.index = PrefixIndex()
         self._turn = itertools.count()
 
-    def choose(self, available: list[Replica], text: str, adapter: str | None = None) -> tuple[Replica, str]:
+    def choose(self, available: list[Replica], text: str, adapter: str | None = None,
+               scope: tuple = ()) -> tuple[Replica, str]:
         """(replica, reason) among `available` (not empty). The prefix policy records the pick in its index
         at once, so the next request with this prefix follows it even before this one finishes. A prompt under a
-        LoRA `adapter` is a prefix of that adapter only (`chunk_hashes`)."""
+        LoRA `adapter`, or of another sharing `scope` (`affinity.cache_scope`), is another prefix (`chunk_hashes`)."""
         policy = self.settings.policy
         if policy == "round-robin":
             return available[next(self._turn) % len(available)], "round_robin"
@@ -27,7 +28,7 @@ class Chooser:
         if policy == "least-load":
             best = min(candidates, key=lambda c: (c.stale, c.in_flight + c.waiting, c.kv_usage))
             return by_url[best.name], "least_load"
-        hashes = chunk_hashes(text, self.settings.chunk_chars, self.settings.max_chunks, adapter)
+        hashes = chunk_hashes(text, self.settings.chunk_chars, self.settings.max_chunks, adapter, scope)
         first_chunk = text[:self.settings.chunk_chars]
         tie_key = stable_hash(first_chunk) if adapter is None else stable_hash(adapter, first_chunk)
         name, reason = pick(candidates, self.index.matches(hashes), len(hashes), self.settings.weights,

@@ -27,7 +27,7 @@ import logging
 import time
 
 from kubeinfer.runtime.router.adapters import Adapters, LoadFailed, LoadUnreachable
-from kubeinfer.runtime.router.affinity import prompt_text
+from kubeinfer.runtime.router.affinity import cache_scope, prompt_text
 from kubeinfer.runtime.router.disagg import PrefillPool, decoders, pick_decode, strip_source
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
@@ -166,7 +166,7 @@ class Proxy:
                 continue   # look again: the replica that loaded it may have gone down meanwhile
             replica, reason = (pick_decode(decoders(self.replicas.available()) or self.replicas.available(),
                                            self.chooser.settings.weights, self.chooser.settings.stale_after)
-                               if decode else self._choose(path, parsed, text, adapter))
+                               if decode else self._choose(path, parsed, text, adapter, tenant))
             if received_at is not None:
                 self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
             replica.in_flight += 1
@@ -229,16 +229,18 @@ class Proxy:
             self.metrics.picks.labels(replica.url, reason).inc()
             return replica, response, prefetched
 
-    def _choose(self, path: str, parsed, text: str, adapter: str | None):
+    def _choose(self, path: str, parsed, text: str, adapter: str | None, tenant: Tenant = ANONYMOUS):
         """A continuation of a stored response goes to the replica that answered it (it alone holds it). A request
-        for an adapter goes to a replica that has it loaded."""
+        for an adapter goes to a replica that has it loaded. Prefix affinity keys prefixes as the replicas do: by
+        adapter, the tenant's sharing scope and the request's cache_salt."""
         available = self.replicas.available() if adapter is None else self.adapters.holders(adapter)
         if path == RESPONSES_PATH and isinstance(parsed, dict):
             owner = self.response_owners.owner(parsed.get("previous_response_id"))
             for replica in available:
                 if replica.url == owner:
                     return replica, "response"
-        return self.chooser.choose(available, text, adapter)
+        scope = cache_scope(tenant, parsed, self.chooser.settings.prefix_cache_sharing)
+        return self.chooser.choose(available, text, adapter, scope)
 
     async def _relay(self, response: Response, replica: Replica, send, prefetched: bytes | None, learn,
                      progress: StreamProgress | None, started: bool) -> UpstreamError | None:

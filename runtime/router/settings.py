@@ -30,6 +30,7 @@ class RouterSettings:
     endpoints_file: str | None = None  # discover the replicas: a JSON list of URLs in this file, re-read
     api_keys_file: str | None = None   # the replicas' keys file: who each request's tenant is (router/tenants.py)
     max_in_flight_per_tenant: int | None = None   # a tenant's requests open here at most (None: no cap)
+    prefix_cache_sharing: str = "tenant"   # as the replicas' --prefix-cache-sharing: prefix affinity keys the same
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapters the service offers: name -> path on
                                                                  # the replicas' nodes (`--lora-modules NAME=PATH`)
     # Disaggregated serving (docs/disaggregation.md): a prefill pool, found like the replicas above (which are then
@@ -58,6 +59,8 @@ class RouterSettings:
             raise ConfigError("a replica is in both pools: give it as --upstream (decode) or --prefill-upstream")
         if self.policy not in POLICIES:
             raise ConfigError(f"--policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
+        if self.prefix_cache_sharing not in ("tenant", "shared"):
+            raise ConfigError(f"--prefix-cache-sharing {self.prefix_cache_sharing!r}: expected tenant or shared")
         if self.max_in_flight_per_tenant is not None and self.max_in_flight_per_tenant < 1:
             raise ConfigError(f"--max-in-flight-per-tenant must be >= 1, got {self.max_in_flight_per_tenant}")
         if self.served_model_name is not None and self.served_model_name in self.lora_modules:

@@ -7,6 +7,7 @@ and given back when the response ends (`Job.release`).
 """
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -26,6 +27,9 @@ from kubeinfer.runtime.server.responses_store import ResponseStore
 from kubeinfer.runtime.structured.spec import StructuredOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from kubeinfer.runtime.server.lora_file import LoraFile
+
 RETRY_AFTER_FULL_SECONDS = 1.0
 
 
@@ -40,6 +44,7 @@ class ServerState:
     admitted: int = 0   # engine requests of admitted jobs whose responses have not ended
     responses: ResponseStore = field(default_factory=ResponseStore)   # /v1/responses with store: true
     loras: dict[str, str] = field(default_factory=dict)   # LoRA adapters served: name -> folder (lora_api.py)
+    lora_file: "LoraFile | None" = None   # --lora-modules-file, watched (lora_file.py)
 
     @property
     def capacity(self) -> int:
@@ -114,9 +119,10 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
         params.extend(body.sampling_params(wanted, logprobs, choice, structured) for choice in range(body.n))
         check_token_ids(params[-1], state.engine.info)
     tenant = state.keys.tenant(key)   # from the key alone: a client never names its own tenant
+    scope = tenant.cache_scope(state.config.prefix_cache_sharing)
     for choice in params:
         choice.tenant, choice.tenant_weight, choice.priority = tenant.name, tenant.weight, tenant.priority
-        choice.lora_name = lora_name
+        choice.lora_name, choice.cache_scope = lora_name, scope
     if state.admitted + len(params) > state.capacity:
         raise APIError(429, "the server is at capacity; retry later", code="queue_full",
                        retry_after=RETRY_AFTER_FULL_SECONDS)

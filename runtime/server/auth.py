@@ -1,6 +1,7 @@
 """API keys and per-key token quotas.
 
-Keys come from a file (one per line: `KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] [priority=P]`; `#`
+Keys come from a file (one per line: `KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] [priority=P]
+[cache_group=NAME]`; `#`
 starts a comment; e.g. a mounted Kubernetes Secret) and/or the environment (`KUBEINFER_API_KEYS="k1,k2:5000"`). With no keys
 configured the API is open. A quota counts prompt and completion tokens over a sliding minute; a request
 is refused (429) before admission when its prompt would exceed what the minute has left.
@@ -18,6 +19,7 @@ from pathlib import Path
 from kubeinfer.runtime.errors import ConfigError
 
 WINDOW_SECONDS = 60.0
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"   # a tenant's or cache group's name
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,14 @@ class Tenant:
     name: str
     weight: float = 1.0   # its share of tokens against the other tenants' weights
     priority: int = 0     # strict classes: lower goes first
+    cache_group: str | None = None   # tenants of one group trust each other: they share prefix cache blocks
+
+    def cache_scope(self, sharing: str) -> tuple[str, str] | None:
+        """Whose prefix cache blocks its requests may reuse (`SamplingParams.cache_scope`): under `tenant` sharing
+        (--prefix-cache-sharing) its group's or its own, under `shared` everyone's (None)."""
+        if sharing == "shared":
+            return None
+        return ("group", self.cache_group) if self.cache_group else ("tenant", self.name)
 
 
 ANONYMOUS = Tenant("anonymous")   # requests without keys (the API is open): one tenant
@@ -44,13 +54,15 @@ def key_tenant_name(key: str) -> str:
 
 
 def _options(words: list[str], where: str) -> dict:
-    """`tenant=NAME weight=W priority=P` words of a keys-file line."""
+    """`tenant=NAME weight=W priority=P cache_group=NAME` words of a keys-file line."""
     options = {}
     for word in words:
         name, _, value = word.partition("=")
         try:
-            if name == "tenant" and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
+            if name == "tenant" and re.fullmatch(NAME_PATTERN, value):
                 options["name"] = value
+            elif name == "cache_group" and re.fullmatch(NAME_PATTERN, value):
+                options["cache_group"] = value
             elif name == "weight" and float(value) > 0 and math.isfinite(float(value)):
                 options["weight"] = float(value)
             elif name == "priority" and value.lstrip("-").isdigit():
@@ -59,12 +71,13 @@ def _options(words: list[str], where: str) -> dict:
                 raise ValueError(name)
         except ValueError:
             raise ConfigError(f"{where}: {word.split('=')[0]!r} is not tenant=NAME (letters, digits, _ . -), "
-                              f"weight=W (a positive number) or priority=P (an integer)") from None
+                              f"weight=W (a positive number), priority=P (an integer) or cache_group=NAME") from None
     return options
 
 
 def parse_api_keys(text: str, separator: str | None = None, source: str = "the API keys file") -> dict[str, KeyEntry]:
-    """`{key: KeyEntry}` from a keys file (lines: `KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] [priority=P]`)
+    """`{key: KeyEntry}` from a keys file (lines: `KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] [priority=P]
+    [cache_group=NAME]`)
     or an env value (comma-separated, `key:tpm`).
 
     A bad entry is named by its place and the syntax its source expects; the key itself is never echoed."""
@@ -83,7 +96,7 @@ def parse_api_keys(text: str, separator: str | None = None, source: str = "the A
                 raise ConfigError(f"{source}: entry {number} is not KEY or KEY:TOKENS_PER_MINUTE (a positive "
                                   f"integer); expected e.g. KUBEINFER_API_KEYS=\"key1,key2:5000\"")
             raise ConfigError(f"{source}: line {number} is not KEY [TOKENS_PER_MINUTE] [tenant=NAME] [weight=W] "
-                              f"[priority=P] (TOKENS_PER_MINUTE a positive integer)")
+                              f"[priority=P] [cache_group=NAME] (TOKENS_PER_MINUTE a positive integer)")
         tenant = Tenant(**{"name": key_tenant_name(parts[0]), **_options(options, f"{source}: line {number}")})
         keys[parts[0]] = KeyEntry(int(quota) if quota is not None else None, tenant)
     return keys

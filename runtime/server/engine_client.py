@@ -23,6 +23,7 @@ from kubeinfer.runtime.engine.messages import EngineInfo
 from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.engine_start import spawn_core_process, start_core_thread, wait_until_ready
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.tokenizer import Tokenizer, eos_token_ids
@@ -215,6 +216,13 @@ class EngineClient:
                     output.finish_reason, output.error = "error", text
                     self.metrics.record_output(output, time.monotonic())
                 self._deliver(request_id, TransferError(text))
+            elif kind == "failed":   # the engine ended it (an adapter it could not read): a 500 saying why
+                _, request_id, text = message
+                output = self.processor.abort(request_id)
+                if output is not None:
+                    output.finish_reason, output.error = "error", text
+                    self.metrics.record_output(output, time.monotonic())
+                self._deliver(request_id, APIError(500, text, code="request_failed"))
             elif kind == "lora_done":
                 reply = self._lora_replies.get(message[1])
                 if reply is not None and not reply.done():

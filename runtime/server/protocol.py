@@ -56,6 +56,7 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None   # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100]
+    cache_salt: str | None = None   # vLLM's: only requests with the same salt share prefix cache blocks
     kubeinfer_resume: Resume | None = None   # set by the router only (see `Resume`)
     # A decode replica: the prefill replica's KV endpoint (IP:PORT) this request's prompt KV is pulled from; set by
     # the router only, which drops it from clients' bodies (docs/disaggregation.md, "Who may name a KV source")
@@ -81,7 +82,7 @@ class _SamplingFields(BaseModel):
             seed=None if self.seed is None else self.seed + choice,
             stop=stop, stop_token_ids=self.stop_token_ids or [], min_tokens=min(self.min_tokens, max_tokens),
             ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            structured=structured, logit_bias=_logit_bias(self.logit_bias),
+            structured=structured, logit_bias=_logit_bias(self.logit_bias), cache_salt=self.cache_salt,
         )
 
 

@@ -44,6 +44,16 @@ async def test_tenants_mount_the_secret_in_replicas_and_router_with_the_fair_que
     router_flags = flags(routers["spec"]["template"]["spec"]["containers"][0])
     assert runtime_flags["--scheduling-policy"] == "fair" and "--max-in-flight-per-tenant" not in runtime_flags
     assert router_flags["--max-in-flight-per-tenant"] == "6"
+    # isolated prefix caches are the runtime's and the router's default: no flag, no roll of existing pods
+    assert "--prefix-cache-sharing" not in runtime_flags and "--prefix-cache-sharing" not in router_flags
+
+
+async def test_shared_prefix_caches_reach_the_replicas_and_the_router(operator: Any, kapi: Any) -> None:
+    tenants = {"secretRef": {"name": "tenant-keys", "key": "lines"}, "prefixCacheSharing": "shared"}
+    await kapi.create(isvc_path(NAMESPACE), manifest(tenants=tenants, router={}))
+    for name in (NAME, f"{NAME}-router"):
+        dep = await kapi.eventually(child_path("Deployment", NAMESPACE, name), lambda d: True)
+        assert flags(dep["spec"]["template"]["spec"]["containers"][0])["--prefix-cache-sharing"] == "shared"
 
 
 @pytest.mark.parametrize("spec, message", [

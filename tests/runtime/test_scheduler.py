@@ -146,7 +146,7 @@ def run_random_workload(llama_dir, bulk_decodes: bool, seed: int) -> list:
                       [s.request_id for s in scheduler.waiting], manager.num_free_blocks))
     assert not scheduler.num_unfinished
     trace.append([(s.token_ids, s.finish_reason, s.stop_reason, s.num_preemptions, s.num_cached_tokens) for s in seqs])
-    trace.append((manager.num_free_blocks, sorted(manager.cached.items()), scheduler.stats))
+    trace.append((manager.num_free_blocks, sorted(manager.cached.items(), key=repr), scheduler.stats))
     return trace
 
 

@@ -1,9 +1,11 @@
 """The three policies over replica state as the scrapes left it (no network)."""
 import time
 
+from kubeinfer.runtime.router.affinity import cache_scope
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica
 from kubeinfer.runtime.router.settings import RouterSettings
+from kubeinfer.runtime.server.auth import Tenant
 
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
 LONG = "You are a helpful assistant that knows Kubernetes. " * 10
@@ -63,3 +65,27 @@ def test_prefix_policy_keeps_affinity_per_adapter_never_across_adapters():
     assert chooser.choose(replicas, LONG + "question three")[1] == "load"
     # under the first adapter again, it follows its prefix
     assert chooser.choose(replicas, LONG + "question four", adapter="sql") == (under_sql, "prefix")
+
+
+def test_prefix_policy_keys_prefixes_by_tenant_scope_and_salt_as_the_replicas_do():
+    """Under `--prefix-cache-sharing tenant` another tenant's prefix is no prefix of this one (the replicas keep it
+    apart, so following it would only concentrate load); a trust group's is; a salt keeps its own."""
+    chooser = Chooser(RouterSettings(URLS))
+    replicas = [fresh(url) for url in URLS]
+    alpha, beta = Tenant("alpha"), Tenant("beta")
+    team1, team2 = Tenant("team1", cache_group="acme"), Tenant("team2", cache_group="acme")
+
+    def choose(tenant, text, sharing="tenant", **body):
+        return chooser.choose(replicas, text, scope=cache_scope(tenant, body, sharing))
+
+    placed, reason = choose(alpha, LONG + "one")
+    assert reason == "load"
+    assert choose(beta, LONG + "two")[1] == "load"
+    assert choose(alpha, LONG + "three") == (placed, "prefix")
+    grouped, _ = choose(team1, "group " + LONG)
+    assert choose(team2, "group " + LONG + "x") == (grouped, "prefix")
+    assert choose(alpha, "salt " + LONG, cache_salt="s")[1] == "load"
+    assert choose(alpha, "salt " + LONG + "y")[1] == "load"
+    assert choose(alpha, "salt " + LONG + "z", cache_salt="s")[1] == "prefix"
+    shared, _ = choose(alpha, "shared " + LONG, sharing="shared")
+    assert choose(beta, "shared " + LONG + "w", sharing="shared") == (shared, "prefix")

@@ -83,3 +83,32 @@ def test_load_is_refused_when_lora_is_off(llama_dir, adapters, server):
     url, _ = server
     answer = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(adapters["sql"])})
     assert answer.status_code == 400 and "--max-loras" in answer.json()["error"]["message"]
+
+
+def test_an_adapter_whose_files_vanished_fails_its_own_requests_and_the_server_keeps_serving(
+        llama_dir, start_server, tmp_path):
+    """Chaos (issue #56): an adapter's folder deleted after it was loaded, and its weights dropped from host memory
+    (one host slot, another adapter used since). Its next request gets a 500 saying why, in the body and the
+    stream; nothing is lost: the base model and the other adapter keep answering, on the same engine."""
+    gone = make_adapter(llama_dir, tmp_path / "gone", rank=8, seed=5)
+    kept = make_adapter(llama_dir, tmp_path / "kept", rank=8, seed=6)
+    with start_server(llama_dir, max_model_len=256, max_loras=1, max_cpu_loras=1, max_lora_rank=16,
+                      lora_modules={"gone": str(gone), "kept": str(kept)}) as (url, state):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+        def complete(model, **extra):
+            return client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, **extra)
+
+        complete("gone")
+        complete("kept")   # one host slot: "gone" is dropped from memory, to be read from its folder next time
+        for file in gone.iterdir():
+            file.unlink()
+        gone.rmdir()
+        with pytest.raises(openai.InternalServerError) as failed:
+            complete("gone")
+        assert "adapter 'gone'" in failed.value.body["message"] and "is not a folder" in failed.value.body["message"]
+        with pytest.raises(openai.APIError, match="adapter 'gone'.* is not a folder"):   # a stream: an error event
+            list(complete("gone", stream=True))
+        assert state.engine.is_alive
+        assert complete("kept").choices[0].text == complete("kept").choices[0].text
+        assert complete("tiny").choices[0].finish_reason == "length"
