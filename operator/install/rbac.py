@@ -32,11 +32,10 @@ RULES: list[dict[str, Any]] = [
     # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only the
     # annotation of router pods that lists the ready replicas (reconcile.router).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
-    # LoRA: the adapters' list each InferenceService's pods mount (a child, applied as the others are); the API
-    # keys Secret named by spec.apiKeySecretRef (or spec.tenants.secretRef), read only with spec.runtime.lora, to
-    # call the runtime's adapter endpoints (reconcile.lora.sync).
+    # LoRA: the adapters' list each InferenceService's pods mount (a child, applied as the others are). No Secret
+    # is read: the replicas follow the list themselves and report on an open endpoint (reconcile.lora.sync); the
+    # Secrets services name are mounted by the kubelet, which needs no rule of ours.
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     # Events: ours (condition changes, scaling; patch: a repeat raises the count of the first, operator.events)
     # and kopf's warnings/errors.
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -192,13 +192,11 @@ def _remove_other_layout(ctx: Context, owner: builders.Owner, *, disaggregated: 
 
 def sync_adapters(ctx: Context, spec: InferenceServiceSpec, owner: builders.Owner,
                   pods: list[dict[str, Any]]) -> lora_status.AdapterReport:
-    """Loads and unloads adapters in the ready replicas (reconcile.lora.sync); its report for the status."""
+    """What the ready replicas serve of the spec's adapters (reconcile.lora.sync); its report for the status."""
     if spec.runtime.lora is None:
         return lora_status.LORA_OFF
-    ref = spec.keys_secret_ref
-    key = lora_sync.api_key(ctx.kube, owner.namespace, ref.name, ref.key) if ref is not None else None
     ready = lora_sync.ready_pods(pods)
-    outcomes = lora_sync.sync(ready, lora_fetch.desired_paths(spec), key)
+    outcomes = lora_sync.sync(ready, lora_fetch.desired_paths(spec))
     return lora_status.report([a.name for a in spec.adapters], [p["metadata"]["name"] for p in ready], outcomes)
 
 

@@ -1,4 +1,5 @@
 """The FastAPI application: OpenAI routes, health and readiness, metrics, OpenAI-shaped errors."""
+import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -51,7 +52,10 @@ def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.attach()
+        watcher = asyncio.create_task(state.lora_file.watch(state)) if state.lora_file is not None else None
         yield
+        if watcher is not None:
+            watcher.cancel()
         state.engine.stop()
 
     app = FastAPI(title="kubeinfer", version="0.1.0", lifespan=lifespan)
@@ -108,6 +112,14 @@ def create_app(state: ServerState) -> FastAPI:
         if names := request.query_params.getlist("name[]"):
             registry = registry.restricted_registry(names)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/lora/adapters")
+    async def lora_adapters():
+        """What the server serves and what it refused, without a key (as /metrics, which names the adapters too):
+        the operator reads it for InferenceService status (docs/lora.md)."""
+        report = state.lora_file.report(state) if state.lora_file is not None else [
+            {"name": name, "path": path, "loaded": True, "message": ""} for name, path in state.loras.items()]
+        return {"adapters": report}
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -18,6 +18,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.server.app import create_app
 from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
 from kubeinfer.runtime.server.engine_client import EngineClient
+from kubeinfer.runtime.server.lora_file import LoraFile
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.admission import ServerState
 from kubeinfer.runtime.tokenizer import Tokenizer
@@ -118,6 +119,8 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     info = engine.start()
     state = ServerState(engine, tokenizer, config, keys, metrics, loras=dict(info.loras or {}))
     metrics.set_adapters(state.loras)
+    if config.lora_modules_file:
+        state.lora_file = LoraFile(config.lora_modules_file, config.lora_modules)
     return state
 
 

@@ -156,6 +156,23 @@ def test_defaults_render_the_operator_with_its_rbac(render: Render) -> None:
         {c["metadata"]["name"] for c in [crd.inference_service_crd(), *crd.peering_crds()]}
 
 
+@pytest.mark.parametrize("values", [{}, "everything", {"monitoring": {"kubeStateMetrics": {"enabled": True}}}])
+def test_no_rule_grants_a_wildcard_or_any_secret_verb(render: Render, values: Any) -> None:
+    """Least privilege (issue #56): every Role and ClusterRole the chart renders, with its defaults and with every
+    switch on, names its groups, resources and verbs (no `*`) and grants nothing on Secrets. The Secrets services
+    name are mounted by the kubelet; the operator reads none (docs/lora.md: replicas follow their adapters' list)."""
+    objs = render(EVERYTHING if values == "everything" else values)
+    roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole")]
+    assert roles, "the chart rendered no RBAC"
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: a wildcard in {field}: {rule}"
+            assert "secrets" not in rule.get("resources", []), f"{role['metadata']['name']} grants {rule}"
+            assert not rule.get("nonResourceURLs"), f"{role['metadata']['name']} grants {rule}"
+    assert not [r for r in rbac.RULES if "secrets" in r["resources"]]
+
+
 def test_every_value_reaches_its_object(render: Render) -> None:
     objs = render(EVERYTHING, release="r", namespace="ops")
     kinds = by_kind(objs)

@@ -93,7 +93,8 @@ async def test_every_granted_permission_is_used_or_justified(cluster: Any) -> No
                               lambda o: (o.get("status") or {}).get("endpoint") == "http://b.default.svc/v1")
         for path in (pool, harness.child_path("Deployment", NS, "b-router")):
             await kapi.gone(path, f"{path} not deleted")
-        # LoRA adapters: their ConfigMap made, then changed; the API keys Secret read for the runtime's endpoints.
+        # LoRA adapters: their ConfigMap made, then changed. The service names an API keys Secret: the operator
+        # must not read it (the replicas follow their list; no rule grants Secrets: `used <= rules` below).
         await kapi.create(f"/api/v1/namespaces/{NS}/secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {
             "name": "keys", "namespace": NS}, "data": {"api-keys": "c2stMQo="}})
         with_adapters = isvc("c", runtime={"lora": {}}, apiKeySecretRef={"name": "keys"},

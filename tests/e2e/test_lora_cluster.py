@@ -5,8 +5,8 @@ its name is 404 again.
 The base model is the demo baked in the runtime image (`file://`). The adapter is made here with peft for that
 same demo model (built by the same code), and served by a stand-in Hugging Face Hub in a pod of the cluster
 (tests/support/hub_standin.py, its files from a ConfigMap); `HF_ENDPOINT` reaches the pods' adapter-fetch sidecar
-through `model.credentialsSecret`. The operator loads it into the running replica over HTTP once the sidecar has
-fetched it.
+through `model.credentialsSecret`. The replica loads it itself once the sidecar has fetched it (it follows the
+sidecar's list, `--lora-modules-file`); the operator only reads what it serves, with no key and no Secret.
 """
 
 from __future__ import annotations

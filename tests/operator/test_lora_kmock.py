@@ -1,6 +1,8 @@
-"""The running operator loading LoRA adapters into replicas: kmock stands in for the API server, and a stand-in
-runtime per replica (tests/support/lora_runtime.py, the endpoints of docs/lora.md) on 127.0.0.1 and 127.0.0.2
-answers the operator's calls as the runtime would.
+"""The running operator bringing LoRA adapters to replicas: kmock stands in for the API server, and a stand-in
+runtime per replica (tests/support/lora_runtime.py) on 127.0.0.1 and 127.0.0.2 reports what it serves as the runtime
+would (`GET /lora/adapters`). The operator writes the adapters' ConfigMap and reads those reports; the replicas
+follow the list themselves, so here `deliver` hands each stand-in the list the ConfigMap's fetch script writes
+(what the kubelet's refresh and the fetcher's round do in a pod).
 
 What the pods' fetcher does (download into the cache) is tests/operator/test_lora_fetch.py; here the folders a
 runtime "has" are set by the test.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -93,6 +96,16 @@ async def quiesce(cluster: Any) -> None:
     await kapi.gone(ISVC, "the finalizer was never removed")
 
 
+async def deliver(kapi: Any, runtimes: list[LoraRuntime]) -> dict[str, str]:
+    """Each stand-in follows the adapters the ConfigMap's fetch script lists (`NAME=FOLDER`, written to the file the
+    runtime follows once a folder is complete); returns that list."""
+    script = (await kapi.get(CONFIGMAP))["data"]["fetch.sh"]
+    listed = dict(re.findall(r'modules="\$modules (\S+?)=(\S+?)"', script))
+    for runtime in runtimes:
+        runtime.follow(listed)
+    return listed
+
+
 async def started(kapi: Any, body: dict[str, Any], pods: int = 2) -> dict[str, Any]:
     await kapi.create(isvc_path(NAMESPACE), manifest(body))
     dep = await kapi.eventually(DEPLOYMENT, lambda d: True)
@@ -101,29 +114,30 @@ async def started(kapi: Any, body: dict[str, Any], pods: int = 2) -> dict[str, A
     return dep
 
 
-async def test_adding_and_removing_adapters_loads_and_unloads_them_without_a_rollout(
+async def test_adding_and_removing_adapters_reaches_the_replicas_through_the_list_without_a_rollout(
         operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
     before = await started(kapi, spec(SQL))
-    await kapi.eventually(ISVC, lambda o: entry(o, "sql").get("readyReplicas") == 2)
-    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL)}] * 2
+    obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("reason") == "AdapterFailed")
+    assert entry(obj, "sql")["pods"][0]["message"].startswith("not loaded yet: the replica loads it once")
+    assert await deliver(kapi, runtimes) == {"sql": folder(SQL)}
     obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("reason") == "AllLoaded")
     assert condition(obj, "AdaptersReady")["status"] == "True"
     assert entry(obj, "sql")["pods"] == [{"pod": f"{NAME}-0", "ready": True, "message": ""},
                                          {"pod": f"{NAME}-1", "ready": True, "message": ""}]
 
     await kapi.patch(ISVC, {"metadata": {"generation": 2}, "spec": {"adapters": [SQL, CHAT]}})
+    await kapi.eventually(CONFIGMAP, lambda c: CHAT["uri"] in c["data"]["fetch.sh"])
+    assert await deliver(kapi, runtimes) == {"sql": folder(SQL), "chat": folder(CHAT)}
     await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 2)
-    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL), "chat": folder(CHAT)}] * 2
-    configmap = await kapi.get(CONFIGMAP)
-    assert CHAT["uri"] in configmap["data"]["fetch.sh"]   # the running pods' fetcher gets it from there
-    two = await kapi.get(DEPLOYMENT)
-    assert two["metadata"]["annotations"][HASH_ANNOTATION] == before["metadata"]["annotations"][HASH_ANNOTATION]
 
     await kapi.patch(ISVC, {"metadata": {"generation": 3}, "spec": {"adapters": [CHAT]}})
-    obj = await kapi.eventually(ISVC, lambda o: [a["name"] for a in o["status"]["adapters"]] == ["chat"])
-    assert [r.loaded for r in runtimes] == [{"chat": folder(CHAT)}] * 2
-    assert all(r.routes("unload") == [{"lora_name": "sql"}] for r in runtimes)
-    assert all(len(r.routes("load")) == 2 for r in runtimes), "an adapter already loaded was loaded again"
+    await kapi.eventually(CONFIGMAP, lambda c: SQL["uri"] not in c["data"]["fetch.sh"])
+    assert await deliver(kapi, runtimes) == {"chat": folder(CHAT)}
+    obj = await kapi.eventually(ISVC, lambda o: [a["name"] for a in o["status"]["adapters"]] == ["chat"]
+                                and condition(o, "AdaptersReady").get("reason") == "AllLoaded")
+    # The operator only read the replicas' reports, without a key: no load, no unload, no Secret.
+    for runtime in runtimes:
+        assert {route for route, _ in runtime.calls} == {"adapters"}
 
     # Three adapter lists, one pod template: the Deployment was never rewritten.
     after = await kapi.get(DEPLOYMENT)
@@ -137,44 +151,47 @@ async def test_adding_and_removing_adapters_loads_and_unloads_them_without_a_rol
 async def test_a_refused_adapter_is_named_and_the_others_keep_serving(
         operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
     await started(kapi, spec(SQL, WIDE))
+    await deliver(kapi, runtimes)
     obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("status") == "False"
                                 and entry(o, "sql").get("readyReplicas") == 2)
     cond = condition(obj, "AdaptersReady")
     assert cond["reason"] == "AdapterFailed"
-    assert cond["message"].startswith("not loaded: wide; adapter wide on qwen-0: adapter wide has rank 64, above "
-                                      "--max-lora-rank 16")
+    rank = "adapter 'wide' has rank 64, above this server's --max-lora-rank 16"
+    assert cond["message"].startswith(f"not loaded: wide; adapter wide on qwen-0: {rank}")
     assert entry(obj, "wide")["readyReplicas"] == 0
-    assert {p["message"] for p in entry(obj, "wide")["pods"]} == {"adapter wide has rank 64, above --max-lora-rank 16"}
-    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL)}] * 2
+    assert {p["message"] for p in entry(obj, "wide")["pods"]} == {rank}
 
-    # Refused adapters are retried by the periodic pass: once the folder holds a fitting adapter, it loads.
+    # The runtime tries a refused adapter again: once the folder holds a fitting one, the status follows.
     for r in runtimes:
         r.folders[folder(WIDE)] = 16
+    await deliver(kapi, runtimes)
     obj = await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("status") == "True")
     assert entry(obj, "wide")["readyReplicas"] == 2
 
 
-async def test_only_ready_replicas_are_called_and_a_new_one_gets_every_adapter(
-        operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
+async def test_only_ready_replicas_are_asked(operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
     await started(kapi, spec(SQL, CHAT), pods=0)
     await kapi.create(PODS, replica_pod(0))
     await kapi.create(PODS, replica_pod(1, ready=False))   # loading its model: not listening yet
+    await kapi.eventually(CONFIGMAP, lambda c: True)
+    await deliver(kapi, runtimes)
     await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 1)
     await passes(runtimes[0], 2)   # two periodic passes, counted on the ready replica, not guessed in seconds
     assert runtimes[1].calls == []
     await kapi.patch(f"{PODS}/{NAME}-1", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 2)
-    assert runtimes[1].loaded == {"sql": folder(SQL), "chat": folder(CHAT)}
 
 
 async def test_a_settled_service_writes_nothing_on_its_periodic_passes(
         operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
     await started(kapi, spec(SQL))
+    await kapi.eventually(CONFIGMAP, lambda c: True)
+    await deliver(kapi, runtimes)
     await kapi.eventually(ISVC, lambda o: condition(o, "AdaptersReady").get("status") == "True")
     # kopf's own last patch of the creation (its record of the handled spec) may come after the status on a busy box.
     await kapi.eventually(ISVC, lambda o: "kubeinfer.dev/last-handled-configuration"
                           in ((o.get("metadata") or {}).get("annotations") or {}))
-    # Settled: three periodic passes (each asks the replica for its models) with no write among them. Counted in
+    # Settled: three periodic passes (each asks the replica for its adapters) with no write among them. Counted in
     # passes, not seconds: on a busy box a pass, and kopf's own last patch of the creation, can take longer.
     for _ in range(20):
         writes = len(write_requests(operator))
@@ -186,27 +203,28 @@ async def test_a_settled_service_writes_nothing_on_its_periodic_passes(
     start = len(list(operator))
     await passes(runtimes[0], 4)
     assert [(r.method, r.url.path, r.data) for r in write_requests(operator, start)] == []
-    assert len(runtimes[0].routes("load")) == 1
 
 
 async def passes(runtime: LoraRuntime, count: int, timeout: float = 30) -> None:
-    """Waits until the operator's periodic passes have asked `runtime` for its models `count` more times."""
-    target = len(runtime.routes("models")) + count
+    """Waits until the operator's periodic passes have asked `runtime` for its adapters `count` more times."""
+    target = len(runtime.routes("adapters")) + count
     deadline = asyncio.get_running_loop().time() + timeout
-    while len(runtime.routes("models")) < target:
+    while len(runtime.routes("adapters")) < target:
         assert asyncio.get_running_loop().time() < deadline, f"fewer than {count} periodic passes in {timeout} s"
         await asyncio.sleep(0.05)
 
 
-async def test_the_api_key_from_the_secret_authorizes_the_calls(
+async def test_a_service_naming_an_api_keys_secret_is_reported_without_reading_it(
         operator: Any, kapi: Any, runtimes: list[LoraRuntime]) -> None:
-    for r in runtimes:
-        r.key = "sk-first"
+    """Least privilege (issue #56): the replicas' reports need no key, so the operator reads no Secret (and has
+    no RBAC rule to: rbac_checked_requests fails on any request the ClusterRole does not allow)."""
     keys = "# keys of the team\nsk-first  50000 tenant=a\nsk-second\n"
     await kapi.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": NAMESPACE},
         "data": {"api-keys": base64.b64encode(keys.encode()).decode()}})
     await started(kapi, spec(SQL, apiKeySecretRef={"name": "keys"}))
+    await kapi.eventually(CONFIGMAP, lambda c: True)
+    await deliver(kapi, runtimes)
     await kapi.eventually(ISVC, lambda o: entry(o, "sql").get("readyReplicas") == 2)
-    assert [r.loaded for r in runtimes] == [{"sql": folder(SQL)}] * 2
+    assert not [r for r in operator if "/secrets" in r.url.path and r.method == "GET"], "the operator read a Secret"
     rbac_checked_requests(operator)

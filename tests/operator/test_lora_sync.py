@@ -4,6 +4,7 @@ replicas it asks, what it sends, and how their answers become status.adapters an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ def pod(name: str, ip: str | None, ready: bool = True, deleting: bool = False) -
 
 @pytest.fixture()
 async def two(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[LoraRuntime]]:
-    runtimes = [LoraRuntime(folders={"/a/old": 8, "/a/new": 8}), LoraRuntime(folders={"/a/old": 8, "/a/new": 8})]
+    runtimes = [LoraRuntime(folders={"/a/old": 8, "/a/new": 8, "/a/wide": 64}) for _ in range(2)]
     async with serve({"127.0.0.1": runtimes[0], "127.0.0.2": runtimes[1]}) as port:
         monkeypatch.setattr(sync, "PORT", port)
         yield runtimes
@@ -35,34 +36,33 @@ def test_only_serving_pods_are_asked() -> None:
     assert [p["metadata"]["name"] for p in sync.ready_pods(pods)] == ["a", "b"]
 
 
-async def test_a_changed_uri_reloads_from_the_new_folder_and_strays_are_unloaded(two: list[LoraRuntime]) -> None:
-    for r in two:
-        r.loaded.update({"sql": "/a/old", "stray": "/a/old"})
-    outcomes = await asyncio.to_thread(sync.sync, [pod("p0", "127.0.0.1"), pod("p1", "127.0.0.2")],
-                                       {"sql": "/a/new"})
-    assert outcomes == [Outcome("p0", "sql", True), Outcome("p1", "sql", True)]
-    for r in two:
-        assert r.loaded == {"sql": "/a/new"}
-        assert r.routes("unload") == [{"lora_name": "stray"}, {"lora_name": "sql"}]
-        assert r.routes("load") == [{"lora_name": "sql", "lora_path": "/a/new"}]
-
-
-async def test_an_unreachable_replica_is_recorded_and_the_others_served(two: list[LoraRuntime]) -> None:
-    pods = [pod("p0", "127.0.0.1"), pod("p9", "127.0.0.9")]   # nothing listens on 127.0.0.9
-    outcomes = await asyncio.to_thread(sync.sync, pods, {"sql": "/a/new", "x": "/a/none"})
+async def test_each_replica_s_report_becomes_one_outcome_per_adapter_with_no_key_and_no_write(
+        two: list[LoraRuntime]) -> None:
+    """Loaded from the spec's folder: ready. Still from the old folder (its URI changed, the list not yet
+    refreshed), not listed yet, or refused: not ready, saying which. Only GET /lora/adapters, without a key."""
+    two[0].follow({"sql": "/a/new", "chat": "/a/old", "wide": "/a/wide"})
+    two[1].follow({"sql": "/a/new"})
+    desired = {"sql": "/a/new", "chat": "/a/new", "wide": "/a/wide"}
+    outcomes = await asyncio.to_thread(sync.sync, [pod("p0", "127.0.0.1"), pod("p1", "127.0.0.2")], desired)
     by_key = {(o.pod, o.adapter): o for o in outcomes}
-    assert by_key["p0", "sql"].ready and by_key["p0", "sql"].message == ""
-    assert by_key["p0", "x"] == Outcome("p0", "x", False, "no such folder: /a/none")
+    assert len(outcomes) == 6
+    assert by_key["p0", "sql"] == Outcome("p0", "sql", True) == dataclasses.replace(by_key["p1", "sql"], pod="p0")
+    assert by_key["p0", "chat"].message.startswith("still served from /a/old, not /a/new: the replica loads it")
+    assert by_key["p1", "chat"].message.startswith("not loaded yet: the replica loads it once its adapters list")
+    assert by_key["p0", "wide"] == Outcome("p0", "wide", False,
+                                           "adapter 'wide' has rank 64, above this server's --max-lora-rank 16")
+    for runtime in two:
+        assert [route for route, _ in runtime.calls] == ["adapters"]
+        assert "Authorization" not in runtime.calls[0][1]
+
+
+async def test_an_unreachable_replica_is_recorded_and_the_others_read(two: list[LoraRuntime]) -> None:
+    two[0].follow({"sql": "/a/new"})
+    pods = [pod("p0", "127.0.0.1"), pod("p9", "127.0.0.9")]   # nothing listens on 127.0.0.9
+    outcomes = await asyncio.to_thread(sync.sync, pods, {"sql": "/a/new"})
+    by_key = {(o.pod, o.adapter): o for o in outcomes}
+    assert by_key["p0", "sql"].ready
     assert not by_key["p9", "sql"].ready and by_key["p9", "sql"].message.startswith("cannot reach the runtime: ")
-    assert two[0].loaded == {"sql": "/a/new"}
-
-
-async def test_without_the_key_the_refusal_is_reported(two: list[LoraRuntime]) -> None:
-    two[0].key = "sk-1"
-    [wrong] = await asyncio.to_thread(sync.sync, [pod("p0", "127.0.0.1")], {"sql": "/a/new"}, "sk-2")
-    assert not wrong.ready and "401" in wrong.message
-    [right] = await asyncio.to_thread(sync.sync, [pod("p0", "127.0.0.1")], {"sql": "/a/new"}, "sk-1")
-    assert right.ready
 
 
 def test_all_loaded() -> None:

@@ -16,7 +16,8 @@ Policy, decided here:
   adapters whose folder is complete to LORA_MODULES_FILE. Its startup probe waits for that file, so the runtime
   starts after a first round with every adapter fetched by then (`kubeinfer serve ... $(cat LORA_MODULES_FILE)`).
   Running replicas see a changed list when the kubelet refreshes the mounted ConfigMap (its sync period, about a
-  minute); the operator then loads what is fetched (reconcile.lora.sync).
+  minute); the fetcher's next round rewrites the file, and the runtime, which follows it (`--lora-modules-file`),
+  loads and unloads to match. The operator only reads the outcome (reconcile.lora.sync).
 - A failed download is retried at most once a minute (a `<folder>.failed` marker), and logged by the fetcher
   (`kubectl logs POD -c adapter-fetch`); the others go on.
 """
@@ -75,7 +76,9 @@ def desired_paths(spec: InferenceServiceSpec) -> dict[str, str]:
 
 
 def runtime_args(lora: Lora) -> list[str]:
-    args = ["--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank)]
+    """The runtime's LoRA flags: slots and rank, and the fetcher's list as the file the server follows."""
+    args = ["--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
+            "--lora-modules-file", LORA_MODULES_FILE]
     return args + (["--max-cpu-loras", str(lora.max_cpu_loras)] if lora.max_cpu_loras is not None else [])
 
 
