@@ -25,12 +25,25 @@ WHEELS_DIR=${WHEELS_DIR:-/opt/wheels}
 PIP_CA=${PIP_CA:-${PIP_CERT:-}}
 BUILD_MOUNT=${BUILD_MOUNT:-$PWD/.image-build}
 
-for tool in buildah podman; do
-  command -v $tool >/dev/null || { echo "image.sh: $tool not found (apt-get install buildah podman fuse-overlayfs)" >&2; exit 1; }
-done
+# need TOOL PACKAGE...: installs the packages when TOOL is missing and this runs as root with apt-get (as
+# `make test` installs Prometheus), else stops saying what to install.
+need() {
+  local tool=$1; shift
+  command -v "$tool" >/dev/null && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "image.sh: $tool not found: apt-get install $*"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; } \
+      || { echo "image.sh: installing $* failed" >&2; exit 1; }
+  else
+    echo "image.sh: $tool not found (apt-get install $*)" >&2; exit 1
+  fi
+}
+
+need buildah buildah podman fuse-overlayfs
+need podman buildah podman fuse-overlayfs
 
 if ! podman image exists "$BASE_IMAGE"; then
-  command -v mmdebstrap >/dev/null || { echo "image.sh: mmdebstrap not found (apt-get install mmdebstrap)" >&2; exit 1; }
+  need mmdebstrap mmdebstrap
   echo "image.sh: making the base $BASE_IMAGE (mmdebstrap --variant=minbase bookworm)"
   tar=$(mktemp --suffix=.tar); trap 'rm -f "$tar"' EXIT
   start=$SECONDS

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import threading
 
 import kopf
 from kubernetes.client import ApiException
 
-from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
+from kubeinfer.operator import handlers  # registers the handlers
 from kubeinfer.operator import peering, preflight
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube
@@ -80,8 +82,25 @@ def main(argv: list[str] | None = None) -> None:
         namespaces=list(config.namespaces),
         clusterwide=not config.namespaces,
         liveness_endpoint=config.liveness_endpoint,
-        memo=kopf.Memo(config=config),
+        memo=kopf.Memo(config=config, exit_process=True),
     )
+    _exit_now()
+
+
+@kopf.on.cleanup()
+def _exit_soon(memo: kopf.Memo, **_: object) -> None:
+    """kopf is stopping (SIGTERM: a rollout, or an uninstall that also deletes our RBAC, so every request is now
+    refused). Handler threads still in a call (an unreachable pod, a refused request being retried) would hold the
+    process until they end; their work is idempotent and the next copy redoes it. So the process ends
+    EXIT_GRACE_SECONDS from now whatever is left (only this command's process: operators run in tests have no
+    `exit_process` in their memo)."""
+    if memo.get("exit_process"):
+        threading.Timer(handlers.EXIT_GRACE_SECONDS, _exit_now).start()
+
+
+def _exit_now() -> None:
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":
