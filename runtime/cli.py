@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from kubeinfer.runtime.cli_lines import log_level as _log_level, os_error_line, parse_lora_modules, port_number
+from kubeinfer.runtime.cli_lines import (add_trusted_header_args, log_level as _log_level, os_error_line,
+                                         parse_lora_modules, port_number)
 from kubeinfer.runtime.cli_router import add_router_parser
 from kubeinfer.runtime.errors import ConfigError, KubeinferError
 
@@ -177,7 +178,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, served_model_name=args.served_model_name,
                           max_waiting_requests=args.max_waiting_requests, tool_call_parser=args.tool_call_parser,
                           json_layout=args.json_layout, prefix_cache_sharing=args.prefix_cache_sharing,
-                          lora_modules_file=args.lora_modules_file,
+                          lora_modules_file=args.lora_modules_file, trusted_tenant_header=args.trusted_tenant_header,
+                          trusted_tenant_networks=tuple(args.trusted_tenant_networks),
                           **engine_settings(args), **kv_settings(args))
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
                  args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
@@ -224,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, default),
                            choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
     add_kv_args(serve)
+    add_trusted_header_args(serve)
     serve.add_argument("--no-vllm-metrics", dest="vllm_metrics", action="store_false",
                        default=_env_bool("vllm_metrics", True),
                        help="do not also expose the gauges under vLLM's names (vllm:num_requests_waiting, ...) "

@@ -1,5 +1,7 @@
-"""Small parsers of the command line: log levels, LoRA modules, ports, and OS errors in one line."""
+"""Small parsers of the command line: log levels, LoRA modules, ports, OS errors in one line, and the flags that
+`serve` and `router` share."""
 import argparse
+import os
 
 from kubeinfer.runtime.errors import ConfigError
 
@@ -37,3 +39,21 @@ def port_number(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 1-65535, got {port}")
     return port
+
+
+def add_trusted_header_args(parser: argparse.ArgumentParser) -> None:
+    """A gateway's tenant header (runtime/server/trusted_header.py), for `serve` and `router`."""
+    from kubeinfer.runtime.config import KV_SOURCE_NETWORKS
+    parser.add_argument("--trusted-tenant-header", default=os.environ.get("KUBEINFER_TRUSTED_TENANT_HEADER"),
+                        metavar="NAME", help="a header that names the request's tenant, believed only from "
+                                             "--trusted-tenant-networks (a gateway that authenticates users); off by "
+                                             "default [env KUBEINFER_TRUSTED_TENANT_HEADER]")
+    networks = os.environ.get("KUBEINFER_TRUSTED_TENANT_NETWORKS")
+    parser.add_argument("--trusted-tenant-networks", type=_networks,
+                        default=_networks(networks) if networks else list(KV_SOURCE_NETWORKS),
+                        help="comma-separated CIDRs the header is believed from [env KUBEINFER_TRUSTED_TENANT_NETWORKS; "
+                             "default loopback and the private networks]")
+
+
+def _networks(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]

@@ -1,7 +1,7 @@
 """`kubeinfer router`'s flags and its start (docs/router.md): the router's own part of the command line."""
 import argparse
 
-from kubeinfer.runtime.cli_lines import port_number
+from kubeinfer.runtime.cli_lines import add_trusted_header_args, port_number
 from kubeinfer.runtime.errors import ConfigError
 
 # Router settings exposed as flags: (flag, type, default, help). Defaults are RouterSettings' and Weights'.
@@ -53,6 +53,7 @@ def add_router_parser(commands) -> None:
                    "prefix-cache-sharing": ("tenant", "shared")}.get(flag)
         router.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=default, choices=choices,
                             help=f"{help_text} [default {default}]")
+    add_trusted_header_args(router)
     router.set_defaults(run=_router)
 
 
@@ -75,6 +76,8 @@ def _router(args: argparse.Namespace) -> int:
                               service_port_name=args.service_port_name, endpoints_file=args.endpoints_file,
                               api_keys_file=args.api_keys_file, max_in_flight_per_tenant=args.max_in_flight_per_tenant,
                               prefix_cache_sharing=args.prefix_cache_sharing,
+                              trusted_tenant_header=args.trusted_tenant_header,
+                              trusted_tenant_networks=tuple(args.trusted_tenant_networks),
                               lora_modules=parse_lora_modules(args.lora_modules),
                               prefill_upstreams=args.prefill_upstream, prefill_service=args.prefill_service,
                               prefill_endpoints_file=args.prefill_endpoints_file)

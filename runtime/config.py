@@ -67,6 +67,8 @@ class EngineConfig:
     max_cpu_loras: int | None = None       # adapters kept in host memory; None = max(max_loras, 8)
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapters loaded at start: name -> PEFT folder
     lora_modules_file: str | None = None   # a file of `--lora-modules ...` the server keeps its adapters equal to
+    trusted_tenant_header: str | None = None   # a gateway's header naming the tenant (server/trusted_header.py)
+    trusted_tenant_networks: tuple[str, ...] = KV_SOURCE_NETWORKS   # where that header is believed from
     # Disaggregated serving (docs/disaggregation.md): a prefill replica serves its prompts' KV on kv_port; a decode
     # replica pulls it for requests that name a KV source. Either role still serves ordinary requests.
     kv_role: str | None = None             # None | prefill | decode

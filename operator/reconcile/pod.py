@@ -95,6 +95,8 @@ def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
         args += ["--api-keys-file", API_KEYS_FILE]
     if spec.prefix_cache_sharing != "tenant":
         args += ["--prefix-cache-sharing", spec.prefix_cache_sharing]
+    if spec.trusted_tenant_header is not None:
+        args += ["--trusted-tenant-header", spec.trusted_tenant_header]
     if rt.lora is not None:
         args += lora_fetch.runtime_args(rt.lora)
     return args + list(rt.extra_args)

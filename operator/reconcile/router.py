@@ -90,6 +90,7 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
           if spec.max_in_flight_per_tenant is not None else []),
         # Prefix affinity keys prefixes as the replicas' caches do.
         *(["--prefix-cache-sharing", spec.prefix_cache_sharing] if spec.prefix_cache_sharing != "tenant" else []),
+        *(["--trusted-tenant-header", spec.trusted_tenant_header] if spec.trusted_tenant_header else []),
         # The replicas above are then the decode pool.
         *(["--prefill-endpoints-file", PREFILL_ENDPOINTS_FILE] if spec.disaggregation is not None else []),
     ]

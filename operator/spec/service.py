@@ -161,6 +161,10 @@ class InferenceServiceSpec(SpecModel):
         return self.tenants.prefix_cache_sharing if self.tenants is not None else "tenant"
 
     @property
+    def trusted_tenant_header(self) -> str | None:
+        return self.tenants.trusted_tenant_header if self.tenants is not None else None
+
+    @property
     def max_in_flight_per_tenant(self) -> int | None:
         """The router's cap on a tenant's open requests, from spec.tenants or spec.router."""
         if self.tenants is not None and self.tenants.max_in_flight_per_tenant is not None:

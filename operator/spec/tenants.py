@@ -30,6 +30,11 @@ class TenantsSpec(SpecModel):
     max_in_flight_per_tenant: int | None = Field(
         default=None, ge=1, description="Requests one tenant may hold open at the router (needs spec.router); more "
                                         "get 429. No cap when unset.")
+    trusted_tenant_header: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="A header naming the tenant, set by a gateway that authenticates users itself: the router and "
+                    "the replicas believe it only from the cluster's private networks (the router drops a client's "
+                    "own), and the API keys are still checked. Off when unset.")
     prefix_cache_sharing: Literal["tenant", "shared"] = Field(
         default="tenant", description="Whose prefix cache blocks a request may reuse: tenant (its own tenant's, or "
                                       "its keys' cache_group's: no tenant can time another's prompts) or shared "

@@ -20,6 +20,7 @@ from kubeinfer.runtime.router.proxy import REPLICA_HEADER, Proxy, UpstreamFailed
 from kubeinfer.runtime.router.replicas import ReplicaSet
 from kubeinfer.runtime.router.settings import RouterSettings
 from kubeinfer.runtime.router.tenants import TenantGate
+from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 from kubeinfer.runtime.server.errors import error_body
 
@@ -57,7 +58,8 @@ class Router:
         if self.prefill is not None:
             for path in DISAGGREGATION_PATHS:
                 self.metrics.disaggregated.labels(path)
-        self.tenants = TenantGate(settings.api_keys_file, settings.max_in_flight_per_tenant)
+        self.tenants = TenantGate(settings.api_keys_file, settings.max_in_flight_per_tenant,
+                                  TrustedTenantHeader(settings.trusted_tenant_header, settings.trusted_tenant_networks))
         self._tasks: list[asyncio.Task] = []
         self._watches: list[EndpointSliceWatch] = []
 
@@ -152,7 +154,9 @@ class Router:
             watcher.cancel()
 
     async def _forward(self, scope, body: bytes, send, received_at: float) -> None:
-        tenant = self.tenants.tenant(scope["headers"])
+        peer = (scope.get("client") or (None,))[0]
+        tenant = self.tenants.tenant(scope["headers"], peer)
+        scope = dict(scope, headers=self.tenants.forwarded(scope["headers"], peer))
         try:
             self.tenants.enter(tenant.name)
         except Refused as refused:

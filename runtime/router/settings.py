@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from kubeinfer.runtime.config import KV_SOURCE_NETWORKS
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.router.affinity import Weights
 from kubeinfer.runtime.cli_lines import parse_lora_modules  # noqa: F401  (one parser for both commands)
@@ -31,6 +32,8 @@ class RouterSettings:
     api_keys_file: str | None = None   # the replicas' keys file: who each request's tenant is (router/tenants.py)
     max_in_flight_per_tenant: int | None = None   # a tenant's requests open here at most (None: no cap)
     prefix_cache_sharing: str = "tenant"   # as the replicas' --prefix-cache-sharing: prefix affinity keys the same
+    trusted_tenant_header: str | None = None   # a gateway's tenant header, believed from trusted_tenant_networks only
+    trusted_tenant_networks: tuple[str, ...] = KV_SOURCE_NETWORKS
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapters the service offers: name -> path on
                                                                  # the replicas' nodes (`--lora-modules NAME=PATH`)
     # Disaggregated serving (docs/disaggregation.md): a prefill pool, found like the replicas above (which are then

@@ -3,25 +3,42 @@ as the replicas'), and a cap on each tenant's requests open here (waiting for a 
 that one tenant's flood cannot take the router's waiting room or every replica slot. The replicas still check the
 keys, quotas and their own fair queue; the router counts, and lets requests out of its waiting room in a tenant-fair
 order (router/waiting_room.py)."""
+from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, Tenant, load_api_keys
+from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader, tenant_for
 from kubeinfer.runtime.router.waiting_room import Refused
 
 RETRY_AFTER_SECONDS = 1.0
 
 
 class TenantGate:
-    def __init__(self, keys_file: str | None, max_in_flight: int | None):
+    def __init__(self, keys_file: str | None, max_in_flight: int | None,
+                 trusted_header: TrustedTenantHeader | None = None):
         self.keys = KeyRing(load_api_keys(keys_file, env={}) if keys_file else {})
         self.max_in_flight = max_in_flight
+        self.trusted_header = trusted_header or TrustedTenantHeader(None)
         self.open: dict[str, int] = {}   # tenant -> its requests open here
 
-    def tenant(self, headers: list[tuple[bytes, bytes]]) -> Tenant:
-        """The tenant of a request (name, weight, priority): its key's, or anonymous (no key, or a key the replicas
-        will refuse)."""
-        if not self.keys.enabled:
+    def tenant(self, headers: list[tuple[bytes, bytes]], peer: str | None = None) -> Tenant:
+        """The tenant of a request (name, weight, priority): a trusted gateway's header's (`trusted_header`), else
+        its key's, or anonymous (no key, or a key the replicas will refuse). A bad header value reads as no header
+        here: the replica answers it with its 400."""
+        key = None
+        if self.keys.enabled:
+            authorization = next((v for k, v in headers if k.lower() == b"authorization"), b"")
+            key = self.keys.authenticate(authorization.decode(errors="replace"))
+        try:
+            named = self.trusted_header.named(headers, peer)
+        except InvalidRequestError:
+            named = None
+        if named is None and not self.keys.enabled:
             return ANONYMOUS
-        authorization = next((v for k, v in headers if k.lower() == b"authorization"), b"")
-        return self.keys.tenant(self.keys.authenticate(authorization.decode(errors="replace")))
+        return tenant_for(self.keys, key, named)
+
+    def forwarded(self, headers: list[tuple[bytes, bytes]], peer: str | None) -> list[tuple[bytes, bytes]]:
+        """The headers to send on: the tenant header dropped unless its sender is trusted (the replicas trust the
+        router's address, so a client must not get its own header past the router)."""
+        return headers if self.trusted_header.trusts(peer) else self.trusted_header.strip(headers)
 
     def enter(self, tenant: str) -> None:
         """Counts the request in, or refuses it (429) when its tenant is at its cap."""

@@ -7,7 +7,7 @@ and given back when the response ends (`Job.release`).
 """
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fastapi import Request
 
@@ -16,7 +16,7 @@ from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.engine.messages import check_prompt, check_resumed_output, check_token_ids
 from kubeinfer.runtime.server.engine_client import EngineClient
-from kubeinfer.runtime.server.auth import KeyRing
+from kubeinfer.runtime.server.auth import KeyRing, Tenant
 from kubeinfer.runtime.server.checked_answers import checked_outputs
 from kubeinfer.runtime.server import lora_api
 from kubeinfer.runtime.server.errors import APIError
@@ -24,6 +24,7 @@ from kubeinfer.runtime.server.kv_source import after, check_kv_source
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.protocol import Resume
 from kubeinfer.runtime.server.responses_store import ResponseStore
+from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader, tenant_for
 from kubeinfer.runtime.structured.spec import StructuredOutput
 from kubeinfer.runtime.tokenizer import Tokenizer
 
@@ -45,6 +46,7 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)   # /v1/responses with store: true
     loras: dict[str, str] = field(default_factory=dict)   # LoRA adapters served: name -> folder (lora_api.py)
     lora_file: "LoraFile | None" = None   # --lora-modules-file, watched (lora_file.py)
+    trusted_header: TrustedTenantHeader = field(default_factory=lambda: TrustedTenantHeader(None))
 
     @property
     def capacity(self) -> int:
@@ -92,16 +94,25 @@ class Job:
         return sum(map(len, self.prompts))
 
 
-def authenticate(state: ServerState, request: Request) -> str | None:
-    if not state.keys.enabled:
-        return None
-    key = state.keys.authenticate(request.headers.get("authorization"))
-    if key is None:
-        raise APIError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
-    return key
+class Caller(NamedTuple):
+    """Who sent a request: its API key (None: keys off) and its tenant (the key's, or a trusted gateway's header's)."""
+    key: str | None
+    tenant: Tenant
 
 
-def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], max_tokens: int | None,
+def authenticate(state: ServerState, request: Request) -> Caller:
+    key = None
+    if state.keys.enabled:
+        key = state.keys.authenticate(request.headers.get("authorization"))
+        if key is None:
+            raise APIError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+    peer = request.client.host if request.client is not None else None
+    named = state.trusted_header.named(request.headers.raw, peer)
+    return Caller(key, tenant_for(state.keys, key, named))
+
+
+def admit(state: ServerState, body, caller: Caller, prompts: list[list[int]], max_tokens: int | None,
           logprobs: int | None, prefix: str, structured: StructuredOutput | None = None) -> Job:
     """Checks and reserves room for a request; `structured`: the tools' grammar, else the body's own format."""
     if state.draining:
@@ -118,7 +129,7 @@ def admit(state: ServerState, body, key: str | None, prompts: list[list[int]], m
                                       f"model's {max_len}-token limit", "max_tokens")
         params.extend(body.sampling_params(wanted, logprobs, choice, structured) for choice in range(body.n))
         check_token_ids(params[-1], state.engine.info)
-    tenant = state.keys.tenant(key)   # from the key alone: a client never names its own tenant
+    key, tenant = caller   # from the key, or a trusted gateway's header: a client never names its own tenant
     scope = tenant.cache_scope(state.config.prefix_cache_sharing)
     for choice in params:
         choice.tenant, choice.tenant_weight, choice.priority = tenant.name, tenant.weight, tenant.priority

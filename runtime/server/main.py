@@ -19,6 +19,7 @@ from kubeinfer.runtime.server.app import create_app
 from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.lora_file import LoraFile
+from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.server.admission import ServerState
 from kubeinfer.runtime.tokenizer import Tokenizer
@@ -110,6 +111,10 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
 
     API keys are read first, so a bad key file fails before the model loads."""
     keys = KeyRing(load_api_keys(api_keys_file), default_tokens_per_minute)
+    trusted_header = TrustedTenantHeader(config.trusted_tenant_header, config.trusted_tenant_networks)
+    if config.trusted_tenant_header:
+        logger.info("tenants: the %s header names the tenant of requests from %s", config.trusted_tenant_header,
+                    ", ".join(config.trusted_tenant_networks))
     if keys.enabled:
         logger.info("API keys: %d configured; requests need 'Authorization: Bearer <key>'", len(keys.keys))
     tokenizer = Tokenizer(config.model)
@@ -121,6 +126,7 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     metrics.set_adapters(state.loras)
     if config.lora_modules_file:
         state.lora_file = LoraFile(config.lora_modules_file, config.lora_modules)
+    state.trusted_header = trusted_header
     return state
 
 

@@ -34,19 +34,19 @@ CLIENT_CLOSED_REQUEST = 499   # nginx's status for a client that left before the
 
 
 async def completions(state: ServerState, body: CompletionRequest, request: Request):
-    key = authenticate(state, request)
+    caller = authenticate(state, request)
     if body.echo or body.suffix:
         raise InvalidRequestError("echo and suffix are not supported", "echo" if body.echo else "suffix")
     prompts = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
     if not prompts:
         raise InvalidRequestError("the prompt is empty", "prompt")
-    job = admit(state, body, key, prompts, body.max_tokens, body.logprobs, "cmpl")
+    job = admit(state, body, caller, prompts, body.max_tokens, body.logprobs, "cmpl")
     formatter = Formatter(False, *stream_identity(job), body.model, state.tokenizer, body.logprobs is not None)
     return await _respond(state, job, formatter, body, request)
 
 
 async def chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request):
-    key = authenticate(state, request)
+    caller = authenticate(state, request)
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, flat=False)
     structured = plan.structured_output(state.config.json_layout) if plan else None
     if structured is not None and (body.response_format or {}).get("type", "text") != "text":
@@ -60,7 +60,7 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
                        plan.offered if plan else None)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    job = admit(state, body, key, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl",
+    job = admit(state, body, caller, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl",
                 structured)
     tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
     if tools is not None and job.resume is not None:

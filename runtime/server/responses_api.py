@@ -29,7 +29,7 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens"}
 
 
 async def create_response(state: ServerState, body: ResponsesRequest, request: Request):
-    key = authenticate(state, request)
+    caller = authenticate(state, request)
     body.check_unsupported()
     history: list[dict] = []
     if body.previous_response_id is not None:
@@ -51,7 +51,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     text = render_chat(tokenizer.chat_template, messages, True, tokenizer.bos_token, tokenizer.eos_token,
                        plan.offered if plan else None)
     prompt = tokenizer.encode(text, add_special_tokens=False)
-    job = admit(state, body, key, [prompt], body.max_output_tokens, None, "resp", structured)
+    job = admit(state, body, caller, [prompt], body.max_output_tokens, None, "resp", structured)
     builder = ResponseBuilder(body, int(time.time()), body.text_format)
     tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
     if body.stream:

@@ -48,12 +48,14 @@ async def test_tenants_mount_the_secret_in_replicas_and_router_with_the_fair_que
     assert "--prefix-cache-sharing" not in runtime_flags and "--prefix-cache-sharing" not in router_flags
 
 
-async def test_shared_prefix_caches_reach_the_replicas_and_the_router(operator: Any, kapi: Any) -> None:
-    tenants = {"secretRef": {"name": "tenant-keys", "key": "lines"}, "prefixCacheSharing": "shared"}
+async def test_shared_prefix_caches_and_the_trusted_header_reach_the_replicas_and_the_router(operator: Any, kapi: Any) -> None:
+    tenants = {"secretRef": {"name": "tenant-keys", "key": "lines"}, "prefixCacheSharing": "shared",
+               "trustedTenantHeader": "X-Tenant"}
     await kapi.create(isvc_path(NAMESPACE), manifest(tenants=tenants, router={}))
     for name in (NAME, f"{NAME}-router"):
         dep = await kapi.eventually(child_path("Deployment", NAMESPACE, name), lambda d: True)
-        assert flags(dep["spec"]["template"]["spec"]["containers"][0])["--prefix-cache-sharing"] == "shared"
+        given = flags(dep["spec"]["template"]["spec"]["containers"][0])
+        assert given["--prefix-cache-sharing"] == "shared" and given["--trusted-tenant-header"] == "X-Tenant"
 
 
 @pytest.mark.parametrize("spec, message", [
