@@ -89,6 +89,7 @@ class Replica:
     loaded_at: dict[str, float] = field(default_factory=dict)   # adapter -> time.monotonic() this router loaded it
     kv_port: int | None = None  # a prefill replica's KV endpoint port, from its last scrape
     kv_role: str | None = None  # its role in disaggregated serving, from its last scrape
+    unreachable_logged: bool = False   # a replica never up: its first failed scrape was logged
 
     @property
     def kv_endpoint(self) -> str | None:
@@ -179,7 +180,13 @@ class ReplicaSet:
                 raise UpstreamError(f"/metrics answered {status}")
             values, model_name, adapters, kv_port, kv_role = parse_gauges(body.decode())
         except (ConnectFailed, UpstreamError, asyncio.TimeoutError, ValueError) as error:
-            self.mark_down(replica, f"scrape failed: {type(error).__name__} {error}".strip())
+            why = f"scrape failed: {type(error).__name__} {error}".strip()
+            if replica.scraped_at < 0 and not replica.unreachable_logged:
+                # Never up yet: mark_down logs only the up -> down change, so a replica this router cannot reach at
+                # all (e.g. no route from this pod to it) would otherwise leave nothing in its log but "added".
+                logger.warning("replica %s not up yet: %s", replica.url, why)
+                replica.unreachable_logged = True
+            self.mark_down(replica, why)
             return
         for field, value in values.items():
             setattr(replica, field, value)

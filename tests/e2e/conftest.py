@@ -20,6 +20,7 @@ this machine must route to them (kind: see docs/e2e.md).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -28,6 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -129,3 +131,33 @@ def operator_image(timings: dict[str, float]) -> str:
     return load_image(OPERATOR_IMAGE, "operator", timings)
 
 
+
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+def _api_server_is_local() -> bool:
+    """Whether the kubeconfig's current cluster is served on this machine's loopback (../shared/k8s-local): its
+    node is then this machine, and traffic between pods is routed by this machine's kernel."""
+    config = yaml.safe_load(Path(KUBECONFIG or "").read_text()) or {}
+    context = next((c["context"] for c in config.get("contexts") or () if c["name"] == config.get("current-context")),
+                   None) or {}
+    cluster = next((c["cluster"] for c in config.get("clusters") or () if c["name"] == context.get("cluster")), None) or {}
+    host = urlsplit(cluster.get("server", "")).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pod_to_pod(kube: Any) -> None:
+    """For the tests whose pods talk to each other (the router to its replicas, a replica's sidecar to a stand-in
+    Hub pod): on the local cluster each pod reaches the pod range through the node's address on cni0, i.e. through
+    this machine, which forwards only with net.ipv4.ip_forward=1. With 0, the host still reaches every pod and
+    readiness probes pass; only pod-to-pod traffic is dropped, and those tests would wait out their deadlines
+    (the router answers 503 "no replica became ready within N s"). Fail them at once with the cause instead."""
+    if _api_server_is_local() and IP_FORWARD.is_file() and IP_FORWARD.read_text().strip() == "0":
+        pytest.fail("net.ipv4.ip_forward is 0 on this machine, which is the local cluster's node: pods cannot reach "
+                    "each other (the router its replicas, a replica a Hub pod). `sysctl -w net.ipv4.ip_forward=1` "
+                    "(docs/e2e.md, \"The local cluster of this project\")", pytrace=False)

@@ -48,7 +48,8 @@ def unique(long_prompt: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+def cluster(kube: Any, crds: None, pod_to_pod: None, runtime_image: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     work: Path = tmp_path_factory.mktemp("disaggregation")
     with namespace_scene(kube) as (ns, stack):
         operator = start_operator(stack, kube, OperatorProcess(ns, work / "operator.log", image=runtime_image))

@@ -46,7 +46,8 @@ def demo_and_adapter(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
 
 
 @pytest.fixture(scope="module")
-def scene(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+def scene(kube: Any, crds: None, pod_to_pod: None, runtime_image: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     monkeypatch = pytest.MonkeyPatch()
     root = tmp_path_factory.mktemp("lora")
     demo_dir, adapter = demo_and_adapter(root, monkeypatch)

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.skipif(not NODE_CACHE_DIR, reason="KUBEINFER_E2E_NODE_C
 
 
 @pytest.fixture(scope="module")
-def hub(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+def hub(kube: Any, crds: None, pod_to_pod: None, runtime_image: str,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     with namespace_scene(kube) as (ns, stack):
         yield from _hub(kube, ns, stack, runtime_image, tmp_path_factory)
 

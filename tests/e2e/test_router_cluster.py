@@ -38,7 +38,8 @@ SYSTEM_PROMPTS = [f"System {i}: you are a careful assistant for team {i}. " * 4 
 
 
 @pytest.fixture(scope="module")
-def cluster(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+def cluster(kube: Any, crds: None, pod_to_pod: None, runtime_image: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     work: Path = tmp_path_factory.mktemp("router")
     with namespace_scene(kube) as (ns, stack):
         operator = start_operator(stack, kube, OperatorProcess(ns, work / "operator.log", image=runtime_image,

@@ -32,7 +32,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def scene(kube: Any, crds: None, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+def scene(kube: Any, crds: None, pod_to_pod: None, runtime_image: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     work: Path = tmp_path_factory.mktemp("chaos")
     with namespace_scene(kube) as (ns, stack):
         operator = start_operator(stack, kube, OperatorProcess(ns, work / "operator.log", image=runtime_image))

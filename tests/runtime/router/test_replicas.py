@@ -60,3 +60,29 @@ def test_an_adapter_the_router_loaded_survives_a_scrape_begun_before_the_load_bu
     assert replica.adapters == {"chat"}
     replica.note_unloaded("chat")
     assert replica.adapters == set()
+
+
+def test_a_replica_that_never_came_up_logs_its_first_failed_scrape_once(caplog):
+    """A replica the router cannot reach at all (no route from its pod) must show in its log, once; mark_down alone
+    logs only an up -> down change."""
+    import asyncio
+    import logging
+    import socket
+
+    from kubeinfer.runtime.router.replicas import ReplicaSet
+
+    with socket.socket() as sock:   # a port nothing listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    async def scrape_three_times() -> ReplicaSet:
+        replicas = ReplicaSet([url], connect_timeout=0.5)
+        for _ in range(3):
+            await replicas._scrape(replicas.replicas[url], 0.5)
+        replicas.close()
+        return replicas
+    with caplog.at_level(logging.WARNING, logger="kubeinfer.runtime.router.replicas"):
+        replicas = asyncio.run(scrape_three_times())
+    lines = [r.getMessage() for r in caplog.records if url in r.getMessage()]
+    assert len(lines) == 1 and "not up yet: scrape failed" in lines[0], lines
+    assert not replicas.replicas[url].up
