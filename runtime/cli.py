@@ -127,10 +127,13 @@ def add_kv_args(serve: argparse.ArgumentParser) -> None:
                        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
                        help="decode: the networks (CIDR, comma-separated) a request's KV source may be in "
                             "[env KUBEINFER_KV_SOURCE_NETWORKS; default private networks and loopback]")
+    serve.add_argument("--kv-source-key-file", default=_env("kv_source_key_file"), metavar="PATH",
+                       help="decode: a key shared with the router (its --kv-source-key-file): a KV source is taken only "
+                            "with the router's signature [env KUBEINFER_KV_SOURCE_KEY_FILE; default: none, unsigned]")
 
 
 def kv_settings(args: argparse.Namespace) -> dict:
-    names = ("kv_role", "kv_host", "kv_port", "kv_idle_timeout_s")
+    names = ("kv_role", "kv_host", "kv_port", "kv_idle_timeout_s", "kv_source_key_file")
     return {name: getattr(args, name) for name in names} | {"kv_source_networks": tuple(args.kv_source_networks)}
 
 

@@ -54,6 +54,9 @@ def add_router_parser(commands) -> None:
         router.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=default, choices=choices,
                             help=f"{help_text} [default {default}]")
     add_trusted_header_args(router)
+    router.add_argument("--kv-source-key-file", metavar="PATH",
+                        help="disaggregated serving: a key shared with the decode replicas (their --kv-source-key-file); "
+                             "each KV-source hint is signed with it, so they pull only from sources this router named")
     router.set_defaults(run=_router)
 
 
@@ -80,7 +83,8 @@ def _router(args: argparse.Namespace) -> int:
                               trusted_tenant_networks=tuple(args.trusted_tenant_networks),
                               lora_modules=parse_lora_modules(args.lora_modules),
                               prefill_upstreams=args.prefill_upstream, prefill_service=args.prefill_service,
-                              prefill_endpoints_file=args.prefill_endpoints_file)
+                              prefill_endpoints_file=args.prefill_endpoints_file,
+                              kv_source_key_file=args.kv_source_key_file)
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
     return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)

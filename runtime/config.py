@@ -77,6 +77,7 @@ class EngineConfig:
     kv_idle_timeout_s: float = 30.0        # the longest silence from the other side of a transfer
     # decode: the addresses a request's `kubeinfer_kv_source` may name (private networks and loopback by default)
     kv_source_networks: tuple[str, ...] = KV_SOURCE_NETWORKS
+    kv_source_key_file: str | None = None  # decode: a key shared with the router; hints must carry its signature
     seed: int = 0
     model_config: ModelConfig = field(init=False, repr=False)
     draft_model_config: ModelConfig | None = field(init=False, repr=False, default=None)

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 
+from kubeinfer.runtime.disagg.source_signature import FIELD as SIGNATURE, read_key, sign
 from kubeinfer.runtime.router.affinity import Weights
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
@@ -29,15 +30,16 @@ from kubeinfer.runtime.router.settings import RouterSettings
 
 logger = logging.getLogger(__name__)
 SOURCE_FIELD = "kubeinfer_kv_source"
+SIGNATURE_FIELD = SIGNATURE
 TRANSFER_FAILED = b'"kv_transfer_failed"'
 FAILED_HOLD_SECONDS = 5.0
 PATHS = ("disaggregated", "fallback", "colocated")
 
 
 def strip_source(body: bytes, parsed):
-    """(body, parsed) without a client's `kubeinfer_kv_source`: only the router may name one."""
-    if isinstance(parsed, dict) and SOURCE_FIELD in parsed:
-        parsed = {k: v for k, v in parsed.items() if k != SOURCE_FIELD}
+    """(body, parsed) without a client's `kubeinfer_kv_source` (or signature): only the router may name one."""
+    if isinstance(parsed, dict) and (SOURCE_FIELD in parsed or SIGNATURE_FIELD in parsed):
+        parsed = {k: v for k, v in parsed.items() if k not in (SOURCE_FIELD, SIGNATURE_FIELD)}
         return json.dumps(parsed).encode(), parsed
     return body, parsed
 
@@ -82,7 +84,7 @@ def is_transfer_failure(status: int, body: bytes) -> bool:
     if status != 400:
         return False
     try:
-        return json.loads(body)["error"]["param"] == SOURCE_FIELD
+        return json.loads(body)["error"]["param"] in (SOURCE_FIELD, SIGNATURE_FIELD)
     except (ValueError, KeyError, TypeError):
         return False
 
@@ -93,6 +95,7 @@ class PrefillPool:
         self.replicas = ReplicaSet(settings.prefill_upstreams, settings.scrape_interval, settings.stale_after,
                                    settings.connect_timeout)
         self.chooser = Chooser(settings)   # its own prefix index: what each prefill replica was sent
+        self.source_key = read_key(settings.kv_source_key_file)   # signs the hint (disagg/source_signature.py)
 
     def available(self) -> list[Replica]:
         return [r for r in self.replicas.available() if r.kv_port is not None]
@@ -111,7 +114,10 @@ class PrefillPool:
         if prefill is None:
             self.metrics.disaggregated.labels("colocated").inc()
             return None
-        body = json.dumps(dict(parsed, **{SOURCE_FIELD: prefill.kv_endpoint})).encode()
+        hint = {SOURCE_FIELD: prefill.kv_endpoint}
+        if self.source_key is not None:
+            hint[SIGNATURE_FIELD] = sign(self.source_key, prefill.kv_endpoint)
+        body = json.dumps(dict(parsed, **hint)).encode()
         prefill.in_flight += 1   # until the decode replica answers: it answers once the first token is pulled
         try:
             replica, response, prefetched = await proxy._open(path, headers, body, parsed, text, adapter,

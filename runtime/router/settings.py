@@ -41,6 +41,7 @@ class RouterSettings:
     prefill_upstreams: list[str] = field(default_factory=list)
     prefill_service: str | None = None
     prefill_endpoints_file: str | None = None
+    kv_source_key_file: str | None = None   # signs each KV-source hint for the decode replicas (same file there)
 
     @property
     def disaggregated(self) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from fastapi import Request
 
 from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.disagg.source_signature import verify as verify_source
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.engine.messages import check_prompt, check_resumed_output, check_token_ids
@@ -47,6 +48,7 @@ class ServerState:
     loras: dict[str, str] = field(default_factory=dict)   # LoRA adapters served: name -> folder (lora_api.py)
     lora_file: "LoraFile | None" = None   # --lora-modules-file, watched (lora_file.py)
     trusted_header: TrustedTenantHeader = field(default_factory=lambda: TrustedTenantHeader(None))
+    kv_source_key: bytes | None = None   # --kv-source-key-file: KV-source hints must carry the router's signature
 
     @property
     def capacity(self) -> int:
@@ -146,6 +148,8 @@ def admit(state: ServerState, body, caller: Caller, prompts: list[list[int]], ma
     kv_source = getattr(body, "kubeinfer_kv_source", None)
     if kv_source is not None:
         check_kv_source(state.config, kv_source, params, resume is not None)
+        if state.kv_source_key is not None:
+            verify_source(state.kv_source_key, kv_source, getattr(body, "kubeinfer_kv_source_signature", None))
     job = Job(f"{prefix}-{uuid.uuid4().hex}", prompts, params, body.n, key, resume=resume, kv_source=kv_source)
     wait = state.keys.retry_after(key, job.num_prompt_tokens)
     if wait is not None:

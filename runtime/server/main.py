@@ -15,6 +15,7 @@ import uvicorn
 
 from kubeinfer.runtime.compile_cache import ensure_writable_caches
 from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.disagg.source_signature import read_key
 from kubeinfer.runtime.server.app import create_app
 from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, load_api_keys
 from kubeinfer.runtime.server.engine_client import EngineClient
@@ -112,6 +113,7 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     API keys are read first, so a bad key file fails before the model loads."""
     keys = KeyRing(load_api_keys(api_keys_file), default_tokens_per_minute)
     trusted_header = TrustedTenantHeader(config.trusted_tenant_header, config.trusted_tenant_networks)
+    kv_source_key = read_key(config.kv_source_key_file)
     if config.trusted_tenant_header:
         logger.info("tenants: the %s header names the tenant of requests from %s", config.trusted_tenant_header,
                     ", ".join(config.trusted_tenant_networks))
@@ -126,7 +128,7 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     metrics.set_adapters(state.loras)
     if config.lora_modules_file:
         state.lora_file = LoraFile(config.lora_modules_file, config.lora_modules)
-    state.trusted_header = trusted_header
+    state.trusted_header, state.kv_source_key = trusted_header, kv_source_key
     return state
 
 

@@ -61,6 +61,7 @@ class _SamplingFields(BaseModel):
     # A decode replica: the prefill replica's KV endpoint (IP:PORT) this request's prompt KV is pulled from; set by
     # the router only, which drops it from clients' bodies (docs/disaggregation.md, "Who may name a KV source")
     kubeinfer_kv_source: str | None = None
+    kubeinfer_kv_source_signature: str | None = None   # the router's, with --kv-source-key-file (source_signature)
 
     def structured_output(self, layout: str = "model") -> StructuredOutput | None:
         """The grammar the output must match (checked: a bad format or schema is a 400 naming it)."""
