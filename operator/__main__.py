@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 
 import kopf
 from kubernetes.client import ApiException
 
-from kubeinfer.operator import handlers  # registers the handlers
+from kubeinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from kubeinfer.operator import peering, preflight
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube
 
 log = logging.getLogger(__name__)
+STOP_BUDGET_SECONDS = 1.0   # from SIGTERM to the process's end, whatever kopf has left
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,27 +77,50 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     log.log(mode.level, "%s", mode.message)
     log.info("starting: namespaces=%s", list(config.namespaces) or "all")
-    kopf.run(
+    run_until_stopped(dict(
         standalone=mode.standalone,
         peering_name=mode.name,
         priority=config.priority,
         namespaces=list(config.namespaces),
         clusterwide=not config.namespaces,
         liveness_endpoint=config.liveness_endpoint,
-        memo=kopf.Memo(config=config, exit_process=True),
-    )
-    _exit_now()
+        memo=kopf.Memo(config=config),
+    ))
 
 
-@kopf.on.cleanup()
-def _exit_soon(memo: kopf.Memo, **_: object) -> None:
-    """kopf is stopping (SIGTERM: a rollout, or an uninstall that also deletes our RBAC, so every request is now
-    refused). Handler threads still in a call (an unreachable pod, a refused request being retried) would hold the
-    process until they end; their work is idempotent and the next copy redoes it. So the process ends
-    EXIT_GRACE_SECONDS from now whatever is left (only this command's process: operators run in tests have no
-    `exit_process` in their memo)."""
-    if memo.get("exit_process"):
-        threading.Timer(handlers.EXIT_GRACE_SECONDS, _exit_now).start()
+def run_until_stopped(kopf_settings: dict[str, object]) -> None:
+    """Runs kopf on a thread of its own until it stops by itself, or until STOP_BUDGET_SECONDS after SIGTERM/SIGINT.
+
+    On SIGTERM (a rollout, or a `helm uninstall` that also deletes our RBAC, so that every request is now refused)
+    kopf is told to stop and gets STOP_BUDGET_SECONDS; then the process ends whatever is left. What can be left:
+    handler threads in a call, and kopf removing itself from the peering object, which it retries for ~12 s on a
+    403 (measured on the real node: the pod took 13 s to go). All of it is idempotent and the next copy redoes it;
+    a peering record left behind expires by itself. kopf runs off the main thread so that the signal is this
+    function's (kopf would take it on the main thread), and the process ends with os._exit only after a signal."""
+    stopping = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not stopping.is_set():
+            log.info("%s: stopping, at most %.1f s", signal.Signals(signum).name, STOP_BUDGET_SECONDS)
+            stopping.set()
+            threading.Timer(STOP_BUDGET_SECONDS, _exit_now).start()
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    logging.getLogger("kopf._core.reactor.running").addFilter(   # its signals are ours, on purpose
+        lambda record: "OS signals are ignored" not in record.getMessage())
+    runner = threading.Thread(target=kopf.run, kwargs={**kopf_settings, "stop_flag": stopping}, name="kopf",
+                              daemon=True)
+    try:
+        runner.start()
+        while runner.is_alive():
+            runner.join(0.2)   # wakes the main thread, which runs the signal handler
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopping.is_set():
+        _exit_now()
 
 
 def _exit_now() -> None:

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 OWNED_LABELS = {builders.MANAGED_BY_LABEL: builders.MANAGED_BY}
 OWNED_SELECTOR = f"{builders.MANAGED_BY_LABEL}={builders.MANAGED_BY}"
 EXIT_GRACE_SECONDS = 0.5     # on SIGTERM: what workers and daemons get to finish
-ULTIMATE_EXIT_SECONDS = 3.0  # on SIGTERM: kopf kills its own process after this, whatever is stuck
 # (group, version, plural) -> kind of each child resource watched (a watch event's object need not say its kind)
 CHILD_RESOURCES = {("apps", "v1", "deployments"): "Deployment", ("", "v1", "services"): "Service",
                    ("policy", "v1", "poddisruptionbudgets"): "PodDisruptionBudget", ("", "v1", "pods"): "Pod"}
@@ -64,10 +63,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.execution.max_workers = config.handler_threads
     # Stopping (SIGTERM: a rollout, an uninstall that also deletes our RBAC): what is in flight is idempotent and
-    # the next copy redoes it, so the operator does not wait for it. Workers get a moment, then kopf gives up on them;
-    # a hard stop backs it all (operator.__main__ also ends the process once kopf returns, threads or not).
+    # the next copy redoes it, so the operator does not wait for it. Workers get a moment, then kopf gives up on them
+    # (operator.__main__ ends the process a second after the signal whatever is left).
     settings.batching.exit_timeout = EXIT_GRACE_SECONDS
-    settings.process.ultimate_exiting_timeout = ULTIMATE_EXIT_SECONDS
     for group, version, plural in CHILD_RESOURCES:
         settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
     kube = Kube(load_configuration())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import kopf
@@ -39,6 +40,9 @@ def test_main_passes_flags_and_the_peering_mode_to_kopf(monkeypatch: pytest.Monk
     assert seen["standalone"] is True and seen["peering_name"] is None and seen["clusterwide"] is True
     entry.main([])   # out of the box: no peering object, so it acts alone
     assert seen["standalone"] is True and seen["peering_name"] is None
+    # kopf ran on its own thread with a stop flag (the signal is main's), and main returned: no signal, no exit
+    assert seen["stop_flag"] is not None and not seen["stop_flag"].is_set()
+    assert signal.getsignal(signal.SIGTERM) is not None and entry.STOP_BUDGET_SECONDS <= 1.0
 
 
 def test_main_exits_with_one_line_when_the_cluster_is_unusable(

@@ -2,9 +2,10 @@
 28 s), with daemons running (an autoscaled service, a service with adapters), whether the API server still answers
 or refuses everything (the uninstall deletes the operator's RBAC with its Deployment).
 
-The bound is the operator's own: kopf kills its process ULTIMATE_EXIT_SECONDS after SIGTERM whatever is stuck, and
-the process normally ends EXIT_GRACE_SECONDS after kopf starts stopping (operator.__main__); one second more covers
-the interpreter's teardown. Before, the same scenario took 8.6-9.6 s here with the API server answering."""
+The bound is the operator's own: the process ends STOP_BUDGET_SECONDS after the signal whatever kopf has left
+(operator.__main__.run_until_stopped); one second more covers the interpreter's start of teardown. Before, the same
+scenario took 8.0-9.6 s here with the API server answering, and on the real node, where kopf retries removing itself
+from the peering object on every 403, 13 s (tests/e2e/test_helm.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kubeinfer.operator import handlers
+from kubeinfer.operator import __main__ as entry
 
 from support.manifests import isvc_manifest
 from support.operator_harness import NAMESPACE, child_path, isvc_path
@@ -53,5 +54,6 @@ async def test_the_operator_exits_soon_after_sigterm_with_daemons_running(cluste
             await proc.wait()
     log = output.decode(errors="replace")
     print(f"exited {took:.2f} s after SIGTERM, code {proc.returncode}")
-    assert "Signal SIGTERM is received" in log, log[-3000:]
-    assert took < handlers.ULTIMATE_EXIT_SECONDS + 1.0, log[-3000:]
+    assert "SIGTERM: stopping" in log and "Operator is stopping" in log, log[-3000:]
+    assert took < entry.STOP_BUDGET_SECONDS + 1.0, log[-3000:]
+    assert proc.returncode == 0, log[-3000:]
