@@ -29,8 +29,9 @@ RULES: list[dict[str, Any]] = [
     # spec.inferencePool (Gateway API Inference Extension); delete: the field removed.
     {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
      "verbs": ["get", "create", "patch", "delete"]},
-    # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only the
-    # annotation of router pods that lists the ready replicas (reconcile.router).
+    # Pods: read, to explain failures (image pulls, crash loops, unschedulable) in status; patch, only annotations:
+    # the router pods' list of ready replicas (reconcile.router), the replica pods' adapters-list hash, whose change
+    # makes the kubelet refresh their mounted adapters list at once (reconcile.lora.sync).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     # LoRA: the adapters' list each InferenceService's pods mount (a child, applied as the others are). No Secret
     # is read: the replicas follow the list themselves and report on an open endpoint (reconcile.lora.sync); the

@@ -195,8 +195,10 @@ def sync_adapters(ctx: Context, spec: InferenceServiceSpec, owner: builders.Owne
     """What the ready replicas serve of the spec's adapters (reconcile.lora.sync); its report for the status."""
     if spec.runtime.lora is None:
         return lora_status.LORA_OFF
+    desired = lora_fetch.desired_paths(spec)
+    lora_sync.nudge(ctx.kube, owner.namespace, pods, desired)
     ready = lora_sync.ready_pods(pods)
-    outcomes = lora_sync.sync(ready, lora_fetch.desired_paths(spec))
+    outcomes = lora_sync.sync(ready, desired)
     return lora_status.report([a.name for a in spec.adapters], [p["metadata"]["name"] for p in ready], outcomes)
 
 

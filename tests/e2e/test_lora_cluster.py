@@ -124,9 +124,11 @@ def test_an_adapter_added_to_a_running_service_serves_without_a_restart_and_remo
     assert {c["name"]: c["restartCount"] for c in now["status"]["containerStatuses"]} == restarts
     # The replica loads the adapter itself; the operator's next pass (every KUBEINFER_ADAPTER_SYNC_SECONDS, 15 s)
     # reads it into the status.
-    status = eventually(lambda: [(a["name"], a["readyReplicas"]) for a in (
-        s := kube.get(isvc_path(ns, NAME))["status"]).get("adapters") or []] == [(ADAPTER, 1)] and s, 60,
-        "status.adapters to say the adapter is loaded on the replica", 0.5)
+    def loaded_status() -> dict[str, Any] | None:
+        status = kube.get(isvc_path(ns, NAME))["status"]
+        ready = [(a["name"], a["readyReplicas"]) for a in status.get("adapters") or []]
+        return status if ready == [(ADAPTER, 1)] else None
+    status = eventually(loaded_status, 60, "status.adapters to say the adapter is loaded on the replica", 0.5)
     assert condition(kube.get(isvc_path(ns, NAME)), "AdaptersReady").get("status") == "True", status
     models = streams.client(url).models.list().data
     assert {m.id for m in models} == {NAME, ADAPTER}

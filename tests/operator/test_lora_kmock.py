@@ -127,6 +127,11 @@ async def test_adding_and_removing_adapters_reaches_the_replicas_through_the_lis
 
     await kapi.patch(ISVC, {"metadata": {"generation": 2}, "spec": {"adapters": [SQL, CHAT]}})
     await kapi.eventually(CONFIGMAP, lambda c: CHAT["uri"] in c["data"]["fetch.sh"])
+    # each replica pod is told the new list's hash: the pod update makes the kubelet refresh its mounted list now
+    wanted = sync.list_hash({"sql": folder(SQL), "chat": folder(CHAT)})
+    for i in range(2):
+        await kapi.eventually(f"{PODS}/{NAME}-{i}", lambda p: p["metadata"].get("annotations", {}).get(
+            sync.LIST_ANNOTATION) == wanted)
     assert await deliver(kapi, runtimes) == {"sql": folder(SQL), "chat": folder(CHAT)}
     await kapi.eventually(ISVC, lambda o: entry(o, "chat").get("readyReplicas") == 2)
 
