@@ -99,12 +99,12 @@ def test_api_server_refuses_bad_specs(kube: Any, namespace: str, spec: dict[str,
 
 def test_api_server_accepts_tenants_beside_the_runtime_policys_default(kube: Any, namespace: str) -> None:
     """The schema's default runtime.schedulingPolicy (fcfs) does not trip the one-policy rule; tenants' own
-    defaults (fair, the Secret's key) are filled in by the API server."""
+    defaults (fair, the Secret's key, tenant-isolated prefix caches) are filled in by the API server."""
     made = create(kube, namespace, runtime={"maxNumSeqs": 8}, router={},
                   tenants={"secretRef": {"name": "t"}, "maxInFlightPerTenant": 2})
     assert made["spec"]["runtime"]["schedulingPolicy"] == "fcfs"
     assert made["spec"]["tenants"] == {"secretRef": {"name": "t", "key": "api-keys"}, "schedulingPolicy": "fair",
-                                       "maxInFlightPerTenant": 2}
+                                       "maxInFlightPerTenant": 2, "prefixCacheSharing": "tenant"}
 
 
 def test_lifecycle(kube: Any, operator: str) -> None:
