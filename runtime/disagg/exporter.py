@@ -61,7 +61,7 @@ class KVExporter:
         self.progress = progress
         self._ids = itertools.count()
         self.num_failed = 0
-        self.num_exported = 0       # transfers whose first token went out
+        self.num_exported = 0       # transfers whose first token went out (each counted once: exported or failed)
         self.num_blocks_sent = 0    # blocks handed to a stream
         source.start(self._on_pull, self.progress.set)
 
@@ -138,7 +138,7 @@ class KVExporter:
         if seq.is_finished and export.next_index == export.num_blocks and not export.finished:
             stream.finish(seq.output_token_ids[0])
             export.finished = True
-            self.num_exported += 1
+            self.num_exported += 1   # taken back in _end if the transport breaks before its last block went out
         if export.finished and not export.held:
             del self.exports[export.request_id]
 
@@ -152,5 +152,7 @@ class KVExporter:
             self.block_manager.release(block)
         export.held.clear()
         del self.exports[export.request_id]
+        if export.finished:   # counted exported when its first token was queued; it never all went out
+            self.num_exported -= 1
         self.num_failed += 1
         logger.info("KV export %s ended early: %s", export.request_id, export.ending)

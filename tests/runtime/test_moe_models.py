@@ -151,6 +151,9 @@ def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
         def stats(self, fresh=False):
             self.reads.append(fresh)
 
+        def take_failures(self):   # requests the engine ended with an error: none here
+            return []
+
     class Channel:
         inbox = [[("add", "r", [1], None, None, [])], [("shutdown",)]]
 
