@@ -124,6 +124,19 @@ class Kube:
         return self.request("PATCH", obj_path + "/status", body={"status": status}, content_type=MERGE_PATCH,
                             query={"fieldManager": FIELD_MANAGER})
 
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> bool:
+        """Merge-patches the pod's annotations (the ReplicaSet controller owns the rest of the pod); False if the pod
+        is gone meanwhile."""
+        try:
+            self.request("PATCH", resource_path("v1", "Pod", namespace, name),
+                         body={"metadata": {"annotations": annotations}}, content_type=MERGE_PATCH,
+                         query={"fieldManager": FIELD_MANAGER})
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
     def has_api(self, group_version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group/version`` (e.g. a CRD is installed)."""
         try:

@@ -6,8 +6,8 @@ import os
 import sys
 import time
 
-from kubeinfer.runtime.cli_lines import (add_trusted_header_args, log_level as _log_level, os_error_line,
-                                         parse_lora_modules, port_number)
+from kubeinfer.runtime.cli_lines import (add_trusted_header_args, comma_list, log_level as _log_level,
+                                         os_error_line, parse_lora_modules, port_number)
 from kubeinfer.runtime.cli_router import add_router_parser
 from kubeinfer.runtime.errors import ConfigError, KubeinferError
 
@@ -123,8 +123,8 @@ def add_kv_args(serve: argparse.ArgumentParser) -> None:
                            help=f"{help_text} [env KUBEINFER_{name.upper()}; default {defaults[name]}]")
     networks = _env("kv_source_networks")
     serve.add_argument("--kv-source-networks", dest="kv_source_networks",
-                       default=networks.split(",") if networks else list(defaults["kv_source_networks"]),
-                       type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+                       default=comma_list(networks) if networks else list(defaults["kv_source_networks"]),
+                       type=comma_list,
                        help="decode: the networks (CIDR, comma-separated) a request's KV source may be in "
                             "[env KUBEINFER_KV_SOURCE_NETWORKS; default private networks and loopback]")
     serve.add_argument("--kv-source-key-file", default=_env("kv_source_key_file"), metavar="PATH",

@@ -49,11 +49,12 @@ def add_trusted_header_args(parser: argparse.ArgumentParser) -> None:
                                              "--trusted-tenant-networks (a gateway that authenticates users); off by "
                                              "default [env KUBEINFER_TRUSTED_TENANT_HEADER]")
     networks = os.environ.get("KUBEINFER_TRUSTED_TENANT_NETWORKS")
-    parser.add_argument("--trusted-tenant-networks", type=_networks,
-                        default=_networks(networks) if networks else list(KV_SOURCE_NETWORKS),
+    parser.add_argument("--trusted-tenant-networks", type=comma_list,
+                        default=comma_list(networks) if networks else list(KV_SOURCE_NETWORKS),
                         help="comma-separated CIDRs the header is believed from [env KUBEINFER_TRUSTED_TENANT_NETWORKS; "
                              "default loopback and the private networks]")
 
 
-def _networks(text: str) -> list[str]:
+def comma_list(text: str) -> list[str]:
+    """`a, b,,c` -> ["a", "b", "c"] (comma-separated flags and their environment variables)."""
     return [part.strip() for part in text.split(",") if part.strip()]

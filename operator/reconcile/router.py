@@ -24,10 +24,8 @@ import json
 import logging
 from typing import Any
 
-from kubernetes.client import ApiException
-
 from kubeinfer.operator.config import OperatorConfig
-from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, Kube, resource_path
+from kubeinfer.operator.kube import Kube, resource_path
 from kubeinfer.operator.reconcile import builders, pod, security
 from kubeinfer.operator.reconcile.apply import delete_owned
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
@@ -208,14 +206,8 @@ def sync_endpoints(kube: Kube, owner: builders.Owner, replica_pods: list[dict[st
             continue
         value = wanted[ENDPOINTS_ANNOTATION] + (f", prefill {wanted[PREFILL_ENDPOINTS_ANNOTATION]}"
                                                 if prefill_pods is not None else "")
-        try:
-            kube.request("PATCH", resource_path("v1", "Pod", owner.namespace, meta["name"]),
-                         body={"metadata": {"annotations": wanted}},
-                         content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER})
-        except ApiException as e:
-            if e.status != 404:   # gone meanwhile: nothing to tell it
-                raise
-            continue
+        if not kube.annotate_pod(owner.namespace, meta["name"], wanted):
+            continue   # gone meanwhile: nothing to tell it
         writes += 1
         log.info("router pod %s/%s: replicas %s", owner.namespace, meta["name"], value)
     return writes

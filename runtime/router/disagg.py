@@ -20,7 +20,7 @@ import json
 import logging
 import time
 
-from kubeinfer.runtime.disagg.source_signature import FIELD as SIGNATURE, read_key, sign
+from kubeinfer.runtime.disagg.source_signature import FIELD as SIGNATURE_FIELD, read_key, sign
 from kubeinfer.runtime.router.affinity import Weights
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
@@ -30,7 +30,6 @@ from kubeinfer.runtime.router.settings import RouterSettings
 
 logger = logging.getLogger(__name__)
 SOURCE_FIELD = "kubeinfer_kv_source"
-SIGNATURE_FIELD = SIGNATURE
 TRANSFER_FAILED = b'"kv_transfer_failed"'
 FAILED_HOLD_SECONDS = 5.0
 PATHS = ("disaggregated", "fallback", "colocated")

@@ -2,7 +2,7 @@
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from kubeinfer.runtime.config import KV_SOURCE_NETWORKS
+from kubeinfer.runtime.config import KV_SOURCE_NETWORKS, PREFIX_CACHE_SHARING
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.router.affinity import Weights
 from kubeinfer.runtime.cli_lines import parse_lora_modules  # noqa: F401  (one parser for both commands)
@@ -63,8 +63,9 @@ class RouterSettings:
             raise ConfigError("a replica is in both pools: give it as --upstream (decode) or --prefill-upstream")
         if self.policy not in POLICIES:
             raise ConfigError(f"--policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
-        if self.prefix_cache_sharing not in ("tenant", "shared"):
-            raise ConfigError(f"--prefix-cache-sharing {self.prefix_cache_sharing!r}: expected tenant or shared")
+        if self.prefix_cache_sharing not in PREFIX_CACHE_SHARING:
+            raise ConfigError(f"--prefix-cache-sharing {self.prefix_cache_sharing!r}: expected one of "
+                              f"{', '.join(PREFIX_CACHE_SHARING)}")
         if self.max_in_flight_per_tenant is not None and self.max_in_flight_per_tenant < 1:
             raise ConfigError(f"--max-in-flight-per-tenant must be >= 1, got {self.max_in_flight_per_tenant}")
         if self.served_model_name is not None and self.served_model_name in self.lora_modules:

@@ -4,7 +4,7 @@ that one tenant's flood cannot take the router's waiting room or every replica s
 keys, quotas and their own fair queue; the router counts, and lets requests out of its waiting room in a tenant-fair
 order (router/waiting_room.py)."""
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.server.auth import ANONYMOUS, KeyRing, Tenant, load_api_keys
+from kubeinfer.runtime.server.auth import KeyRing, Tenant, load_api_keys
 from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader, tenant_for
 from kubeinfer.runtime.router.waiting_room import Refused
 
@@ -31,8 +31,6 @@ class TenantGate:
             named = self.trusted_header.named(headers, peer)
         except InvalidRequestError:
             named = None
-        if named is None and not self.keys.enabled:
-            return ANONYMOUS
         return tenant_for(self.keys, key, named)
 
     def forwarded(self, headers: list[tuple[bytes, bytes]], peer: str | None) -> list[tuple[bytes, bytes]]:

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.server import lora_api, openai_api, responses_api
+from kubeinfer.runtime.server import lora_api, lora_file, openai_api, responses_api
 from kubeinfer.runtime.server.engine_client import ENGINE_DEAD_CODE, EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
 from kubeinfer.runtime.server.admission import ServerState
@@ -117,9 +117,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def lora_adapters():
         """What the server serves and what it refused, without a key (as /metrics, which names the adapters too):
         the operator reads it for InferenceService status (docs/lora.md)."""
-        report = state.lora_file.report(state) if state.lora_file is not None else [
-            {"name": name, "path": path, "loaded": True, "message": ""} for name, path in state.loras.items()]
-        return {"adapters": report}
+        return {"adapters": lora_file.report(state.loras, state.lora_file.failed if state.lora_file else {})}
 
     @app.get("/v1/models")
     async def models(request: Request):

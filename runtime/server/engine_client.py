@@ -209,20 +209,14 @@ class EngineClient:
                 _, request_id, text = message
                 self.processor.abort(request_id)
                 self._deliver(request_id, InvalidRequestError(text))
-            elif kind == "transfer_failed":
-                _, request_id, text = message
+            elif kind in ("transfer_failed", "failed"):   # the engine ended it: a failed KV pull (502), or an
+                _, request_id, text = message               # adapter it could not read (500), saying why
                 output = self.processor.abort(request_id)
                 if output is not None:
                     output.finish_reason, output.error = "error", text
                     self.metrics.record_output(output, time.monotonic())
-                self._deliver(request_id, TransferError(text))
-            elif kind == "failed":   # the engine ended it (an adapter it could not read): a 500 saying why
-                _, request_id, text = message
-                output = self.processor.abort(request_id)
-                if output is not None:
-                    output.finish_reason, output.error = "error", text
-                    self.metrics.record_output(output, time.monotonic())
-                self._deliver(request_id, APIError(500, text, code="request_failed"))
+                self._deliver(request_id, TransferError(text) if kind == "transfer_failed"
+                              else APIError(500, text, code="request_failed"))
             elif kind == "lora_done":
                 reply = self._lora_replies.get(message[1])
                 if reply is not None and not reply.done():

@@ -34,6 +34,14 @@ def read_modules(text: str) -> dict[str, str]:
     return parse_lora_modules(words)
 
 
+def report(loras: dict[str, str], failed: dict[str, tuple[str, str, float]]) -> list[dict]:
+    """Each adapter served (`loras`: name -> folder) or refused (`LoraFile.failed`): {name, path, loaded, message},
+    for `GET /lora/adapters`."""
+    loaded = [{"name": n, "path": p, "loaded": True, "message": ""} for n, p in loras.items()]
+    return loaded + [{"name": n, "path": p, "loaded": False, "message": m}
+                     for n, (p, m, _) in failed.items() if n not in loras]
+
+
 class LoraFile:
     def __init__(self, path: str, started_with: dict[str, str]):
         self.path = path
@@ -90,12 +98,6 @@ class LoraFile:
             self.managed[name] = folder
             self.failed.pop(name, None)
             logger.info("LoRA adapter %s loaded from %s (%s)", name, folder, self.path)
-
-    def report(self, state: "ServerState") -> list[dict]:
-        """Each adapter served or refused: {name, path, loaded, message}, for `GET /lora/adapters`."""
-        loaded = [{"name": n, "path": p, "loaded": True, "message": ""} for n, p in state.loras.items()]
-        return loaded + [{"name": n, "path": p, "loaded": False, "message": m}
-                         for n, (p, m, _) in self.failed.items() if n not in state.loras]
 
     async def watch(self, state: "ServerState") -> None:
         while True:

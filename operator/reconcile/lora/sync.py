@@ -24,9 +24,8 @@ import logging
 from typing import Any
 
 import httpx
-from kubernetes.client import ApiException
 
-from kubeinfer.operator.kube import Kube, resource_path
+from kubeinfer.operator.kube import Kube
 from kubeinfer.operator.reconcile import pod as pod_builder
 from kubeinfer.operator.spec import GROUP
 
@@ -34,7 +33,6 @@ log = logging.getLogger(__name__)
 
 PORT = pod_builder.PORT
 LIST_ANNOTATION = f"{GROUP}/adapters-list"
-MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 WHY_PENDING = ("the replica loads it once its adapters list (refreshed by the kubelet within about a minute) names "
                "it and the fetcher has downloaded it")
@@ -105,18 +103,12 @@ def list_hash(desired: dict[str, str]) -> str:
 
 def nudge(kube: Kube, namespace: str, pods: list[dict[str, Any]], desired: dict[str, str]) -> int:
     """Writes the list's hash into each replica pod's annotation where it differs (not on pods being deleted);
-    returns the writes. A merge patch of one annotation: the ReplicaSet controller owns the rest of the pod."""
+    returns the writes."""
     wanted, writes = list_hash(desired), 0
     for p in pods:
         meta = p.get("metadata") or {}
         if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get(LIST_ANNOTATION) == wanted:
             continue
-        try:
-            kube.request("PATCH", resource_path("v1", "Pod", namespace, meta["name"]),
-                         body={"metadata": {"annotations": {LIST_ANNOTATION: wanted}}}, content_type=MERGE_PATCH)
-        except ApiException as e:
-            if e.status != 404:   # gone meanwhile
-                raise
-            continue
-        writes += 1
+        if kube.annotate_pod(namespace, meta["name"], {LIST_ANNOTATION: wanted}):
+            writes += 1
     return writes

@@ -5,6 +5,7 @@ import httpx
 import pytest
 
 from kubeinfer.operator.reconcile.lora import sync
+from kubeinfer.runtime.server import lora_file
 from kubeinfer.runtime.server.lora_file import read_modules
 from support import wait_for
 from support.lora import make_adapter
@@ -25,7 +26,7 @@ def write_and_wait(state, path, text: str) -> list[dict]:
     before = state.lora_file.passes
     path.write_text(text)
     wait_for(lambda: state.lora_file.passes > before, 120, "the watcher to apply the file")
-    return state.lora_file.report(state)
+    return lora_file.report(state.loras, state.lora_file.failed)
 
 
 def served(url: str) -> dict[str, dict]:
