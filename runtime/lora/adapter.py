@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.models.config import ModelConfig
@@ -65,6 +65,8 @@ def _read_config(folder: Path, name: str, max_rank: int) -> tuple[int, float]:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as error:
         raise LoraError(f"adapter {name!r}: {config_file} is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise LoraError(f"adapter {name!r}: {config_file} is not a JSON object")
     refusals = [(config.get("peft_type", "LORA") != "LORA", f"peft_type {config.get('peft_type')!r} (LORA only)"),
                 (bool(config.get("use_dora")), "DoRA (use_dora)"),
                 (config.get("bias", "none") != "none", f"trained biases (bias {config.get('bias')!r})"),
@@ -101,14 +103,7 @@ def load_adapter(name: str, path: str, model_config: ModelConfig, max_rank: int)
     weights_file = folder / "adapter_model.safetensors"
     if not weights_file.is_file():
         raise LoraError(f"adapter {name!r}: {weights_file} not found (safetensors weights only)")
-    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    with safe_open(str(weights_file), framework="pt") as tensors:
-        for key in tensors.keys():
-            parsed = _parse_key(key)
-            if parsed is None:
-                raise LoraError(f"adapter {name!r}: unexpected tensor {key} in {weights_file.name}")
-            layer, module, half = parsed
-            halves.setdefault((layer, module), {})[half] = tensors.get_tensor(key).float()
+    halves = _read_halves(name, weights_file)
     if not halves:
         raise LoraError(f"adapter {name!r}: {weights_file.name} holds no LoRA weights")
     weights = {}
@@ -129,7 +124,27 @@ def load_adapter(name: str, path: str, model_config: ModelConfig, max_rank: int)
             raise LoraError(f"{where}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit the base model "
                             f"(expected ({rank}, {d_in}) and ({d_out}, {rank}): an adapter of another base model?)")
         weights[(layer, module)] = (a, b * scaling)
-    return LoraAdapter(name, str(folder), rank, weights, content_digest(folder / "adapter_config.json", weights_file))
+    try:
+        digest = content_digest(folder / "adapter_config.json", weights_file)
+    except OSError as error:   # removed or replaced while being read
+        raise LoraError(f"adapter {name!r}: cannot read {path}: {error}") from None
+    return LoraAdapter(name, str(folder), rank, weights, digest)
+
+
+def _read_halves(name: str, weights_file: Path) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    """A and B of each (layer, module) in the file; a truncated, corrupt or vanishing file is the adapter's error."""
+    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    try:
+        with safe_open(str(weights_file), framework="pt") as tensors:
+            for key in tensors.keys():
+                parsed = _parse_key(key)
+                if parsed is None:
+                    raise LoraError(f"adapter {name!r}: unexpected tensor {key} in {weights_file.name}")
+                layer, module, half = parsed
+                halves.setdefault((layer, module), {})[half] = tensors.get_tensor(key).float()
+    except (OSError, SafetensorError) as error:
+        raise LoraError(f"adapter {name!r}: {weights_file} cannot be read ({error}): truncated or corrupt?") from None
+    return halves
 
 
 def content_digest(*files: Path) -> str:

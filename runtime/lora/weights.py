@@ -1,13 +1,17 @@
 """The adapters of one rank: its model's LoRA slots, and a host cache of adapters read from their folders
 (`max_cpu_loras` of them, least recently used dropped first). Every rank applies the same loads, decided by rank
-0's slot table, before a step's forward; a load reads the adapter from its folder only when it is not cached."""
+0's slot table, before a step's forward. Only rank 0 reads folders: it read the adapter when the slot was taken
+(slot_table's `prepare`, where a failure ends only that request), and it sends the weights to the other ranks in
+the step, so a folder that vanishes or changes meanwhile cannot fail a tensor-parallel worker's step."""
 from collections import OrderedDict
 
 import torch
+import torch.distributed as dist
 
 from kubeinfer.runtime.lora.adapter import LoraAdapter, LoraError, load_adapter
 from kubeinfer.runtime.lora.layers import attach_lora_slots
 from kubeinfer.runtime.models.config import ModelConfig
+from kubeinfer.runtime.parallel import world_rank, world_size
 
 
 class LoraWeights:
@@ -36,10 +40,19 @@ class LoraWeights:
         self.cache.pop(name, None)
 
     def apply(self, loads: list[tuple[int, str, str, str]]) -> None:
+        """Every rank, in the same step: fills each load's slot (this rank's shard of it)."""
         for slot, name, path, digest in loads:
             by_layer: dict[int, dict] = {}
-            for (layer, module), ab in self.read(name, path, digest).weights.items():
+            for (layer, module), ab in self._weights(name, path, digest).items():
                 by_layer.setdefault(layer, {})[module] = ab
             for layer, slots in self.layers.items():
                 for lora_slots in slots:
                     lora_slots.set_slot(slot, by_layer.get(layer, {}))
+
+    def _weights(self, name: str, path: str, digest: str) -> dict:
+        """Rank 0's copy of the adapter's weights, on every rank (the others receive it and read no file)."""
+        if world_size() == 1:
+            return self.read(name, path, digest).weights
+        box = [self.read(name, path, digest).weights if world_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]

@@ -115,6 +115,12 @@ def test_bad_adapters_are_refused_with_what_is_wrong(model_dirs, four_adapters, 
     no_weights = make_adapter(model_dirs["llama"], tmp_path / "no-weights", rank=8, seed=1)
     (no_weights / "adapter_model.safetensors").unlink()
     cases.append((no_weights, "adapter_model.safetensors not found"))
+    truncated = make_adapter(model_dirs["llama"], tmp_path / "truncated", rank=8, seed=1)
+    (truncated / "adapter_model.safetensors").write_bytes(b"\x10\x00")
+    cases.append((truncated, "cannot be read .*truncated or corrupt"))
+    not_an_object = make_adapter(model_dirs["llama"], tmp_path / "list-config", rank=8, seed=1)
+    (not_an_object / "adapter_config.json").write_text("[]")
+    cases.append((not_an_object, "is not a JSON object"))
     for path, message in cases:
         with pytest.raises(InvalidRequestError, match=message):
             llm.load_lora("bad", str(path))

@@ -118,6 +118,40 @@ def test_tp2_lora_adapters_match_tp1(model_dirs, tmp_path):
                         tp_outputs(model_dirs["qwen3"], 1, params=params, **settings))
 
 
+def test_tp2_workers_never_read_adapter_folders(model_dirs, tmp_path):
+    """Chaos (issue #56): an adapter's folder removed right after rank 0 read it for a slot, before the step that
+    loads the slot (the race a vanishing mount makes). Rank 0 sends the weights, so the worker's step still runs
+    and the tokens are TP=1's; an adapter whose folder is gone before rank 0 reads it ends only its own request."""
+    from support.lora import make_adapter
+    folders = {name: make_adapter(model_dirs["qwen3"], tmp_path / name, 8, seed=seed)
+               for name, seed in (("raced", 3), ("gone", 4))}
+    settings = dict(max_loras=1, max_cpu_loras=1, lora_modules={n: str(f) for n, f in folders.items()})
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP_N, lora_name=n)
+              for n in (None, "raced", None, "raced")]
+    reference = tp_outputs(model_dirs["qwen3"], 1, params=params, **settings)
+    with LLM(str(model_dirs["qwen3"]), tensor_parallel_size=2, max_num_batched_tokens=64, num_kvcache_blocks=64,
+             **settings) as llm:
+        slots = llm.engine.scheduler.loras
+        read_by_rank0 = slots.prepare
+
+        def read_then_vanish(name, path, digest):
+            adapter = read_by_rank0(name, path, digest)
+            shutil.rmtree(path)
+            return adapter
+
+        slots.prepare = read_then_vanish
+        prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+        assert_same_outputs(llm.generate(prompt_ids, params), reference)
+        assert not folders["raced"].exists()   # removed before the worker's step, which never needed it
+        shutil.rmtree(folders["gone"])
+        mixed = llm.generate(prompt_ids[:2], [params[0], SamplingParams(max_tokens=MAX_TOKENS, lora_name="gone")])
+        assert mixed[0].token_ids == reference[0].token_ids
+        assert mixed[1].finish_reason == "error" and "is not a folder" in mixed[1].error
+        workers = llm.engine.model_runner.workers.processes
+        assert [p.exitcode for p in workers] == [None]
+    assert [p.exitcode for p in workers] == [0]
+
+
 def test_one_tensor_parallel_engine_per_process(llama_dir):
     with LLM(str(llama_dir), tensor_parallel_size=2, num_kvcache_blocks=16):
         with pytest.raises(RuntimeError, match="one parallel engine per process"):
