@@ -149,6 +149,9 @@ def pool_deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorCo
     template["metadata"]["labels"].update(role_label)
     container = template["spec"]["containers"][0]
     container["args"] += pools.kv_args(spec, role, config)
+    if (key := pools.kv_source_key_volume(spec, role)) is not None:
+        template["spec"]["volumes"].append(key[0])
+        container["volumeMounts"].append(key[1])
     if role == "prefill":
         container["ports"].append(pools.kv_container_port(spec))
     return _finish("apps/v1", "Deployment", owner, body, name=pools.pool_name(owner.name, role))

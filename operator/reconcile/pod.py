@@ -46,6 +46,7 @@ COMPILE_CACHE_ENV = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "t
                      "CUDA_CACHE_PATH": "cuda", "KUBEINFER_KERNEL_CACHE_DIR": "kernels"}
 API_KEYS_DIR = "/etc/kubeinfer/api-keys"
 API_KEYS_FILE = f"{API_KEYS_DIR}/keys"
+KV_SOURCE_KEY_FILE = "/etc/kubeinfer/kv-source-key/key"   # decode pods and the router (disaggregation)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CPU_KV_CACHE_SHARE = 0.25
@@ -168,14 +169,23 @@ def volumes(spec: InferenceServiceSpec,
         vols.append(model)
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     if (ref := spec.keys_secret_ref) is not None:
-        vols.append({"name": "api-keys", "secret": {
-            "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
-        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+        volume, mount = secret_file("api-keys", ref.name, ref.key, API_KEYS_FILE)
+        vols.append(volume)
+        mounts.append(mount)
     if spec.runtime.lora is not None:
         assert service, "the adapters' ConfigMap is named after the InferenceService"
         vols += lora_fetch.volumes(spec, service)
         mounts += lora_fetch.runtime_mounts(spec)
     return vols, mounts
+
+
+def secret_file(volume: str, secret: str, key: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the pod's volume, the container's mount) that show key `key` of Secret `secret` as the read-only file
+    `path`: the kubelet reads the Secret, the operator never does."""
+    folder, file = path.rsplit("/", 1)
+    return ({"name": volume, "secret": {"secretName": secret, "items": [{"key": key, "path": file}],
+                                        "defaultMode": 0o440}},
+            {"name": volume, "mountPath": folder, "readOnly": True})
 
 
 def compile_cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:

@@ -12,7 +12,8 @@ Policy, decided here (docs/disaggregation.md, "The operator", argues it):
   cluster's pod CIDRs) when it is set, else the runtime's default (the private networks and loopback, which hold
   the pod IPs of ordinary clusters). The router alone names a KV source: it drops the field from clients' bodies;
   a client reaching a decode pod directly (the Service `NAME`) could name one, so where clients are not trusted a
-  NetworkPolicy should keep them off the replicas' port (docs/disaggregation.md).
+  NetworkPolicy should keep them off the replicas' port (docs/disaggregation.md), or the hints be signed:
+  with `kvSourceKeySecretRef`, decode pods and the router mount that Secret key and run `--kv-source-key-file`.
 - The colocated Deployment `NAME` and the pools' never both exist: turning disaggregation on deletes `NAME`,
   turning it off deletes the pools' (reconcile.controller).
 """
@@ -22,7 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile import pod
 from kubeinfer.operator.spec import GROUP, POOLS, InferenceServiceSpec
+from kubeinfer.operator.spec.disaggregation import KvSourceKeyRef
 
 POOL_LABEL = f"{GROUP}/pool"
 POOL_SERIES_LABEL = "pool"   # the label the scraped series carry (ServiceMonitor relabeling)
@@ -50,7 +53,21 @@ def kv_args(spec: InferenceServiceSpec, role: str, config: OperatorConfig) -> li
     if role == "prefill":
         return ["--kv-role", "prefill", "--kv-port", str(spec.disaggregation.kv_port)]
     networks = ["--kv-source-networks", ",".join(config.pod_networks)] if config.pod_networks else []
-    return ["--kv-role", "decode", *networks]
+    signed = ["--kv-source-key-file", pod.KV_SOURCE_KEY_FILE] if kv_source_key_ref(spec) is not None else []
+    return ["--kv-role", "decode", *networks, *signed]
+
+
+def kv_source_key_ref(spec: InferenceServiceSpec) -> KvSourceKeyRef | None:
+    """The Secret key that signs KV-source hints (None: unsigned, or not disaggregated)."""
+    return spec.disaggregation.kv_source_key_secret_ref if spec.disaggregation is not None else None
+
+
+def kv_source_key_volume(spec: InferenceServiceSpec, role: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The decode pods' (volume, mount) of the signing key; None for prefill pods or unsigned hints."""
+    ref = kv_source_key_ref(spec)
+    if role != "decode" or ref is None:
+        return None
+    return pod.secret_file("kv-source-key", ref.name, ref.key, pod.KV_SOURCE_KEY_FILE)
 
 
 def kv_container_port(spec: InferenceServiceSpec) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, resource_path
-from kubeinfer.operator.reconcile import builders, pod, security
+from kubeinfer.operator.reconcile import builders, pod, pools, security
 from kubeinfer.operator.reconcile.apply import delete_owned
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
 
@@ -91,6 +91,7 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
         *(["--trusted-tenant-header", spec.trusted_tenant_header] if spec.trusted_tenant_header else []),
         # The replicas above are then the decode pool.
         *(["--prefill-endpoints-file", PREFILL_ENDPOINTS_FILE] if spec.disaggregation is not None else []),
+        *(["--kv-source-key-file", pod.KV_SOURCE_KEY_FILE] if pools.kv_source_key_ref(spec) is not None else []),
     ]
 
 
@@ -121,10 +122,14 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
     volumes = [{"name": "endpoints", "downwardAPI": {"items": [
         {"path": path, "fieldRef": {"fieldPath": f"metadata.annotations['{annotation}']"}}
         for path, annotation in files]}}]
+    secrets = []
     if (ref := spec.keys_secret_ref) is not None:   # the same Secret as the replicas'
-        volumes.append({"name": "api-keys", "secret": {
-            "secretName": ref.name, "items": [{"key": ref.key, "path": "keys"}], "defaultMode": 0o440}})
-        container["volumeMounts"].append({"name": "api-keys", "mountPath": pod.API_KEYS_DIR, "readOnly": True})
+        secrets.append(pod.secret_file("api-keys", ref.name, ref.key, pod.API_KEYS_FILE))
+    if (key_ref := pools.kv_source_key_ref(spec)) is not None:   # the decode pods' key: it signs their KV sources
+        secrets.append(pod.secret_file("kv-source-key", key_ref.name, key_ref.key, pod.KV_SOURCE_KEY_FILE))
+    for volume, mount in secrets:
+        volumes.append(volume)
+        container["volumeMounts"].append(mount)
     return {
         "containers": [container],
         "volumes": volumes,

@@ -14,6 +14,9 @@ Policy, decided here (each rule once as CEL for the API server and once as a pyd
 - One process per replica (`parallelism.tensor` and `parallelism.expert` 1): the KV transfer sends one process's
   cache. The pools share `spec.parallelism`, so they never differ in it; they may differ in `resources`.
 - No LoRA (`runtime.lora`): a pulled request cannot carry an adapter yet.
+- Signed KV-source hints are on when `kvSourceKeySecretRef` names a Secret: the router and the decode pods mount its
+  key (the kubelet does; the operator never reads it) and a decode replica then pulls only from a source the router
+  signed. Off by default, since the key is the user's to create (the operator may not write Secrets).
 """
 
 from __future__ import annotations
@@ -147,6 +150,13 @@ class DecodePoolSpec(PoolSpec):
                                   "(with targetITLP95Seconds) inter-token latency; set on both pools or neither.")
 
 
+class KvSourceKeyRef(SpecModel):
+    name: str = Field(max_length=253, description="Secret in the InferenceService's namespace.")
+    key: str = Field(default="kv-source-key", max_length=253,
+                     description="Key of the Secret holding the shared key (at least 16 bytes, e.g. "
+                                 "`openssl rand -hex 32`).")
+
+
 class Disaggregation(SpecModel):
     """Prefill and decode on separate pools of replicas, paired per request by the router."""
 
@@ -160,6 +170,12 @@ class Disaggregation(SpecModel):
             f"self != {RUNTIME_PORT}", f"disaggregation.kvPort must not be {RUNTIME_PORT}, the replicas' HTTP port")]})
     prefill: PoolSpec = Field(description="The replicas that compute prompts' KV and first tokens.")
     decode: DecodePoolSpec = Field(description="The replicas that pull the KV and stream the answers.")
+    kv_source_key_secret_ref: KvSourceKeyRef | None = Field(
+        default=None,
+        description="A Secret key shared by the router and the decode replicas: the router signs each KV-source "
+                    "hint with it and a decode replica pulls KV only from a source so signed (a client reaching a "
+                    "decode pod directly cannot name one). Unset: decode replicas take a source inside the pod "
+                    "networks from anyone who reaches them.")
 
     @model_validator(mode="after")
     def _pools(self) -> Disaggregation:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import secrets
 import statistics
 import time
 from collections.abc import Iterator
@@ -173,8 +174,12 @@ def test_itl_of_running_streams_colocated_against_disaggregated_at_the_same_pod_
 
     # The same two pods' worth, split: the colocated Deployment goes, one prefill and one decode replica come.
     started = time.monotonic()
-    patch(kube, ns, {"spec": {"replicas": None, "disaggregation": {"prefill": {"replicas": 1},
-                                                                   "decode": {"replicas": 1}}}})
+    # Signed KV-source hints (issue #56): the router and the decode pod mount this key; the operator never reads it.
+    kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", body={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-key"},
+        "stringData": {"kv-source-key": secrets.token_hex(32)}})
+    patch(kube, ns, {"spec": {"replicas": None, "disaggregation": {
+        "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kvSourceKeySecretRef": {"name": "kv-key"}}}})
     eventually(lambda: kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}") is None, 60,
                "the colocated Deployment deleted", 0.5)
     eventually(lambda: len(replica_urls(kube, ns, "prefill")) == 1 and len(replica_urls(kube, ns, "decode")) == 1,
@@ -197,6 +202,15 @@ def test_itl_of_running_streams_colocated_against_disaggregated_at_the_same_pod_
     # Every request of the load went through a KV transfer, none fell back.
     assert paths["fallback"] == 0 and paths["colocated"] == 0 and \
         paths["disaggregated"] == IDLE_SAMPLES + NUM_STREAMS + split["long_prompts"], paths
+
+    # Every transfer above was signed by the router; a client reaching the decode pod directly cannot name a source.
+    [decode_url], [prefill_url] = replica_urls(kube, ns, "decode"), replica_urls(kube, ns, "prefill")
+    source = prefill_url.removeprefix("http://").replace(":8000", ":9100")
+    for extra in ({}, {"kubeinfer_kv_source_signature": "9999999999.00"}):
+        refused = httpx.post(decode_url + "/v1/completions", timeout=REQUEST_TIMEOUT_S, json={
+            "model": NAME, "prompt": "hi", "max_tokens": 1, "kubeinfer_kv_source": source, **extra})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "kubeinfer_kv_source_signature", refused.text
 
     figures = {
         f"disaggregation: ITL P99 of {NUM_STREAMS} running streams, ~{LONG_PROMPT_TOKENS}-token prompts arriving, "

@@ -50,3 +50,30 @@ def test_the_service_monitor_copies_the_pool_label_only_with_disaggregation() ->
                                           "targetLabel": "pool", "action": "replace"}]
     [colocated] = builders.service_monitor(parse_spec({"model": {"uri": "pvc://m/q"}}), OWNER)["spec"]["endpoints"]
     assert "relabelings" not in colocated
+
+
+def _file_of(pod_spec: dict, flag: str) -> tuple[str, dict]:
+    """The path a container's `flag` names, and the Secret item the kubelet puts there (through the mounts)."""
+    container = pod_spec["containers"][0]
+    path = container["args"][container["args"].index(flag) + 1]
+    folder, file = path.rsplit("/", 1)
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+    [volume] = [v for v in pod_spec["volumes"] if v["name"] == mount["name"]]
+    [item] = [i for i in volume["secret"]["items"] if i["path"] == file]
+    return volume["secret"]["secretName"], item
+
+
+def test_signed_kv_sources_mount_one_secret_key_in_the_router_and_the_decode_pods_only() -> None:
+    from kubeinfer.operator.reconcile import router
+    flag = "--kv-source-key-file"
+    signed = parse_spec(RAW | {"disaggregation": RAW["disaggregation"] | {"kvSourceKeySecretRef": {"name": "kv"}}})
+    decode = builders.pool_deployment(signed, OWNER, OperatorConfig(), "decode")["spec"]["template"]["spec"]
+    router_pod = router.pod_spec(signed, OWNER, OperatorConfig())
+    for pod_spec in (decode, router_pod):
+        assert _file_of(pod_spec, flag) == ("kv", {"key": "kv-source-key", "path": "key"})
+    prefill = builders.pool_deployment(signed, OWNER, OperatorConfig(), "prefill")["spec"]["template"]["spec"]
+    assert flag not in prefill["containers"][0]["args"]
+    assert not any("secret" in v for v in prefill["volumes"])
+    unsigned = parse_spec(RAW)
+    assert flag not in router.router_args(unsigned, OWNER)
+    assert flag not in args(builders.pool_deployment(unsigned, OWNER, OperatorConfig(), "decode"))
