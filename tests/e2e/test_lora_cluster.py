@@ -11,7 +11,6 @@ sidecar's list, `--lora-modules-file`); the operator only reads what it serves, 
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -26,11 +25,10 @@ from support import streams
 from support.cluster import (
     OperatorProcess, condition, eventually, isvc_path, namespace_scene, ready_pods, service_url, start_operator,
 )
+from support.hub_pod import start_hub
 
 NAME, ADAPTER, REPO = "tuned", "sql", "org/sql-lora"
 PROMPT, MAX_TOKENS = "SELECT name FROM", 12
-HUB_PORT = 8080
-STANDIN = Path(__file__).resolve().parents[1] / "support" / "hub_standin.py"
 # What may pass between the spec change and the adapter serving: the kubelet's refresh of the mounted ConfigMap
 # (its sync period, 60 s, plus its cache TTL), the sidecar's 5 s round, the operator's 15 s adapter pass.
 ADAPTER_DEADLINE_S = 60 + 60 + 5 + 15 + 30
@@ -53,27 +51,7 @@ def scene(kube: Any, crds: None, pod_to_pod: None, runtime_image: str,
     demo_dir, adapter = demo_and_adapter(root, monkeypatch)
     with namespace_scene(kube) as (ns, stack):
         stack.callback(monkeypatch.undo)
-        base = f"/api/v1/namespaces/{ns}"
-        kube.request("POST", f"{base}/configmaps", body={
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "adapter-files"},
-            "data": {"hub_standin.py": STANDIN.read_text()},
-            "binaryData": {f.name: base64.b64encode(f.read_bytes()).decode() for f in adapter.iterdir()
-                           if f.is_file()}})
-        copy = "mkdir -p /tmp/adapter && cp /files/adapter_* /tmp/adapter/ && "
-        kube.request("POST", f"{base}/pods", body={
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hub", "labels": {"app": "hub"}},
-            "spec": {"containers": [{
-                "name": "hub", "image": runtime_image, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", copy + f"exec python3 /files/hub_standin.py {REPO} /tmp/adapter {HUB_PORT}"],
-                "volumeMounts": [{"name": "files", "mountPath": "/files"}],
-                "readinessProbe": {"tcpSocket": {"port": HUB_PORT}, "periodSeconds": 1}}],
-                "volumes": [{"name": "files", "configMap": {"name": "adapter-files"}}]}})
-        pod = eventually(lambda: (p := kube.get(f"{base}/pods/hub")) and p["status"].get("podIP")
-                         and any(c["type"] == "Ready" and c["status"] == "True"
-                                 for c in p["status"].get("conditions", [])) and p, 120, "the stand-in Hub pod Ready")
-        url = f"http://{pod['status']['podIP']}:{HUB_PORT}"
-        kube.request("POST", f"{base}/secrets", body={
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hub"}, "stringData": {"HF_ENDPOINT": url}})
+        url = start_hub(kube, ns, runtime_image, {REPO: adapter})
         start_operator(stack, kube, OperatorProcess(ns, root / "operator.log", image=runtime_image))
         yield ns, demo_dir, adapter, url
 

@@ -52,13 +52,17 @@ class Load:
     """`concurrency` clients sending greedy requests of `max_tokens` to `base_url` (an OpenAI `/v1` base) until
     `finish()`; `limit_s` stops them by itself."""
 
-    def __init__(self, base_url: str, model: str, concurrency: int, max_tokens: int, queue_timeout_s: float,
-                 limit_s: float):
-        self.base_url, self.model, self.concurrency, self.max_tokens = base_url, model, concurrency, max_tokens
+    def __init__(self, base_url: str, model: str | list[str], concurrency: int, max_tokens: int,
+                 queue_timeout_s: float, limit_s: float, api_keys: list[str] | None = None, prompt_repeat: int = 1,
+                 bound_s: float | None = None):
+        self.base_url, self.concurrency, self.max_tokens = base_url, concurrency, max_tokens
+        self.prompt_repeat = prompt_repeat   # the prompt said this many times (long prompts: long KV transfers)
+        self.models = [model] if isinstance(model, str) else model   # client c asks models[c % len]
+        self.api_keys = api_keys                                      # and sends api_keys[c % len], if any
         self.queue_timeout_s, self.limit_s = queue_timeout_s, limit_s
         self.outcomes: list[Outcome] = []
         self.expected: dict[int, str] = {}   # each client's text from its warm-up request
-        self.bound_s: float | None = None
+        self.bound_s = bound_s   # given: no warm-up (a flood, whose requests may be refused from the start)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warm = threading.Event()
@@ -88,10 +92,18 @@ class Load:
 
     def differs(self) -> int:
         """Completed streams whose text is not their prompt's uninterrupted (warm-up) text."""
-        return sum(1 for o in self.outcomes if o.outcome == "completed" and o.text != self.expected.get(o.client))
+        return sum(1 for o in self.outcomes if o.outcome == "completed" and o.client in self.expected
+                   and o.text != self.expected[o.client])
 
     def prompt(self, client: int) -> str:
-        return f"Chaos client {client}: tell me about the history of container orchestration, part {client}."
+        return " ".join([f"Chaos client {client}: tell me about the history of container orchestration, part "
+                         f"{client}."] * self.prompt_repeat)
+
+    def model_of(self, client: int) -> str:
+        return self.models[client % len(self.models)]
+
+    def headers_of(self, client: int) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_keys[client % len(self.api_keys)]}"} if self.api_keys else {}
 
     def _run(self) -> None:
         try:
@@ -102,13 +114,14 @@ class Load:
 
     async def _main(self) -> None:
         deadline = time.monotonic() + self.limit_s
-        # Warm-up: one streamed request per client at once, as unbounded as the test's own limit.
-        warm = await asyncio.gather(*(self._one(c, True, self.limit_s) for c in range(self.concurrency)))
-        bad = [o for o in warm if o.outcome != "completed"]
-        if bad:
-            raise AssertionError(f"warm-up requests did not complete: {bad[:3]}")
-        self.expected = {c: o.text for c, o in enumerate(warm)}
-        self.bound_s = self.queue_timeout_s + (MAX_RESUMES + 1) * max(o.seconds for o in warm)
+        if self.bound_s is None:
+            # Warm-up: one streamed request per client at once, as unbounded as the test's own limit.
+            warm = await asyncio.gather(*(self._one(c, True, self.limit_s) for c in range(self.concurrency)))
+            bad = [o for o in warm if o.outcome != "completed"]
+            if bad:
+                raise AssertionError(f"warm-up requests did not complete: {bad[:3]}")
+            self.expected = {c: o.text for c, o in enumerate(warm)}
+            self.bound_s = self.queue_timeout_s + (MAX_RESUMES + 1) * max(o.seconds for o in warm)
         self._warm.set()
 
         async def client(c: int) -> None:
@@ -127,7 +140,7 @@ class Load:
         return Outcome(client, outcome, detail, streamed, started, time.monotonic() - started, text)
 
     async def _request(self, client: int, streamed: bool) -> tuple[str, str, str]:
-        body = {"model": self.model, "prompt": self.prompt(client), "max_tokens": self.max_tokens,
+        body = {"model": self.model_of(client), "prompt": self.prompt(client), "max_tokens": self.max_tokens,
                 "temperature": 0, "ignore_eos": True}
         if streamed:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -135,7 +148,8 @@ class Load:
         limits = httpx.Limits(max_keepalive_connections=0)
         try:
             async with httpx.AsyncClient(limits=limits, timeout=None) as http:
-                async with http.stream("POST", self.base_url + "/completions", json=body) as response:
+                async with http.stream("POST", self.base_url + "/completions", json=body,
+                                       headers=self.headers_of(client)) as response:
                     if response.status_code != 200:
                         return clean_error(response.status_code, await response.aread())
                     if not streamed:

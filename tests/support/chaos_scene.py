@@ -22,7 +22,7 @@ import httpx
 
 from support.chaos_load import Load, Outcome
 from support.cluster import (
-    OperatorProcess, condition, eventually, pods_of, ready_pods, service_url,
+    OperatorProcess, condition, eventually, pod_counter, pods_of, ready_pods, service_url,
 )
 from support.router_view import metrics, replica_urls, router_pods, told, total
 
@@ -46,10 +46,19 @@ class Scene:
     name: str = NAME
     replicas: int = REPLICAS
     concurrency: int = CONCURRENCY
+    models: list[str] | None = None     # what each load client asks for (default: the service's name)
+    api_keys: list[str] | None = None   # and the key each sends, if the service has keys
+    prompt_repeat: int = 1              # each client's prompt said this many times
+    current_load: Load | None = None    # the load of the fault running now (run_fault)
 
     @property
     def router_url(self) -> str:
         return service_url(self.kube, self.ns, f"{self.name}-router")
+
+    def load(self, max_tokens: int, concurrency: int | None = None, api_keys: list[str] | None = None) -> Load:
+        """The steady load of this scene (not started)."""
+        return Load(self.router_url, self.models or self.name, concurrency or self.concurrency, max_tokens,
+                    QUEUE_TIMEOUT_S, LOAD_LIMIT_S, api_keys or self.api_keys, self.prompt_repeat)
 
     def serving(self) -> bool:
         """Every replica Ready (`replicas` of them, none other), every router pod Ready and told exactly those, and a
@@ -63,7 +72,8 @@ class Scene:
                 told(p) == want and condition(p, "Ready").get("status") == "True" for p in routers):
             return False
         answer = httpx.post(self.router_url + "/completions", timeout=QUEUE_TIMEOUT_S + 30, json={
-            "model": self.name, "prompt": "probe", "max_tokens": 2, "ignore_eos": True})
+            "model": self.name, "prompt": "probe", "max_tokens": 2, "ignore_eos": True},
+            headers={"Authorization": f"Bearer {self.api_keys[0]}"} if self.api_keys else None)
         return answer.status_code == 200
 
     def router_counters(self) -> dict[str, dict[str, float]]:
@@ -85,6 +95,27 @@ def create_service(kube: Any, ns: str, spec: dict[str, Any], name: str = NAME) -
         "spec": spec})
 
 
+# The engine is the API process's child, started by multiprocessing's spawn (runtime/server/engine_start.py):
+# its command line holds `spawn_main`. `[s]` keeps the pattern from matching the shell's own command line.
+KILL_ENGINE = "kill -9 $(grep -la '[s]pawn_main' /proc/[0-9]*/cmdline | cut -d/ -f3)"
+
+
+def restarts(scene: Scene, pod: str) -> int:
+    return scene.kube.get(f"/api/v1/namespaces/{scene.ns}/pods/{pod}")["status"]["containerStatuses"][0]["restartCount"]
+
+
+def busiest_replica(scene: Scene) -> dict:
+    """The Ready replica pod running the most requests, once one runs any (the router may keep the load on one
+    replica: a victim with nothing running would show nothing)."""
+    def busiest() -> dict | None:
+        running = {p["metadata"]["name"]: (pod_counter(p, "kubeinfer_num_requests_running"), p)
+                   for p in ready_pods(scene.kube, scene.ns, scene.name)}
+        count, pod = max(running.values(), key=lambda item: item[0])
+        print(f"\nchaos: requests running per replica {({name: n for name, (n, _) in running.items()})}")
+        return pod if count > 0 else None
+    return eventually(busiest, 60, "a replica running requests", 0.2)
+
+
 def run_fault(scene: Scene, fault: str, injected: str, inject: Callable[[], Any],
               recovered: Callable[[], bool] | None = None, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """One row of the chaos table: `inject()` (which returns once the fault is in place, or over for a fault
@@ -93,7 +124,7 @@ def run_fault(scene: Scene, fault: str, injected: str, inject: Callable[[], Any]
     a fault that gives the replica a moment to finish)."""
     eventually(scene.serving, RECOVERY_LIMIT_S, "the service serving at its replica count before the fault", 1)
     before = scene.router_counters()
-    load = Load(scene.router_url, scene.name, scene.concurrency, max_tokens, QUEUE_TIMEOUT_S, LOAD_LIMIT_S).start()
+    load = scene.current_load = scene.load(max_tokens).start()
     try:
         time.sleep(SETTLE_S)
         fault_at = time.monotonic()
@@ -112,15 +143,17 @@ def run_fault(scene: Scene, fault: str, injected: str, inject: Callable[[], Any]
            "resumed": int(resumes["resumed"]), "retried": int(resumes["retried"]), "failed": counts["failed"],
            "lost": counts["lost"], "differs": load.differs(), "recovery_s": round(recovery, 1),
            "inject_s": round(in_place, 1),
-           "bound_s": round(load.bound_s, 1), "problems": [describe(o) for o in outcomes if o.outcome != "completed"],
+           "bound_s": round(load.bound_s, 1),
+           "problems": [describe(o, load) for o in outcomes if o.outcome != "completed"],
            "routers_before": before, "routers_after": after}
     ROWS.append(row)
     print(f"\nchaos: {json.dumps(row)}")
     return row
 
 
-def describe(outcome: Outcome) -> str:
-    return f"{outcome.outcome} ({'stream' if outcome.streamed else 'plain'}, {outcome.seconds:.1f} s): {outcome.detail}"
+def describe(outcome: Outcome, load: Load) -> str:
+    return (f"{outcome.outcome} ({load.model_of(outcome.client)}, {'stream' if outcome.streamed else 'plain'}, "
+            f"{outcome.seconds:.1f} s): {outcome.detail}")
 
 
 def assert_nothing_lost(row: dict[str, Any]) -> None:

@@ -5,38 +5,17 @@ a replica pod (its container restarts). Each: nothing lost, and the service back
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from support.chaos_scene import MAX_TOKENS, Scene, assert_nothing_lost, run_fault
-from support.cluster import eventually, pod_counter, ready_pods
+from support.chaos_scene import (
+    KILL_ENGINE, MAX_TOKENS, Scene, assert_nothing_lost, busiest_replica, restarts, run_fault,
+)
+from support.cluster import eventually
+from support.kubectl import exec_in
 from support.pod_log import LogTail
 from support.router_view import router_pods
 
 pytestmark = pytest.mark.chaos
-# The engine is the API process's child, started by multiprocessing's spawn (runtime/server/engine_start.py):
-# its command line holds `spawn_main`. `[s]` keeps the pattern from matching the shell's own command line.
-KILL_ENGINE = "kill -9 $(grep -la '[s]pawn_main' /proc/[0-9]*/cmdline | cut -d/ -f3)"
-
-
-def restarts(scene: Scene, pod: str) -> int:
-    return scene.kube.get(f"/api/v1/namespaces/{scene.ns}/pods/{pod}")["status"]["containerStatuses"][0]["restartCount"]
-
-
-def busiest_replica(scene: Scene) -> dict:
-    """The Ready replica pod running the most requests, once one runs any (the router may keep the load on one
-    replica: a victim with nothing running would show nothing)."""
-    def busiest() -> dict | None:
-        running = {p["metadata"]["name"]: (pod_counter(p, "kubeinfer_num_requests_running"), p)
-                   for p in ready_pods(scene.kube, scene.ns, scene.name)}
-        count, pod = max(running.values(), key=lambda item: item[0])
-        print(f"\nchaos: requests running per replica {({name: n for name, (n, _) in running.items()})}")
-        return pod if count > 0 else None
-    return eventually(busiest, 60, "a replica running requests", 0.2)
 
 
 def delete_pod(scene: Scene, name: str, grace_s: int | None = None) -> None:
@@ -81,17 +60,13 @@ def test_a_router_pod_deleted_under_load_loses_nothing(scene: Scene) -> None:
 
 
 def test_the_engine_process_killed_inside_a_replica_pod_loses_nothing(scene: Scene) -> None:
-    kubectl = shutil.which("kubectl") or shutil.which("kubectl", path=str(Path(sys.executable).parent))
-    if kubectl is None:
-        pytest.skip("kubectl is not on the PATH (make e2e installs it)")
     victim = {}
 
     def inject() -> None:
         pod = busiest_replica(scene)
         victim["name"] = pod["metadata"]["name"]
         victim["restarts"] = pod["status"]["containerStatuses"][0]["restartCount"]
-        subprocess.run([kubectl, "exec", "-n", scene.ns, victim["name"], "--", "sh", "-c", KILL_ENGINE],
-                       check=True, timeout=60)
+        exec_in(scene.ns, victim["name"], "runtime", KILL_ENGINE)
         # In place once the kubelet saw the container exit (the API process follows its engine).
         eventually(lambda: restarts(scene, victim["name"]) > victim["restarts"], 120, "the container restarted", 0.2)
     row = run_fault(scene, "engine process killed", "kubectl exec: kill -9 of the engine process in a replica pod",
