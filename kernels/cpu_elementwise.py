@@ -1,4 +1,5 @@
-"""RMSNorm, rotary embedding and SiLU-and-mul on the CPU, one pass each: the launcher of `csrc/elementwise_cpu.c`.
+"""RMSNorm, rotary embedding, SiLU-and-mul and the paged K/V store on the CPU, one pass each: the launcher of
+`csrc/elementwise_cpu.c`.
 
 Scope: fp32 or bf16 CPU tensors whose last dimension is contiguous, all of a call in one dtype (others take the
 PyTorch references; bf16 rounds where the reference does, see the C source). Each
@@ -26,6 +27,7 @@ def _kernels() -> dict | None:
             "kubeinfer_rms_norm": [p, i64, i64, i64, i64, p, p, i64, f32, p, p, i32],
             "kubeinfer_rotary": [p, i64, p, i64, i64, p, i64, i64, i64, p, p, p, i32],
             "kubeinfer_silu_and_mul": [p, i64, i64, i64, p, i32],
+            "kubeinfer_store_kv": [p, i64, p, i64, p, p, p, i64, i64, i64],
         }
         functions = {}
         for name, argtypes in signatures.items():
@@ -107,3 +109,24 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
                                                   x.dtype == torch.bfloat16)
     assert status == 0
     return out
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> bool:
+    """As `references.store_kv` for key and value `[T, KVH, D]` in the caches' dtype, each token's heads contiguous
+    (views split out of the QKV projection qualify), into contiguous caches; False (nothing written) where this
+    kernel does not apply. Replaces six to eight tensor ops a layer (a mask, its check, two index copies)."""
+    if (key.dim() != 3 or value.shape != key.shape or k_cache.dtype != key.dtype or v_cache.dtype != key.dtype
+            or not _runs(key, value, k_cache, v_cache) or not k_cache.is_contiguous() or not v_cache.is_contiguous()):
+        return False
+    tokens, heads, d = key.shape
+    row = k_cache.shape[2] * k_cache.shape[3]
+    if (heads * d != row or v_cache.shape != k_cache.shape or key.stride(1) != d or value.stride(1) != d
+            or slot_mapping.shape != (tokens,)):
+        return False
+    slots = slot_mapping.to(torch.int64).contiguous()
+    status = _kernels()["kubeinfer_store_kv"](
+        key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        slots.data_ptr(), tokens, row, key.element_size())
+    assert status == 0
+    return True

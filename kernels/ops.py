@@ -25,6 +25,10 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     if use_triton(key):
         from kubeinfer.kernels.kv_store import store_kv as triton_store_kv
         return triton_store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if use_cpu_native(key):
+        from kubeinfer.kernels import cpu_elementwise
+        if cpu_elementwise.store_kv(key, value, k_cache, v_cache, slot_mapping):
+            return None
     return references.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 

@@ -145,3 +145,20 @@ int kubeinfer_silu_and_mul(const void *x, int64_t rows, int64_t row_stride, int6
     else silu_and_mul(x, rows, row_stride, d, out, 0);
     return 0;
 }
+
+/* The paged K/V cache write: token t's K row (and V row), `row` elements of every KV head at key + t * key_stride
+   (value + t * value_stride), copied to slot slots[t] of the caches (contiguous, `row` elements a slot); a token
+   whose slot is negative (padding) is skipped. The caches hold the rows' own dtype (`size` bytes an element): a
+   plain copy, as the reference's index_copy_. */
+int kubeinfer_store_kv(const void *key, int64_t key_stride, const void *value, int64_t value_stride, void *k_cache,
+                       void *v_cache, const int64_t *slots, int64_t tokens, int64_t row, int64_t size) {
+    const int64_t bytes = row * size;
+#pragma omp parallel for schedule(static) if (tokens * row >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t t = 0; t < tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        memcpy((char *)k_cache + slot * bytes, (const char *)key + t * key_stride * size, bytes);
+        memcpy((char *)v_cache + slot * bytes, (const char *)value + t * value_stride * size, bytes);
+    }
+    return 0;
+}

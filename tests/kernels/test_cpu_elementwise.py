@@ -1,5 +1,5 @@
-"""The native CPU RMSNorm, rotary embedding and SiLU-and-mul (kernels/csrc/elementwise_cpu.c) against the PyTorch
-references: odd sizes, strided views as the model passes them, one row and thousands, extreme activations; and
+"""The native CPU RMSNorm, rotary embedding, SiLU-and-mul and K/V store (kernels/csrc/elementwise_cpu.c) against
+the PyTorch references: odd sizes, strided views as the model passes them, one row and thousands, extreme activations; and
 `ops` routing to them on the CPU while the "torch" backend still takes the references."""
 import pytest
 import torch
@@ -92,6 +92,37 @@ def test_unsupported_inputs_are_declined_not_wrong():
     assert cpu_elementwise.rms_norm(randn(4, 6).t(), randn(4), 1e-6) is None   # last dimension not contiguous
     q = randn(3, 2, 6)
     assert cpu_elementwise.rotary_embedding(torch.arange(3), q, q[:, :, :4], randn(8, 6)) is None
+
+
+@pytest.mark.parametrize("tokens,kv_heads,head_dim", [(1, 3, 64), (7, 2, 16), (700, 4, 128)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_matches_reference_on_qkv_views_with_padding(tokens, kv_heads, head_dim, dtype):
+    """K and V as the attention layer passes them (views of one fused QKV row per token), slots scattered over the
+    blocks, some tokens padding (slot -1): the caches after equal the reference's to the bit, untouched slots
+    included."""
+    q_heads, blocks, block_size = 2 * kv_heads, 64, 16
+    qkv = randn(tokens, (q_heads + 2 * kv_heads) * head_dim, seed=tokens, dtype=dtype)
+    k = qkv[:, q_heads * head_dim:(q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (q_heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    slots = torch.randperm(blocks * block_size, generator=torch.Generator().manual_seed(tokens))[:tokens]
+    slots[::5] = -1
+    caches = [randn(blocks, block_size, kv_heads, head_dim, seed=s, dtype=dtype) for s in (1, 2)]
+    want = [c.clone() for c in caches]
+    references.store_kv(k, v, *want, slots)
+    assert cpu_elementwise.store_kv(k, v, *caches, slots)
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1])
+
+
+def test_store_kv_declines_what_it_does_not_copy():
+    """A cache of another dtype (fp8, or fp32 under a bf16 model: the reference converts) or a layout it does not
+    address is declined, and nothing is written."""
+    k = randn(4, 2, 8)
+    cache = torch.zeros(8, 4, 2, 8)
+    slots = torch.arange(4)
+    assert not cpu_elementwise.store_kv(k.to(torch.bfloat16), k.to(torch.bfloat16), cache, cache.clone(), slots)
+    assert not cpu_elementwise.store_kv(k, k, cache.to(torch.float8_e4m3fn), cache.to(torch.float8_e4m3fn), slots)
+    assert not cpu_elementwise.store_kv(k.transpose(1, 2).contiguous().transpose(1, 2), k, cache, cache.clone(), slots)
+    assert not cache.any()
 
 
 @pytest.fixture
