@@ -32,4 +32,4 @@ def use_triton(tensor) -> bool:
 
 def use_cpu_native(tensor) -> bool:
     """Policy: "auto" and "cpu" run the native CPU kernels on CPU tensors (where a kernel supports them)."""
-    return _backend in ("auto", "cpu") and tensor.device.type == "cpu"
+    return _backend in ("auto", "cpu") and tensor.is_cpu   # `is_cpu`: no device object built (it runs per op)
