@@ -44,7 +44,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v.contiguous())
+        out = self.attn(q, k, v)   # a view: every store_kv takes the token stride
         return self.o_proj(out.flatten(1, 2))
 
 

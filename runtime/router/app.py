@@ -162,8 +162,14 @@ class Router:
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
             return await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
+        started = False   # whether the client has the response's start (an error answer is then too late)
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
         try:
-            await self.proxy.forward(scope, body, send, received_at, tenant)
+            await self.proxy.forward(scope, body, tracked, received_at, tenant)
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
             await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after,
@@ -174,6 +180,12 @@ class Router:
         except UpstreamFailed as failed:
             self.metrics.refused.labels("502").inc()
             await respond_error(send, 502, str(failed), "replica_failed")
+        except Exception as error:   # a bug: its traceback in the log, and an OpenAI error body, not a bare 500
+            logger.exception("routing %s %s failed", scope.get("method"), scope["path"])
+            if started:
+                raise
+            self.metrics.refused.labels("500").inc()
+            await respond_error(send, 500, f"the router failed: {type(error).__name__}: {error}", "router_error")
         finally:
             self.tenants.leave(tenant.name)
 

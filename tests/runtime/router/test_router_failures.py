@@ -71,7 +71,9 @@ def test_a_request_whose_replica_dies_before_answering_is_retried_elsewhere(
         victim.proc.kill()
         thread.join(timeout=60)
         response = answer["response"]
-        assert response.status_code == 200, response.text
+        # Failed once in make test (a bare 500, 1 of ~5 runs; not reproduced in 9 more): the logs say why next time.
+        assert response.status_code == 200, (f"{response.text}\nrouter log:\n{router.log.read_text()[-4000:]}\n"
+                                             f"victim log:\n{(tmp_path / 'victim.log').read_text()[-2000:]}")
         assert response.headers["x-kubeinfer-replica"] == replicas[0].url
         assert response.json()["choices"][0]["text"] == expected
         # On a new connection: retried here. On a kept-alive one: the router's client tries it again on a new
@@ -241,3 +243,46 @@ def test_from_zero_a_small_tenants_requests_leave_the_waiting_room_before_a_floo
             replica.stop()
     assert sorted(finished) == ["key-a"] * 20 + ["key-b"] * 2
     assert max(i for i, key in enumerate(finished) if key == "key-b") < 6, finished   # arrival order: 20 and 21
+
+
+def test_a_router_bug_is_an_openai_error_with_its_traceback_logged_not_a_bare_500(caplog):
+    """Whatever escapes the proxy (here a forced bug) reaches the client as a 500 with an OpenAI error body naming
+    it, the traceback goes to the router's log, and a response already started is not answered twice."""
+    import asyncio
+    import json
+
+    from kubeinfer.runtime.router.app import Router
+    from kubeinfer.runtime.router.settings import RouterSettings
+
+    async def call(router, fail_after_start: bool) -> list[dict]:
+        async def forward(scope, body, send, received_at, tenant):
+            if fail_after_start:
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            raise KeyError("a bug")
+        router.proxy.forward = forward
+        sent = []
+        messages = iter([{"type": "http.request", "body": json.dumps(BODY).encode(), "more_body": False}])
+
+        async def receive():
+            try:
+                return next(messages)
+            except StopIteration:
+                await asyncio.sleep(3600)   # the client stays
+
+        async def send(message):
+            sent.append(message)
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "client": ("127.0.0.1", 1)}
+        try:
+            await router(scope, receive, send)
+        except KeyError:
+            sent.append({"raised": True})
+        return sent
+
+    router = Router(RouterSettings(upstreams=["http://127.0.0.1:9"]))
+    sent = asyncio.run(call(router, fail_after_start=False))
+    assert sent[0]["status"] == 500
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "router_error" and "KeyError" in error["message"]
+    assert "routing POST /v1/completions failed" in caplog.text and "Traceback" in caplog.text
+    late = asyncio.run(call(Router(RouterSettings(upstreams=["http://127.0.0.1:9"])), fail_after_start=True))
+    assert [m.get("status") for m in late if "status" in m] == [200] and late[-1] == {"raised": True}
