@@ -40,6 +40,21 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and q.shape[-1] <= MAX_HEAD_DIM and _kernel(k_cache.dtype) is not None)
 
 
+def _step_arrays(meta: AttentionMetadata, num_tokens: int) -> tuple[torch.Tensor, ...]:
+    """(cu_seqlens_q, seq_lens, block_tables) as the kernel reads them: int32, contiguous. Checked once a forward
+    (every layer shares `meta`; this cost ~10 us a layer) when they already are: later layers then read the very
+    same tensors. Converted copies are made again by each layer, never cached."""
+    sources = (meta.cu_seqlens_q, meta.seq_lens, meta.block_tables)
+    checked = meta.__dict__.get("_cpu_checked")
+    if checked is not None and all(a is b for a, b in zip(checked, sources)):
+        return sources
+    arrays = tuple(t.to(torch.int32).contiguous() for t in sources)
+    assert arrays[0].numel() == arrays[1].numel() + 1 and int(arrays[0][-1]) == num_tokens
+    if all(a is b for a, b in zip(arrays, sources)):
+        meta.__dict__["_cpu_checked"] = sources
+    return arrays
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
     """q `[num_tokens, H, D]` -> `[num_tokens, H, D]`, as `references.paged_attention` defines it."""
@@ -54,11 +69,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q = q.float()
     elif q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
-    cu_seqlens_q = meta.cu_seqlens_q.to(torch.int32).contiguous()
-    seq_lens = meta.seq_lens.to(torch.int32).contiguous()
-    tables = meta.block_tables.to(torch.int32).contiguous()
-    assert cu_seqlens_q.numel() == seq_lens.numel() + 1 and int(cu_seqlens_q[-1]) == num_tokens
-    out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    cu_seqlens_q, seq_lens, tables = _step_arrays(meta, num_tokens)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)   # q is fp32 here
     status = _kernel(k_cache.dtype)(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
                        seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0) if tables.dim() == 2 else 0,
                        seq_lens.numel(), num_heads, num_kv_heads, head_dim, block_size, scale,

@@ -52,6 +52,11 @@ def _runs(*tensors: torch.Tensor) -> bool:
     return _kernels() is not None
 
 
+def _dense_like(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of x's shape and dtype (empty_like: half the Python cost of empty(shape, dtype=))."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 def _row_strides(x: torch.Tensor) -> tuple[int, int, int, int] | None:
     """(outer, inner, outer stride, inner stride) addressing every row of `x`'s last dimension, or None."""
     if x.dim() == 1:
@@ -72,8 +77,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         if residual.shape != x.shape or not _runs(residual):
             return None
         residual = residual.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype)
-    kept = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
+    out = _dense_like(x)
+    kept = _dense_like(x) if residual is not None else None
     status = _kernels()["kubeinfer_rms_norm"](
         x.data_ptr(), *strides, residual.data_ptr() if residual is not None else None, weight.data_ptr(),
         x.shape[-1], eps, out.data_ptr(), kept.data_ptr() if kept is not None else None, x.dtype == torch.bfloat16)
@@ -93,8 +98,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             or q.stride(1) != d or k.stride(1) != d):
         return None
     positions = positions.to(torch.int64).contiguous()
-    q_out = torch.empty(q.shape, dtype=q.dtype)
-    k_out = torch.empty(k.shape, dtype=k.dtype)
+    q_out, k_out = _dense_like(q), _dense_like(k)
     status = _kernels()["kubeinfer_rotary"](
         positions.data_ptr(), tokens, q.data_ptr(), q.stride(0), q_heads, k.data_ptr(), k.stride(0), k.shape[1], d,
         cos_sin_cache.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), q.dtype == torch.bfloat16)
