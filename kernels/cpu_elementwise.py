@@ -124,15 +124,12 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     """As `references.store_kv` for key and value `[T, KVH, D]` in the caches' dtype, each token's heads contiguous
     (views split out of the QKV projection qualify), into contiguous caches; False (nothing written) where this
     kernel does not apply. Replaces six to eight tensor ops a layer (a mask, its check, two index copies)."""
-    # Checked lean: this runs once a layer a step, and the generic _runs costs ~9 us of the ~13 a call takes here.
-    dtype = key.dtype
-    if (dtype not in DTYPES or value.dtype != dtype or k_cache.dtype != dtype or v_cache.dtype != dtype
-            or not (key.is_cpu and value.is_cpu and k_cache.is_cpu and v_cache.is_cpu) or key.dim() != 3 or value.shape != key.shape
-            or v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+    if (key.dim() != 3 or value.shape != key.shape or v_cache.shape != k_cache.shape
+            or not _runs(key, value, k_cache, v_cache) or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
         return False
     tokens, heads, d = key.shape
     if (heads * d != k_cache.shape[2] * k_cache.shape[3] or key.stride(1) != d or value.stride(1) != d
-            or key.stride(2) != 1 or value.stride(2) != 1 or slot_mapping.shape != (tokens,) or _kernels() is None):
+            or slot_mapping.shape != (tokens,)):
         return False
     row = heads * d
     slots = slot_mapping
