@@ -149,7 +149,7 @@ def pool_deployment(spec: InferenceServiceSpec, owner: Owner, config: OperatorCo
     template["metadata"]["labels"].update(role_label)
     container = template["spec"]["containers"][0]
     container["args"] += pools.kv_args(spec, role, config)
-    if (key := pools.kv_source_key_volume(spec, role)) is not None:
+    if role == "decode" and (key := pools.kv_source_key_volume(spec)) is not None:
         template["spec"]["volumes"].append(key[0])
         container["volumeMounts"].append(key[1])
     if role == "prefill":

@@ -62,12 +62,10 @@ def kv_source_key_ref(spec: InferenceServiceSpec) -> KvSourceKeyRef | None:
     return spec.disaggregation.kv_source_key_secret_ref if spec.disaggregation is not None else None
 
 
-def kv_source_key_volume(spec: InferenceServiceSpec, role: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The decode pods' (volume, mount) of the signing key; None for prefill pods or unsigned hints."""
+def kv_source_key_volume(spec: InferenceServiceSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The (volume, mount) of the signing key, for the decode pods and the router; None for unsigned hints."""
     ref = kv_source_key_ref(spec)
-    if role != "decode" or ref is None:
-        return None
-    return pod.secret_file("kv-source-key", ref.name, ref.key, pod.KV_SOURCE_KEY_FILE)
+    return None if ref is None else pod.secret_file("kv-source-key", ref.name, ref.key, pod.KV_SOURCE_KEY_FILE)
 
 
 def kv_container_port(spec: InferenceServiceSpec) -> dict[str, Any]:

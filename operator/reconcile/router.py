@@ -125,8 +125,8 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
     secrets = []
     if (ref := spec.keys_secret_ref) is not None:   # the same Secret as the replicas'
         secrets.append(pod.secret_file("api-keys", ref.name, ref.key, pod.API_KEYS_FILE))
-    if (key_ref := pools.kv_source_key_ref(spec)) is not None:   # the decode pods' key: it signs their KV sources
-        secrets.append(pod.secret_file("kv-source-key", key_ref.name, key_ref.key, pod.KV_SOURCE_KEY_FILE))
+    if (key := pools.kv_source_key_volume(spec)) is not None:   # the decode pods' key: it signs their KV sources
+        secrets.append(key)
     for volume, mount in secrets:
         volumes.append(volume)
         container["volumeMounts"].append(mount)
