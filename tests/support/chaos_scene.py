@@ -97,7 +97,8 @@ def create_service(kube: Any, ns: str, spec: dict[str, Any], name: str = NAME) -
 
 # The engine is the API process's child, started by multiprocessing's spawn (runtime/server/engine_start.py):
 # its command line holds `spawn_main`. `[s]` keeps the pattern from matching the shell's own command line.
-KILL_ENGINE = "kill -9 $(grep -la '[s]pawn_main' /proc/[0-9]*/cmdline | cut -d/ -f3)"
+ENGINE_PIDS = "grep -la '[s]pawn_main' /proc/[0-9]*/cmdline | cut -d/ -f3"   # with tensor parallelism: every rank
+KILL_ENGINE = f"kill -9 $({ENGINE_PIDS})"
 
 
 def restarts(scene: Scene, pod: str) -> int:

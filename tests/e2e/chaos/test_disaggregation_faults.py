@@ -26,10 +26,10 @@ import httpx
 import pytest
 
 from support.chaos_scene import (
-    QUEUE_TIMEOUT_S, RECOVERY_LIMIT_S, ROUTER_REPLICAS, Scene, assert_nothing_lost, create_service, restarts,
-    run_fault,
+    ENGINE_PIDS, KILL_ENGINE, QUEUE_TIMEOUT_S, RECOVERY_LIMIT_S, ROUTER_REPLICAS, Scene, assert_nothing_lost,
+    create_service, restarts, run_fault,
 )
-from support.cluster import OperatorProcess, condition, eventually, namespace_scene, pods_of, start_operator
+from support.cluster import OperatorProcess, eventually, is_ready, namespace_scene, pods_of, start_operator
 from support.kubectl import exec_in
 from support.router_view import metrics, router_pods, told, total
 
@@ -48,7 +48,6 @@ SPEC = {"model": {"uri": "file:///opt/kubeinfer/models/demo"},
         "router": {"replicas": ROUTER_REPLICAS, "queueTimeoutSeconds": QUEUE_TIMEOUT_S},
         "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1},
                            "kvSourceKeySecretRef": {"name": "kv-key"}}}
-ENGINE_PIDS = "grep -la '[s]pawn_main' /proc/[0-9]*/cmdline | cut -d/ -f3"
 GARBAGE_SOURCE = f"""
 import os, socket
 server = socket.create_server(("0.0.0.0", {KV_PORT}), reuse_port=True)
@@ -62,10 +61,6 @@ while True:
 """
 
 
-def ready(pod: dict) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and condition(pod, "Ready").get("status") == "True"
-
-
 @dataclasses.dataclass
 class SplitScene(Scene):
     key: bytes = b""
@@ -75,7 +70,7 @@ class SplitScene(Scene):
                 and (p["metadata"].get("labels") or {}).get(POOL_LABEL) == role]
 
     def urls(self, role: str) -> list[str]:
-        return sorted(f"http://{p['status']['podIP']}:8000" for p in self.pool(role) if ready(p))
+        return sorted(f"http://{p['status']['podIP']}:8000" for p in self.pool(role) if is_ready(p))
 
     def serving(self) -> bool:
         """One Ready replica in each pool, every router pod Ready and told both, a request through it answered."""
@@ -84,7 +79,7 @@ class SplitScene(Scene):
             return False
         routers = router_pods(self.kube, self.ns, self.name)
         if len(routers) != ROUTER_REPLICAS or not all(
-                ready(p) and told(p) == decode
+                is_ready(p) and told(p) == decode
                 and sorted(json.loads((p["metadata"].get("annotations") or {}).get(PREFILL_ANNOTATION, "[]")))
                 == prefill for p in routers):
             return False
@@ -121,7 +116,7 @@ def run_in(scene: SplitScene, pod: str, command: str) -> None:
 
 
 def prefill_pod(scene: SplitScene) -> str:
-    [pod] = [p for p in scene.pool("prefill") if ready(p)]
+    [pod] = [p for p in scene.pool("prefill") if is_ready(p)]
     return pod["metadata"]["name"]
 
 
@@ -133,7 +128,7 @@ def test_the_prefill_engine_killed_mid_transfer_loses_nothing(split_scene: Split
         before["paths"] = scene.paths()
         pod = prefill_pod(scene)
         count = restarts(scene, pod)
-        run_in(scene, pod, f"kill -9 $({ENGINE_PIDS})")
+        run_in(scene, pod, KILL_ENGINE)
         eventually(lambda: restarts(scene, pod) > count, 120, "the prefill container restarted", 0.2)
 
     row = run_fault(scene, "prefill engine killed", "kill -9 of the prefill replica's engine under load "
@@ -177,7 +172,7 @@ def test_a_kv_source_sending_garbage_gets_a_clean_error_and_loses_nothing(split_
             "name": "garbage", "image": runtime_image, "imagePullPolicy": "IfNotPresent",
             "command": ["python3", "-c", GARBAGE_SOURCE],
             "readinessProbe": {"tcpSocket": {"port": KV_PORT}, "periodSeconds": 1}}]}})
-    garbage = eventually(lambda: (p := scene.kube.get(f"{base}/pods/garbage")) and ready(p) and p, 120,
+    garbage = eventually(lambda: (p := scene.kube.get(f"{base}/pods/garbage")) and is_ready(p) and p, 120,
                          "the garbage source pod Ready", 0.5)
     source = f"{garbage['status']['podIP']}:{KV_PORT}"
     answers = []

@@ -22,7 +22,8 @@ import pytest
 
 from kubeinfer.operator.reconcile.model_cache import DOWNLOAD_COMPLETE
 from support.chaos_scene import (
-    QUEUE_TIMEOUT_S, RECOVERY_LIMIT_S, ROUTER_REPLICAS, Scene, assert_nothing_lost, create_service, run_fault,
+    KILL_ENGINE, QUEUE_TIMEOUT_S, RECOVERY_LIMIT_S, ROUTER_REPLICAS, Scene, assert_nothing_lost, create_service,
+    restarts, run_fault,
 )
 from support.cluster import OperatorProcess, eventually, namespace_scene, ready_pods, start_operator
 from support.hub_pod import start_hub
@@ -39,8 +40,6 @@ SPEC = {"model": {"uri": "file:///opt/kubeinfer/models/demo", "credentialsSecret
         "adapters": [{"name": name, "uri": f"hf://{repo}"} for name, repo in ADAPTERS.items()],
         "resources": {"gpus": 0, "cpu": "250m", "memory": "2Gi"},
         "router": {"replicas": ROUTER_REPLICAS, "queueTimeoutSeconds": QUEUE_TIMEOUT_S}}
-# The engine (rank 0) and its tensor-parallel worker are both started by multiprocessing's spawn: both go.
-KILL_ENGINE = "kill -9 $(grep -la '[s]pawn_main' /proc/[0-9]*/cmdline | cut -d/ -f3)"
 
 
 def adapters_report(pod: dict) -> dict[str, dict]:
@@ -118,16 +117,12 @@ def test_a_truncated_adapter_file_and_an_engine_restart_lose_nothing(lora_scene:
     weights = shlex.quote(f"{folder}/adapter_model.safetensors")
     victim = {}
 
-    def restarted() -> bool:
-        pod = scene.kube.get(f"/api/v1/namespaces/{scene.ns}/pods/{victim['pod']}")
-        return next(c for c in pod["status"]["containerStatuses"] if c["name"] == "runtime")["restartCount"] > \
-            victim["restarts"]
+    def restarted() -> bool:   # the runtime is the pod's one container (the fetcher is an init sidecar)
+        return restarts(scene, victim["pod"]) > victim["restarts"]
 
     def inject() -> None:
-        pod = ready_pods(scene.kube, scene.ns, scene.name)[0]
-        victim["pod"] = pod["metadata"]["name"]
-        victim["restarts"] = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "runtime")[
-            "restartCount"]
+        victim["pod"] = ready_pods(scene.kube, scene.ns, scene.name)[0]["metadata"]["name"]
+        victim["restarts"] = restarts(scene, victim["pod"])
         exec_in(scene.ns, victim["pod"], "adapter-fetch",
                 f"head -c 200 {weights} > /tmp/cut && cat /tmp/cut > {weights}")
         exec_in(scene.ns, victim["pod"], "runtime", KILL_ENGINE)
