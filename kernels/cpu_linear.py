@@ -11,10 +11,67 @@ tokens 16% faster for the wide gate/up, 8-12% slower for the others; the model's
 throughput (benchmarks/throughput.py's workload, alternating, median of 3): 8.63 -> 7.61 s, the same greedy tokens
 64/64. The packed result equals `F.linear`'s up to rounding (the same products, summed in another order);
 tests/kernels/test_cpu_linear.py checks it.
+
+On an AVX2 CPU without AVX-512, fp32 weights take panels of 16 outputs instead (`Panels`, csrc/linear_cpu.c): a
+decode step's few rows read each weight once, in order, near the streaming rate, where oneDNN's sgemm read them at
+about half of it (docs/benchmarks.md). `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
 """
+import ctypes
+import os
+from dataclasses import dataclass
+
 import torch
 
+from kubeinfer.kernels import cpu_native
+
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
+PANEL = 16   # output rows per panel (csrc/linear_cpu.c)
+CHOICE_ENV = "KUBEINFER_CPU_LINEAR"   # "auto" (the default) or "onednn"
+_kernel: list = []   # [the C function, or None where it does not run here], once looked up
+
+
+@dataclass(frozen=True)
+class Panels:
+    """A fp32 weight `[out, in]` as ceil(out / 16) panels of `[in][16]` (the last padded with zero rows)."""
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+
+
+def _panel_kernel():
+    if not _kernel:
+        lib = cpu_native.library("linear_cpu") if os.environ.get(CHOICE_ENV, "auto") != "onednn" else None
+        function = None
+        if lib is not None and lib.kubeinfer_linear_supported():
+            function = lib.kubeinfer_linear
+            p, i64 = ctypes.c_void_p, ctypes.c_int64
+            function.argtypes, function.restype = [p, i64, i64, i64, p, i64, p, p, i64], ctypes.c_int
+        _kernel.append(function)
+    return _kernel[0]
+
+
+def to_panels(weight: torch.Tensor) -> Panels:
+    out_features, in_features = weight.shape
+    padded = -(-out_features // PANEL) * PANEL
+    rows = weight if padded == out_features else torch.cat([weight, weight.new_zeros(padded - out_features,
+                                                                                         in_features)])
+    data = rows.reshape(padded // PANEL, PANEL, in_features).transpose(1, 2).contiguous()
+    return Panels(data, out_features, in_features)
+
+
+def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` over `to_panels(weight)` (fp32 CPU tensors)."""
+    rows = x.reshape(-1, panels.in_features)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = rows.new_empty(rows.shape[0], panels.out_features)
+    if bias is not None:
+        bias = bias.contiguous()
+    if rows.shape[0]:
+        _panel_kernel()(rows.data_ptr(), rows.stride(0), rows.shape[0], panels.in_features, panels.data.data_ptr(),
+                        panels.out_features, None if bias is None else bias.data_ptr(), out.data_ptr(),
+                        panels.out_features)
+    return out.view(*x.shape[:-1], panels.out_features)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -27,11 +84,16 @@ def can_pack(weight: torch.Tensor) -> bool:
             and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """`weight [out, in]` in oneDNN's layout for `linear` (an opaque tensor: use it only there)."""
+def pack(weight: torch.Tensor) -> torch.Tensor | Panels:
+    """`weight [out, in]` laid out for `linear`: fp32 in panels where their kernel runs, else in oneDNN's layout (an
+    opaque tensor: use it only there)."""
+    if weight.dtype == torch.float32 and _panel_kernel() is not None:
+        return to_panels(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor | Panels, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` over `pack(weight)`."""
+    if isinstance(packed, Panels):
+        return panel_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")

@@ -43,7 +43,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states onto the vocabulary; every rank gets the full logits (padding cut off)."""
 
-    packed: torch.Tensor | None = None   # the weight in oneDNN's layout (a bf16 CPU head of its own)
+    packed = None   # the weight laid out for the CPU GEMM (cpu_linear.pack): a head's own copy when tied
 
     def pack_weight(self) -> bool:
         """As LinearBase.pack_weight. A head tied to the embedding packs a copy and keeps the plain weight, which the

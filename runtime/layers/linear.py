@@ -49,7 +49,7 @@ class LinearBase(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
-        self.packed: torch.Tensor | None = None   # the weight in oneDNN's layout, once packed (the weight is freed)
+        self.packed = None   # the weight laid out for the CPU GEMM (cpu_linear.pack), once packed (the weight is freed)
         self.in_features, self.out_features = in_features, out_features   # this rank's shard
         self.lora = None   # runtime/lora/layers.LoraSlots, where adapters are served
 

@@ -1,5 +1,5 @@
-"""bf16 and fp32 linear layers over weights packed for oneDNN (kernels/cpu_linear.py) against F.linear, and in a
-model."""
+"""bf16 and fp32 linear layers over weights packed for oneDNN, and fp32 over panels (kernels/cpu_linear.py,
+csrc/linear_cpu.c), against F.linear and the exact product, and in a model."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -45,13 +45,58 @@ needs_fp32_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2
                                         reason="this torch has no oneDNN linear")
 
 
+@pytest.fixture(params=["panels", "onednn"])
+def fp32_layout(request, monkeypatch):
+    """Each fp32 layout `pack` may choose: panels (where their kernel runs here) and oneDNN's."""
+    if request.param == "onednn":
+        monkeypatch.setattr(cpu_linear, "_kernel", [None])
+    elif cpu_linear._panel_kernel() is None:
+        pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
+    return request.param
+
+
 @needs_fp32_packing
 @pytest.mark.parametrize("tokens", [1, 3, 64, 300])
 @pytest.mark.parametrize("features", [(72, 130), (512, 1536)], ids=["odd", "model"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, features, bias):
+def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, features, bias, fp32_layout):
+    assert isinstance(cpu_linear.pack(torch.ones(2, 2)), cpu_linear.Panels) == (fp32_layout == "panels")
     ours, theirs, _ = packed_and_plain_errors(torch.float32, tokens, features, bias)
     assert ours <= max(4 * theirs, 1e-5)
+
+
+# Row counts on both sides of the kernel's boundaries (6 rows a micro-kernel, 96 a block), K past its 640-wide
+# block (split evenly), outputs that leave a partial last panel.
+@pytest.mark.parametrize("tokens", [0, 1, 5, 6, 7, 13, 96, 97, 203])
+@pytest.mark.parametrize("features", [(5, 17), (72, 130), (1283, 33), (576, 960)])
+def test_panels_equal_the_exact_product_at_every_boundary(tokens, features):
+    if cpu_linear._panel_kernel() is None:
+        pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
+    torch.manual_seed(tokens)
+    in_features, out_features = features
+    weight = torch.randn(out_features, in_features) / in_features ** 0.5
+    bias = torch.randn(out_features)
+    panels = cpu_linear.to_panels(weight)
+    assert panels.data.shape == (-(-out_features // 16), in_features, 16)
+    x = torch.randn(tokens, in_features + 8)[:, 3:in_features + 3]   # rows at a stride, as a view of a wider row
+    for b in (None, bias):
+        got = cpu_linear.panel_linear(x, panels, b)
+        exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
+        plain = F.linear(x, weight, b).double()
+        assert got.shape == (tokens, out_features) and got.dtype == torch.float32
+        if tokens:
+            assert (got.double() - exact).abs().max() <= max(4 * (plain - exact).abs().max(), 1e-5)
+    batched = torch.randn(2, 3, in_features)
+    torch.testing.assert_close(cpu_linear.panel_linear(batched, panels), F.linear(batched, weight), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):
+    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "onednn")
+    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    assert cpu_linear._panel_kernel() is None
+    if cpu_linear.can_pack(torch.empty(2, 2)):
+        assert not isinstance(cpu_linear.pack(torch.ones(4, 4)), cpu_linear.Panels)
 
 
 def test_bf16_and_fp32_cpu_weights_are_packed_and_nothing_else():
@@ -94,3 +139,16 @@ def test_an_untied_lm_head_packs_and_a_tied_one_packs_a_copy_beside_the_embeddin
     assert tied.pack_weight() and not tied.pack_weight()
     assert torch.equal(tied.weight.data, plain)   # the embedding's rows, untouched
     torch.testing.assert_close(tied(hidden), want, **tolerance)
+
+
+def test_a_rows_panel_result_does_not_depend_on_the_rows_beside_it():
+    """Every row runs the same sums in the same order at any row count (K blocks continue one accumulator), so a
+    sequence's logits do not change with the batch it rides in."""
+    if cpu_linear._panel_kernel() is None:
+        pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 1536), torch.randn(40)
+    panels, x = cpu_linear.to_panels(weight), torch.randn(200, 1536)
+    together = cpu_linear.panel_linear(x, panels, bias)
+    for start, count in [(0, 1), (7, 1), (3, 5), (0, 13), (100, 97)]:
+        assert torch.equal(cpu_linear.panel_linear(x[start:start + count], panels, bias), together[start:start + count])
