@@ -1,10 +1,13 @@
-"""bf16 linear on the CPU: F.linear (oneDNN packs the plain weight on every call) against a weight packed once
-(kernels/cpu_linear.py), with fp32 F.linear (MKL) beside them, at the shapes of the throughput benchmark's model
-(hidden 512: qkv 512 -> 1,024, o 512 -> 512, gate/up 512 -> 2 x 1,365, down 1,365 -> 512) and token counts from
-a decode step to a prefill chunk. CPU time per call (process time, the best of 5 rounds), so that other load on the box
-inflates the figures less than wall time would.
+"""CPU linear layers at a real model's shapes: MKL on the plain weight (`F.linear`), oneDNN on a weight packed once,
+and (fp32, AVX2 CPUs) the panel kernel (kernels/cpu_linear.py, csrc/linear_cpu.c), from a decode step's rows to a
+prefill chunk's, against the box's streaming read and FLOP rate.
 
-    python benchmarks/cpu_linear.py [--threads 1]
+    python -P benchmarks/cpu_linear.py [--shape smollm2-135m] [--dtype float32] [--tokens 1 4 16 64 2048]
+
+Each layout runs every projection of one layer (qkv, o, gate/up, down; and the LM head), over enough copies of the
+weights that they are read from memory, not from the caches, as a model's 30 layers are. Wall time per call, the
+best of rounds, the layouts alternating within each round. "GB/s": the weight's bytes over the time (a decode step
+is bound by that read); "GFLOP/s": the products over the time (a prefill chunk is bound by that).
 """
 import argparse
 import sys
@@ -18,45 +21,77 @@ from kubeinfer.kernels import cpu_linear
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
+from shapes import CPU_SHAPES, SHAPES   # noqa: E402
 
-SHAPES = [(512, 1024), (512, 512), (512, 2730), (1365, 512)]   # (in, out)
-TOKENS = [1, 16, 64, 256, 1024]
+COPIES_BYTES = 256 * 2 ** 20   # weights cycled per layout: well past the L3 cache
 
 
-def per_call_us(fn, calls: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    best = float("inf")
-    for _ in range(5):
-        started = time.process_time()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.process_time() - started) / calls * 1e6)
+def projections(shape: dict) -> list[tuple[str, int, int]]:
+    """(name, in, out) of one layer's projections and the LM head."""
+    hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    head_dim = shape.get("head_dim") or hidden // heads
+    return [("qkv", hidden, (heads + 2 * kv_heads) * head_dim), ("o", heads * head_dim, hidden),
+            ("gate/up", hidden, 2 * shape["intermediate_size"]), ("down", shape["intermediate_size"], hidden),
+            ("LM head", hidden, shape["vocab_size"])]
+
+
+def layouts(weight: torch.Tensor) -> dict:
+    """name -> (a function of x) for every layout this CPU runs for `weight`."""
+    runs = {"MKL F.linear": lambda x, w=weight: F.linear(x, w)}
+    if cpu_linear.onednn_packs(weight):
+        onednn = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        runs["oneDNN packed"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")
+    if cpu_linear._panel_kernel() is not None:
+        panels = cpu_linear.to_panels(weight)
+        runs["panels"] = lambda x: cpu_linear.panel_linear(x, panels)
+    return runs
+
+
+def measure(copies: list[dict], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
+    """Best seconds per call of each layout, cycling over the copies, layouts alternating within each round."""
+    calls = max(3, min(60, 2 ** 14 // x.shape[0]))
+    best = {name: float("inf") for name in copies[0]}
+    for _ in range(rounds):
+        for name in best:
+            started = time.perf_counter()
+            for i in range(calls):
+                copies[i % len(copies)][name](x)
+            best[name] = min(best[name], (time.perf_counter() - started) / calls)
     return best
+
+
+def streaming_read_gbs() -> float:
+    data = torch.ones(COPIES_BYTES // 4)   # written: untouched pages all read one zero page
+    data.sum()
+    started = time.perf_counter()
+    for _ in range(5):
+        data.sum()
+    return 5 * data.numel() * 4 / (time.perf_counter() - started) / 1e9
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 2048])
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if not cpu_linear.can_pack(torch.empty(1, 1, dtype=torch.bfloat16)):
-        raise SystemExit("this torch or CPU has no oneDNN bf16 GEMM: nothing to compare")
-    print(f"machine: {describe()}, torch {torch.__version__}, {args.threads} thread(s)")
-    print(f"{'tokens':>6} {'in':>5} {'out':>5} {'bf16 F.linear':>14} {'bf16 packed':>12} {'speed-up':>9} {'fp32':>9}"
-          f"   (us of CPU time per call)")
+    dtype = getattr(torch, args.dtype)
+    print(f"machine: {describe()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"shape: {args.shape}, {args.dtype}; streaming read {streaming_read_gbs():.1f} GB/s")
+    print("| projection | in -> out | tokens | layout | us per call | weight GB/s | GFLOP/s |")
+    print("|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
-    for in_features, out_features in SHAPES:
-        weight = torch.randn(out_features, in_features, dtype=torch.bfloat16)
-        packed, weight32 = cpu_linear.pack(weight), weight.float()
-        for tokens in TOKENS:
-            x = torch.randn(tokens, in_features, dtype=torch.bfloat16)
-            x32 = x.float()
-            plain = per_call_us(lambda: F.linear(x, weight))
-            ours = per_call_us(lambda: cpu_linear.linear(x, packed))
-            fp32 = per_call_us(lambda: F.linear(x32, weight32))
-            print(f"{tokens:>6} {in_features:>5} {out_features:>5} {plain:>14.1f} {ours:>12.1f} {plain / ours:>8.2f}x"
-                  f" {fp32:>9.1f}")
+    for name, in_features, out_features in projections(SHAPES[args.shape]):
+        size = in_features * out_features * dtype.itemsize
+        count = max(2, min(32, COPIES_BYTES // size))
+        copies = [layouts(torch.randn(out_features, in_features, dtype=dtype) / in_features ** 0.5)
+                  for _ in range(count)]
+        for tokens in args.tokens:
+            x = torch.randn(tokens, in_features, dtype=dtype)
+            for layout, seconds in measure(copies, x).items():
+                print(f"| {name} | {in_features} -> {out_features} | {tokens} | {layout} | {seconds * 1e6:,.1f} | "
+                      f"{size / seconds / 1e9:.1f} | {2 * tokens * in_features * out_features / seconds / 1e9:.1f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ throughput (benchmarks/throughput.py's workload, alternating, median of 3): 8.63
 64/64. The packed result equals `F.linear`'s up to rounding (the same products, summed in another order);
 tests/kernels/test_cpu_linear.py checks it.
 
-On an AVX2 CPU without AVX-512, fp32 weights take panels of 16 outputs instead (`Panels`, csrc/linear_cpu.c): a
-decode step's few rows read each weight once, in order, near the streaming rate, where oneDNN's sgemm read them at
-about half of it (docs/benchmarks.md). `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
+On an AVX2 CPU without AVX-512, fp32 and bf16 weights take panels of 16 outputs instead (`Panels`,
+csrc/linear_cpu.c): a decode step's few rows read each weight once, in order, near the streaming rate, where oneDNN's
+sgemm read them at about half of it (docs/benchmarks.md), and bf16 weights, which oneDNN does not pack on such a CPU,
+are read at half the bytes of fp32. `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
 """
 import ctypes
 import os
@@ -32,7 +33,8 @@ _kernel: list = []   # [the C function, or None where it does not run here], onc
 
 @dataclass(frozen=True)
 class Panels:
-    """A fp32 weight `[out, in]` as ceil(out / 16) panels of `[in][16]` (the last padded with zero rows)."""
+    """A weight `[out, in]` (fp32 or bf16) as ceil(out / 16) panels of `[in][16]` (the last padded with zero
+    rows)."""
     data: torch.Tensor
     out_features: int
     in_features: int
@@ -45,7 +47,8 @@ def _panel_kernel():
         if lib is not None and lib.kubeinfer_linear_supported():
             function = lib.kubeinfer_linear
             p, i64 = ctypes.c_void_p, ctypes.c_int64
-            function.argtypes, function.restype = [p, i64, i64, i64, p, i64, p, p, i64], ctypes.c_int
+            function.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int32]
+            function.restype = ctypes.c_int
         _kernel.append(function)
     return _kernel[0]
 
@@ -60,23 +63,24 @@ def to_panels(weight: torch.Tensor) -> Panels:
 
 
 def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` over `to_panels(weight)` (fp32 CPU tensors)."""
+    """`F.linear(x, weight, bias)` over `to_panels(weight)` (CPU tensors; x of the weight's dtype)."""
     rows = x.reshape(-1, panels.in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = rows.new_empty(rows.shape[0], panels.out_features)
     if bias is not None:
-        bias = bias.contiguous()
-    if rows.shape[0]:
-        _panel_kernel()(rows.data_ptr(), rows.stride(0), rows.shape[0], panels.in_features, panels.data.data_ptr(),
-                        panels.out_features, None if bias is None else bias.data_ptr(), out.data_ptr(),
-                        panels.out_features)
+        bias = bias.float().contiguous()   # the kernel adds the bias in fp32, before a bf16 output's one rounding
+    if rows.shape[0] and _panel_kernel()(
+            rows.data_ptr(), rows.stride(0), rows.shape[0], panels.in_features, panels.data.data_ptr(),
+            panels.out_features, None if bias is None else bias.data_ptr(), out.data_ptr(), panels.out_features,
+            rows.dtype == torch.bfloat16):
+        raise MemoryError(f"no scratch memory for a bf16 linear of {rows.shape[0]} rows")
     return out.view(*x.shape[:-1], panels.out_features)
 
 
-def can_pack(weight: torch.Tensor) -> bool:
-    """Whether `weight` (a 2-D CPU tensor) can be packed: bf16 or fp32, and a torch with oneDNN's linear (for bf16,
-    one whose oneDNN runs bf16 on this CPU)."""
+def onednn_packs(weight: torch.Tensor) -> bool:
+    """Whether torch's oneDNN linear takes `weight` (a 2-D CPU tensor) packed: bf16 or fp32, and for bf16 a oneDNN
+    that runs bf16 on this CPU."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
     return (weight.device.type == "cpu" and weight.dtype in PACKED_DTYPES and weight.dim() == 2
             and torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
@@ -84,10 +88,18 @@ def can_pack(weight: torch.Tensor) -> bool:
             and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether `weight` (a 2-D CPU tensor) can be packed: bf16 or fp32, and either the panel kernel runs here or
+    oneDNN packs it."""
+    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES or weight.dim() != 2:
+        return False
+    return _panel_kernel() is not None or onednn_packs(weight)
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor | Panels:
-    """`weight [out, in]` laid out for `linear`: fp32 in panels where their kernel runs, else in oneDNN's layout (an
+    """`weight [out, in]` laid out for `linear`: in panels where their kernel runs, else in oneDNN's layout (an
     opaque tensor: use it only there)."""
-    if weight.dtype == torch.float32 and _panel_kernel() is not None:
+    if _panel_kernel() is not None:
         return to_panels(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 

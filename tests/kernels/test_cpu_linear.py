@@ -67,28 +67,31 @@ def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, featur
 
 # Row counts on both sides of the kernel's boundaries (6 rows a micro-kernel, 96 a block), K past its 640-wide
 # block (split evenly), outputs that leave a partial last panel.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [0, 1, 5, 6, 7, 13, 96, 97, 203])
 @pytest.mark.parametrize("features", [(5, 17), (72, 130), (1283, 33), (576, 960)])
-def test_panels_equal_the_exact_product_at_every_boundary(tokens, features):
+def test_panels_equal_the_exact_product_at_every_boundary(tokens, features, dtype):
     if cpu_linear._panel_kernel() is None:
         pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
     torch.manual_seed(tokens)
     in_features, out_features = features
-    weight = torch.randn(out_features, in_features) / in_features ** 0.5
-    bias = torch.randn(out_features)
+    weight = (torch.randn(out_features, in_features) / in_features ** 0.5).to(dtype)
+    bias = torch.randn(out_features, dtype=dtype)
     panels = cpu_linear.to_panels(weight)
-    assert panels.data.shape == (-(-out_features // 16), in_features, 16)
-    x = torch.randn(tokens, in_features + 8)[:, 3:in_features + 3]   # rows at a stride, as a view of a wider row
+    assert panels.data.shape == (-(-out_features // 16), in_features, 16) and panels.data.dtype == dtype
+    x = torch.randn(tokens, in_features + 8, dtype=dtype)[:, 3:in_features + 3]   # rows at a stride: a wider row's view
     for b in (None, bias):
         got = cpu_linear.panel_linear(x, panels, b)
         exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
         plain = F.linear(x, weight, b).double()
-        assert got.shape == (tokens, out_features) and got.dtype == torch.float32
-        if tokens:
-            assert (got.double() - exact).abs().max() <= max(4 * (plain - exact).abs().max(), 1e-5)
-    batched = torch.randn(2, 3, in_features)
-    torch.testing.assert_close(cpu_linear.panel_linear(batched, panels), F.linear(batched, weight), atol=1e-5,
-                               rtol=1e-5)
+        assert got.shape == (tokens, out_features) and got.dtype == dtype
+        if tokens:   # fp32: within a few of F.linear's summation errors; bf16: one rounding of the fp32 sum, as theirs
+            error, theirs = (got.double() - exact).abs().max(), (plain - exact).abs().max()
+            bound = max(4 * theirs, 1e-5) if dtype == torch.float32 else max(theirs, 2 ** -8 * exact.abs().max())
+            assert error <= bound
+    batched = torch.randn(2, 3, in_features, dtype=dtype)
+    torch.testing.assert_close(cpu_linear.panel_linear(batched, panels), F.linear(batched, weight),
+                               **(dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else {}))
 
 
 def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):
