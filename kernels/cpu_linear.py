@@ -54,6 +54,7 @@ def _panel_kernel():
 
 
 def to_panels(weight: torch.Tensor) -> Panels:
+    """`weight [out, in]` (a 2-D fp32 or bf16 CPU tensor) laid out in panels, a new tensor beside it."""
     out_features, in_features = weight.shape
     padded = -(-out_features // PANEL) * PANEL
     rows = weight if padded == out_features else torch.cat([weight, weight.new_zeros(padded - out_features,
@@ -64,6 +65,8 @@ def to_panels(weight: torch.Tensor) -> Panels:
 
 def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` over `to_panels(weight)` (CPU tensors; x of the weight's dtype)."""
+    if x.dtype != panels.data.dtype or not x.is_cpu:
+        raise TypeError(f"a {panels.data.dtype} CPU linear got a {x.dtype} input on {x.device}")
     rows = x.reshape(-1, panels.in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

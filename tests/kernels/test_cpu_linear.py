@@ -94,6 +94,12 @@ def test_panels_equal_the_exact_product_at_every_boundary(tokens, features, dtyp
                                **(dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else {}))
 
 
+def test_an_input_of_another_dtype_than_the_panels_is_refused_not_misread():
+    panels = cpu_linear.to_panels(torch.randn(16, 8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bfloat16 CPU linear got a torch.float32 input"):
+        cpu_linear.panel_linear(torch.randn(2, 8), panels)
+
+
 def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):
     monkeypatch.setenv(cpu_linear.CHOICE_ENV, "onednn")
     monkeypatch.setattr(cpu_linear, "_kernel", [])
