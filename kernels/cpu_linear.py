@@ -55,6 +55,8 @@ def _panel_kernel():
 
 def to_panels(weight: torch.Tensor) -> Panels:
     """`weight [out, in]` (a 2-D fp32 or bf16 CPU tensor) laid out in panels, a new tensor beside it."""
+    if weight.dtype not in PACKED_DTYPES:   # the kernel reads every other dtype as fp32
+        raise TypeError(f"panels hold fp32 or bf16 weights, not {weight.dtype}")
     out_features, in_features = weight.shape
     padded = -(-out_features // PANEL) * PANEL
     rows = weight if padded == out_features else torch.cat([weight, weight.new_zeros(padded - out_features,
@@ -102,7 +104,7 @@ def can_pack(weight: torch.Tensor) -> bool:
 def pack(weight: torch.Tensor) -> torch.Tensor | Panels:
     """`weight [out, in]` laid out for `linear`: in panels where their kernel runs, else in oneDNN's layout (an
     opaque tensor: use it only there)."""
-    if _panel_kernel() is not None:
+    if _panel_kernel() is not None and weight.dtype in PACKED_DTYPES:
         return to_panels(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 

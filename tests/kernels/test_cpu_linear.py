@@ -98,6 +98,8 @@ def test_an_input_of_another_dtype_than_the_panels_is_refused_not_misread():
     panels = cpu_linear.to_panels(torch.randn(16, 8, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="bfloat16 CPU linear got a torch.float32 input"):
         cpu_linear.panel_linear(torch.randn(2, 8), panels)
+    with pytest.raises(TypeError, match="not torch.float16"):
+        cpu_linear.to_panels(torch.randn(16, 8, dtype=torch.float16))
 
 
 def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):
