@@ -21,6 +21,7 @@ from kubeinfer.kernels import cpu_linear
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
+from cpu_step_profile import streaming_read_bandwidth   # noqa: E402
 from shapes import CPU_SHAPES, SHAPES   # noqa: E402
 
 COPIES_BYTES = 256 * 2 ** 20   # weights cycled per layout: well past the L3 cache
@@ -60,15 +61,6 @@ def measure(copies: list[dict], x: torch.Tensor, rounds: int = 5) -> dict[str, f
     return best
 
 
-def streaming_read_gbs() -> float:
-    data = torch.ones(COPIES_BYTES // 4)   # written: untouched pages all read one zero page
-    data.sum()
-    started = time.perf_counter()
-    for _ in range(5):
-        data.sum()
-    return 5 * data.numel() * 4 / (time.perf_counter() - started) / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0])
@@ -77,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     print(f"machine: {describe()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"shape: {args.shape}, {args.dtype}; streaming read {streaming_read_gbs():.1f} GB/s")
+    print(f"shape: {args.shape}, {args.dtype}; streaming read {streaming_read_bandwidth() / 1e9:.1f} GB/s")
     print("| projection | in -> out | tokens | layout | us per call | weight GB/s | GFLOP/s |")
     print("|---|---|---|---|---|---|---|")
     torch.manual_seed(0)

@@ -13,21 +13,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define PARALLEL_MIN_ELEMENTS 16384   /* below this, one thread: a decode step's few rows */
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE float bf16_to_f32(uint16_t b) {
-    const uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-INLINE uint16_t f32_to_bf16(float f) {   /* round to nearest even (finite values: -ffast-math) */
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
 
 /* Element i of a row of the call's dtype (bf16 = 1: uint16 storage), as fp32; and back. */
 INLINE float load(const void *row, int64_t i, int bf16) {

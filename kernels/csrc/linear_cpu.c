@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
 #include <stdlib.h>
@@ -70,19 +72,6 @@ static const micro_kernel MICRO[2][ROWS + 1] = {
     {NULL, micro1_f32, micro2_f32, micro3_f32, micro4_f32, micro5_f32, micro6_f32},
     {NULL, micro1_bf16, micro2_bf16, micro3_bf16, micro4_bf16, micro5_bf16, micro6_bf16},
 };
-
-static inline float bf16_to_f32(uint16_t b) {
-    const uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even (finite values: -ffast-math) */
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
 
 /* fp32 rows x [rows][ldx] through one panel (K block by K block) into fp32 y [rows][ldy], 16 columns. */
 static void rows_through_panel(const float *x, int64_t ldx, int64_t rows, int64_t k, const void *panel, int bf16,
