@@ -7,7 +7,11 @@
   `scaled_dot_product_attention` on the same dense tensors, and beside this machine's fp32 GEMM rate
   (`F.linear` on the model's gate/up shape, 2048 x 512 x 2730: about what a CPU attention could reach).
 
-    python -P benchmarks/cpu_attention.py [--shape smollm2-135m] [--repeats 7]
+- With `--baseline DIR` (another version's `kernels/csrc`, e.g. from `git worktree add /tmp/base HEAD~1`), the decode
+  figures of that build beside this one's, the two alternating in one process: each pair's ratio, and their median
+  (this box's read rate drifts by a third within minutes, so only alternated figures compare).
+
+    python -P benchmarks/cpu_attention.py [--shape smollm2-135m] [--repeats 7] [--baseline DIR] [--kv-dtype bfloat16]
 """
 import argparse
 import random
@@ -18,8 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kubeinfer.kernels import cpu_attention, references
+from kubeinfer.kernels import cpu_attention, cpu_native, references
 from kubeinfer.kernels.metadata import AttentionMetadata
+from kubeinfer.runtime.engine.kv_sizing import lazy_zeros
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.machine import describe   # noqa: E402
@@ -38,11 +43,53 @@ def best_seconds(run, repeats: int) -> float:
     return best
 
 
-def decode(lengths: tuple[int, int], layers: int, repeats: int) -> None:
+def kernel_built_from(sources: Path, cache_dtype: torch.dtype):
+    """The kernel function compiled from another source folder (the launcher's cache of functions and the
+    library loader's cache are set aside for the build, then restored)."""
+    library = cpu_attention.KERNELS[cache_dtype][0]
+    saved_sources, saved_library = cpu_native.SOURCES, cpu_native._loaded.pop(library, None)
+    saved_function = cpu_attention._functions.pop(cache_dtype, None)
+    try:
+        cpu_native.SOURCES = sources
+        return cpu_attention._kernel(cache_dtype)
+    finally:
+        cpu_native.SOURCES = saved_sources
+        cpu_native._loaded.pop(library, None)
+        cpu_attention._functions.pop(cache_dtype, None)
+        if saved_library is not None:
+            cpu_native._loaded[library] = saved_library
+        if saved_function is not None:
+            cpu_attention._functions[cache_dtype] = saved_function
+
+
+def decode_against(baseline, lengths: tuple[int, int], layers: int, rounds: int, cache_dtype: torch.dtype) -> None:
+    """This build and `baseline` alternating, `rounds` times each over the same cache: GB/s, and each pair's ratio."""
+    q, kv, meta, gigabytes = decode_inputs(lengths, layers, cache_dtype)
+    ours = cpu_attention._kernel(cache_dtype)
+    rates = {"baseline": [], "this build": []}
+    for _ in range(rounds):
+        for name, function in (("baseline", baseline), ("this build", ours)):
+            cpu_attention._functions[cache_dtype] = function
+            started = time.perf_counter()
+            for layer in range(layers):
+                cpu_attention.paged_attention(q, kv[0, layer], kv[1, layer], meta, HEAD_DIM ** -0.5)
+            rates[name].append(gigabytes * layers / (time.perf_counter() - started))
+    cpu_attention._functions[cache_dtype] = ours
+    ratios = sorted(new / old for new, old in zip(rates["this build"], rates["baseline"]))
+    median = lambda values: sorted(values)[len(values) // 2]   # noqa: E731
+    print(f"decode, 64 sequences of {lengths[0]}-{lengths[1]} tokens, {cache_dtype}: baseline "
+          f"{median(rates['baseline']):.1f} GB/s, this build {median(rates['this build']):.1f} GB/s (medians of "
+          f"{rounds}); this / baseline {median(ratios):.2f} (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
+
+
+def decode_inputs(lengths: tuple[int, int], layers: int, cache_dtype: torch.dtype = torch.float32):
+    """Queries, a K/V cache of `layers` layers (blocks shuffled, allocated as the engine's pool is), the metadata of
+    64 decoding sequences, and the K/V gigabytes a layer reads."""
     rng = random.Random(0)
     seq_lens = [rng.randint(*lengths) for _ in range(64)]
     blocks = [-(-n // BLOCK) for n in seq_lens]
-    kv = torch.randn(2, layers, sum(blocks) + 1, BLOCK, KV_HEADS, HEAD_DIM)
+    kv = lazy_zeros((2, layers, sum(blocks) + 1, BLOCK, KV_HEADS, HEAD_DIM), cache_dtype)   # as the engine's pool
+    kv.copy_(torch.randn(kv.shape))
     tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
     ids = list(range(1, sum(blocks) + 1))
     rng.shuffle(ids)   # blocks anywhere in the cache, as a long-running server leaves them
@@ -51,7 +98,12 @@ def decode(lengths: tuple[int, int], layers: int, repeats: int) -> None:
     meta = AttentionMetadata(torch.arange(len(seq_lens) + 1, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
                              tables, 1, max(seq_lens), torch.zeros(0, dtype=torch.int64))
     q = torch.randn(len(seq_lens), HEADS, HEAD_DIM)
-    gigabytes = sum(seq_lens) * KV_HEADS * HEAD_DIM * 4 * 2 / 1e9   # K and V of every sequence, one layer
+    gigabytes = sum(seq_lens) * KV_HEADS * HEAD_DIM * kv.element_size() * 2 / 1e9   # K and V of every sequence, one layer
+    return q, kv, meta, gigabytes
+
+
+def decode(lengths: tuple[int, int], layers: int, repeats: int) -> None:
+    q, kv, meta, gigabytes = decode_inputs(lengths, layers)
     walk = lambda attend: [attend(q, kv[0, layer], kv[1, layer], meta, HEAD_DIM ** -0.5) for layer in range(layers)]   # noqa: E731
     native = best_seconds(lambda: walk(cpu_attention.paged_attention), repeats) / layers
     reference = best_seconds(lambda: walk(references.paged_attention), max(1, repeats // 3)) / layers
@@ -80,6 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--shape", choices=sorted(SHAPES), default=CPU_SHAPES[0], help="its attention heads")
+    parser.add_argument("--baseline", type=Path, help="another kernels/csrc: its decode beside this one's, alternating")
+    parser.add_argument("--kv-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the cache's dtype for --baseline's comparison")
     args = parser.parse_args()
     global HEADS, KV_HEADS, HEAD_DIM
     shape = SHAPES[args.shape]
@@ -88,6 +143,13 @@ def main() -> None:
         "the native kernel is not built here (no C compiler?)"
     print(f"machine: {describe()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
           f"{args.shape}'s {HEADS} query / {KV_HEADS} KV heads of {HEAD_DIM}, fp32, block {BLOCK}")
+    if args.baseline is not None:
+        cache_dtype = getattr(torch, args.kv_dtype)
+        baseline = kernel_built_from(args.baseline, cache_dtype)
+        assert baseline is not None, f"no kernel could be built from {args.baseline}"
+        for lengths in ((300, 700), (800, 1500)):
+            decode_against(baseline, lengths, 4, 2 * args.repeats + 1, cache_dtype)
+        return
     decode((300, 700), 4, args.repeats)
     decode((800, 1500), 4, args.repeats)
     for n in (128, 512, 2048):

@@ -22,7 +22,9 @@
 #define TILE_Q 16      /* query tokens per prefill work item: one vector lane each */
 #define MAX_ROWS 128   /* query rows (tokens x group heads) per item */
 #define MAX_D 256
-#define KEY_CHUNK 64     /* keys per step of the online softmax (measured best of 16, 32, 64) */
+#define KEY_CHUNK 64     /* keys per step of a prefill tile's online softmax (measured best of 16, 32, 64) */
+#define DECODE_CHUNK 32  /* keys per step of a decode item's: with the next chunk prefetched into L2 as it runs,
+                            32 and 16 measured alike, 64 slower, 2 chunks ahead no better (docs/benchmarks.md) */
 #define CONCAT_(a, b) a##b
 #define CONCAT(a, b) CONCAT_(a, b)   /* names pasted after expansion: attend_64_tile + _heads */
 
@@ -79,11 +81,27 @@ static inline item_span span_of(const work_item *item, const int32_t *cu_seqlens
 static inline void chunk_rows(const int32_t *table, int32_t block_size, const kv_t *k_cache, const kv_t *v_cache,
                               int64_t token_stride, int64_t offset, int32_t start, int32_t n, const kv_t **k_rows,
                               const kv_t **v_rows) {
+    int32_t block = start / block_size, in_block = start % block_size;   /* one division a chunk, not one a key */
+    int64_t slot = (int64_t)table[block] * block_size + in_block;
     for (int32_t j = 0; j < n; j++) {
-        const int32_t pos = start + j;
-        const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
         k_rows[j] = k_cache + slot * token_stride + offset;
         v_rows[j] = v_cache + slot * token_stride + offset;
+        slot++;
+        if (++in_block == block_size && j + 1 < n) {
+            in_block = 0;
+            slot = (int64_t)table[++block] * block_size;
+        }
+    }
+}
+
+/* Slice `slice` of `slices` of the prefetches of a chunk's K and V rows: lines [lines * slice / slices, lines *
+   (slice + 1) / slices) of its `lines` (row_lines a row, K's and V's each). */
+static inline void prefetch_slice(const kv_t *const *k_rows, const kv_t *const *v_rows, int32_t row_lines,
+                                  int32_t lines, int32_t slice, int32_t slices) {
+    for (int32_t line = lines * slice / slices; line < lines * (slice + 1) / slices; line++) {
+        const int32_t row = line / row_lines, offset = 64 * (line % row_lines);
+        __builtin_prefetch((const char *)k_rows[row] + offset, 0, 1);
+        __builtin_prefetch((const char *)v_rows[row] + offset, 0, 1);
     }
 }
 
@@ -132,17 +150,14 @@ static inline void row_scores(const float *q, const kv_t *const *k_rows, int32_t
         for (; j + 4 <= hi + 1; j += 4) {
             const kv_t *k0 = k_rows[j] + offset, *k1 = k_rows[j + 1] + offset;
             const kv_t *k2 = k_rows[j + 2] + offset, *k3 = k_rows[j + 3] + offset;
-            vec16 a0 = v16_zero(), a1 = v16_zero(), a2 = v16_zero(), a3 = v16_zero();
+            dot16 a0 = dot16_zero(), a1 = dot16_zero(), a2 = dot16_zero(), a3 = dot16_zero();
             for (int32_t x = 0; x < d / 16; x++) {
-                a0 = v16_fmadd(qv[x], kv_load16(k0 + 16 * x), a0);
-                a1 = v16_fmadd(qv[x], kv_load16(k1 + 16 * x), a1);
-                a2 = v16_fmadd(qv[x], kv_load16(k2 + 16 * x), a2);
-                a3 = v16_fmadd(qv[x], kv_load16(k3 + 16 * x), a3);
+                a0 = dot16_fmadd(qv[x], kv_load16(k0 + 16 * x), a0);
+                a1 = dot16_fmadd(qv[x], kv_load16(k1 + 16 * x), a1);
+                a2 = dot16_fmadd(qv[x], kv_load16(k2 + 16 * x), a2);
+                a3 = dot16_fmadd(qv[x], kv_load16(k3 + 16 * x), a3);
             }
-            scores[j] = v16_reduce_add(a0);
-            scores[j + 1] = v16_reduce_add(a1);
-            scores[j + 2] = v16_reduce_add(a2);
-            scores[j + 3] = v16_reduce_add(a3);
+            dot16_sum4(a0, a1, a2, a3, scores + j);
         }
     }
 #endif

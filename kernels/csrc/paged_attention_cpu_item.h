@@ -16,9 +16,9 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
 
     float qs[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
     float acc[MAX_ROWS][MAX_D] __attribute__((aligned(64)));
-    float scores[MAX_ROWS][KEY_CHUNK] __attribute__((aligned(64)));
+    float scores[MAX_ROWS][DECODE_CHUNK] __attribute__((aligned(64)));
     float running_max[MAX_ROWS], denominator[MAX_ROWS];
-    int32_t row_pos[MAX_ROWS], row_kv[MAX_ROWS], seen[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    int32_t row_pos[MAX_ROWS], seen[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
     for (int32_t r = 0; r < rows; r++) {
         const int32_t token = span.first_token + r / heads;
         const int32_t head = item->kv_begin * group + r % heads;
@@ -29,36 +29,49 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         denominator[r] = 0.0f;
         seen[r] = 0;
         row_pos[r] = first_pos + r / heads;
-        row_kv[r] = (head / group) * d;   /* offset of the row's KV head inside a token's row */
     }
 
-    for (int32_t start = span.key_begin; start <= last_pos; start += KEY_CHUNK) {
+    for (int32_t start = span.key_begin; start <= last_pos; start += DECODE_CHUNK) {
         int32_t n = last_pos + 1 - start;
-        if (n > KEY_CHUNK) n = KEY_CHUNK;
-        const kv_t *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
+        if (n > DECODE_CHUNK) n = DECODE_CHUNK;
+        const kv_t *k_rows[DECODE_CHUNK], *v_rows[DECODE_CHUNK];
         chunk_rows(table, block_size, k_cache, v_cache, token_stride, 0, start, n, k_rows, v_rows);
-        /* The next chunk's rows are fetched while this one is computed: blocks lie anywhere in the cache, so
-           the hardware prefetcher loses the stream at each block edge. */
-        const int32_t next_end = start + 2 * KEY_CHUNK <= last_pos + 1 ? start + 2 * KEY_CHUNK : last_pos + 1;
-        for (int32_t pos = start + KEY_CHUNK; pos < next_end; pos++) {
-            const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
-            const char *k_next = (const char *)(k_cache + slot * token_stride + (int64_t)item->kv_begin * d);
-            const char *v_next = (const char *)(v_cache + slot * token_stride + (int64_t)item->kv_begin * d);
-            for (int32_t line = 0; line < (item->kv_end - item->kv_begin) * d * (int32_t)sizeof(kv_t); line += 64) {
-                __builtin_prefetch(k_next + line);
-                __builtin_prefetch(v_next + line);
-            }
-        }
+        /* The next chunk's rows are fetched into L2 while this one is computed (blocks lie anywhere in the cache,
+           so the hardware prefetcher loses the stream at each block edge), a slice before each row's scores and
+           each row's values. Issued in one burst, the prefetches filled the core's miss buffers and stalled it
+           until nearly all had gone out, and then nothing was in flight while the chunk was computed; fetched
+           into L1 (prefetcht0), the next chunk evicted this one. */
+        const int32_t next_start = start + DECODE_CHUNK;
+        int32_t next_n = last_pos + 1 - next_start;
+        next_n = next_n < 0 ? 0 : next_n > DECODE_CHUNK ? DECODE_CHUNK : next_n;
+        const kv_t *k_next[DECODE_CHUNK], *v_next[DECODE_CHUNK];
+        if (next_n > 0)
+            chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d,
+                       next_start, next_n, k_next, v_next);
+        const int32_t row_lines = ((item->kv_end - item->kv_begin) * d * (int32_t)sizeof(kv_t) + 63) / 64;
+        const int32_t next_lines = next_n * row_lines, slices = 2 * rows;
+        int32_t slice = 0;
         for (int32_t r = 0; r < rows; r++) visible_range(row_pos[r], start, n, sliding_window, &lo[r], &hi[r]);
-        /* Scores, row by row: the row's query stays in registers; the chunk's keys stay in L1 across rows. */
-        for (int32_t r = 0; r < rows; r++)
-            row_scores(qs[r], k_rows, row_kv[r], lo[r], hi[r], d, scores[r]);
-        /* Online softmax: the running max moves up, what was summed under the old one is rescaled. */
-        for (int32_t r = 0; r < rows; r++)
-            if (lo[r] <= hi[r]) softmax_chunk(scores[r], lo[r], hi[r], &running_max[r], &denominator[r], &seen[r],
-                                              acc[r], d);
-        for (int32_t r = 0; r < rows; r++)   /* the row's accumulator stays in registers across the chunk */
-            row_values(acc[r], scores[r], v_rows, row_kv[r], lo[r], hi[r], d);
+        /* One KV head at a time, its group's rows together: its K and V rows of the chunk stay in L1 while each of
+           the group's query heads reads them. */
+        for (int32_t h = item->kv_begin; h < item->kv_end; h++) {
+            const int32_t first = (h - item->kv_begin) * group;   /* the head's rows: t * heads + first + g */
+            const int32_t offset = h * d;   /* the head's K and V inside a token's row */
+            /* Scores, row by row: the row's query stays in registers. */
+            for (int32_t t = 0; t < item->count; t++)
+                for (int32_t r = t * heads + first; r < t * heads + first + group; r++) {
+                    prefetch_slice(k_next, v_next, row_lines, next_lines, slice++, slices);
+                    row_scores(qs[r], k_rows, offset, lo[r], hi[r], d, scores[r]);
+                }
+            /* Online softmax, then the values: the row's accumulator stays in registers across the chunk. */
+            for (int32_t t = 0; t < item->count; t++)
+                for (int32_t r = t * heads + first; r < t * heads + first + group; r++) {
+                    if (lo[r] <= hi[r])
+                        softmax_chunk(scores[r], lo[r], hi[r], &running_max[r], &denominator[r], &seen[r], acc[r], d);
+                    prefetch_slice(k_next, v_next, row_lines, next_lines, slice++, slices);
+                    row_values(acc[r], scores[r], v_rows, offset, lo[r], hi[r], d);
+                }
+        }
     }
     for (int32_t r = 0; r < rows; r++) {
         const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;

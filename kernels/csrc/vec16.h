@@ -37,6 +37,16 @@ static inline vec16 v16_exp(vec16 x) { return _ZGVeN16v_expf(x); }
 static inline vec16 v16_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+/* A dot product's running sum (dot16_*): one register either way; see the AVX2 twin below. */
+typedef __m512 dot16;
+static inline dot16 dot16_zero(void) { return _mm512_setzero_ps(); }
+static inline dot16 dot16_fmadd(vec16 a, vec16 b, dot16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void dot16_sum4(dot16 a, dot16 b, dot16 c, dot16 d, float *out) {
+    out[0] = _mm512_reduce_add_ps(a);
+    out[1] = _mm512_reduce_add_ps(b);
+    out[2] = _mm512_reduce_add_ps(c);
+    out[3] = _mm512_reduce_add_ps(d);
+}
 
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -84,6 +94,20 @@ static inline __m256 v16_bf16_half(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 static inline vec16 v16_load_bf16(const uint16_t *p) { return v16_pair(v16_bf16_half(p), v16_bf16_half(p + 8)); }
+/* A dot product's running sum, folded to 8 lanes as it goes: both halves of a vec16 product add into one register,
+   so four dot products in flight hold 4 registers, not 8, beside a 64-wide query's 8. dot16_sum4 finishes four
+   at once: three horizontal adds and one 128-bit add give their four totals, where four v16_reduce_add would take
+   ~28 shuffles and adds (measured in the decode attention: docs/benchmarks.md). */
+typedef __m256 dot16;
+static inline dot16 dot16_zero(void) { return _mm256_setzero_ps(); }
+static inline dot16 dot16_fmadd(vec16 a, vec16 b, dot16 c) {
+    return _mm256_fmadd_ps(a.hi, b.hi, _mm256_fmadd_ps(a.lo, b.lo, c));
+}
+static inline void dot16_sum4(dot16 a, dot16 b, dot16 c, dot16 d, float *out) {
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);   /* per 128-bit half: a01 a23 b01 b23 ... */
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);                          /* per half: a b c d partial sums */
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
 #endif
 
 #endif

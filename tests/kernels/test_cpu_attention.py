@@ -16,7 +16,8 @@ if cpu_native.library("paged_attention_cpu") is None:
     pytest.skip("no C compiler here: the native CPU kernels are not built (the references run instead)",
                 allow_module_level=True)
 
-# (seq_len, query chunk): one-token prompt, decodes, drafts, prefill past a 64-key chunk and a 16-token tile,
+# (seq_len, query chunk): one-token prompt, decodes past a 32-key decode chunk, drafts, prefill past a 64-key chunk
+# and a 16-token tile,
 # chunks after a cached prefix, a long chunk whose last tile is partial.
 MIXED = [(1, 1), (37, 1), (300, 1), (70, 5), (80, 80), (47, 15), (200, 140), (129, 17), (64, 64)]
 # Long prefill chunks beside decodes in one call: 256 tokens, 400 after a cached prefix, a whole long prompt.
@@ -40,7 +41,7 @@ def check(make_paged, pairs, num_heads, num_kv_heads, head_dim, block_size, slid
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1), (2, 1), (14, 2), (32, 8)],
                          ids=["mha", "gqa4", "gqa8", "mqa2", "gqa7", "llama3"])
 @pytest.mark.parametrize("head_dim", [64, 128, 80, 32])
-@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("block_size", [1, 16, 32, 64])   # 64: a decode item's 32-key chunk starts mid-block
 def test_mixed_batch_matches_reference(make_paged, num_heads, num_kv_heads, head_dim, block_size):
     check(make_paged, MIXED, num_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size)
 
