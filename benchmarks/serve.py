@@ -168,7 +168,7 @@ async def run(args, url: str, model: str) -> None:
     itl = [value for r in results for value in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
     figures = {"ttft": [r["ttft"] for r in results], "itl": itl, "tokens_per_s": tokens / elapsed, "elapsed": elapsed}
-    arrivals = (f"{args.concurrency} concurrent streams" if args.concurrency else
+    arrivals = (streams_label(args.concurrency, args.num_requests) if args.concurrency else
                 "burst" if args.burst else f"Poisson {args.request_rate}/s")
     print(f"{len(results)} requests, {arrivals}, prompts {args.min_prompt}-{args.max_prompt} words, "
           f"outputs {args.min_output}-{args.max_output} tokens, model {model}")
@@ -272,7 +272,7 @@ def compare_with_vllm(args) -> None:
                 figures[name] = {}
                 for level in args.levels:
                     args.concurrency = level
-                    print(f"\n{name}, {level} concurrent streams")
+                    print(f"\n{name}, {streams_label(level, args.num_requests)}")
                     cpu_before, client_before = cpu_time.process_tree(server.pid), time.process_time()
                     figures[name][level] = asyncio.run(run(args, url, model))
                     spent = cpu_time.spent(cpu_before, cpu_time.process_tree(server.pid), server.pid)
@@ -288,6 +288,13 @@ def compare_with_vllm(args) -> None:
             ms = lambda values, q: quantile(values, q) * 1e3   # noqa: E731
             print(f"{level:>7} {name:<10}{ms(f['ttft'], .5):>10.0f}{ms(f['ttft'], .95):>10.0f}{ms(f['itl'], .5):>9.1f}"
                   f"{ms(f['itl'], .95):>9.1f}{f['tokens_per_s']:>8.0f}{f['elapsed']:>8.1f}")
+
+
+def streams_label(level: int, num_requests: int) -> str:
+    """'N concurrent streams', saying so when fewer requests than N exist (then all of them are in flight at once)."""
+    if level > num_requests:
+        return f"{level} concurrent streams (only {num_requests} requests: all {num_requests} in flight at once)"
+    return f"{level} concurrent streams"
 
 
 def prepare_model(args, tmp: Path) -> Path:
