@@ -15,6 +15,7 @@
 """
 import argparse
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -71,15 +72,19 @@ def decode_against(baseline, lengths: tuple[int, int], layers: int, rounds: int,
         for name, function in (("baseline", baseline), ("this build", ours)):
             cpu_attention._functions[cache_dtype] = function
             started = time.perf_counter()
-            for layer in range(layers):
-                cpu_attention.paged_attention(q, kv[0, layer], kv[1, layer], meta, HEAD_DIM ** -0.5)
+            walk(cpu_attention.paged_attention, q, kv, meta, layers)
             rates[name].append(gigabytes * layers / (time.perf_counter() - started))
     cpu_attention._functions[cache_dtype] = ours
     ratios = sorted(new / old for new, old in zip(rates["this build"], rates["baseline"]))
-    median = lambda values: sorted(values)[len(values) // 2]   # noqa: E731
     print(f"decode, 64 sequences of {lengths[0]}-{lengths[1]} tokens, {cache_dtype}: baseline "
-          f"{median(rates['baseline']):.1f} GB/s, this build {median(rates['this build']):.1f} GB/s (medians of "
-          f"{rounds}); this / baseline {median(ratios):.2f} (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
+          f"{statistics.median(rates['baseline']):.1f} GB/s, this build {statistics.median(rates['this build']):.1f} GB/s (medians of "
+          f"{rounds}); this / baseline {statistics.median(ratios):.2f} (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
+
+
+def walk(attend, q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, layers: int) -> None:
+    """One decode step's attention over every layer of the cache, layer after layer as a forward walks them."""
+    for layer in range(layers):
+        attend(q, kv[0, layer], kv[1, layer], meta, HEAD_DIM ** -0.5)
 
 
 def decode_inputs(lengths: tuple[int, int], layers: int, cache_dtype: torch.dtype = torch.float32):
@@ -104,9 +109,8 @@ def decode_inputs(lengths: tuple[int, int], layers: int, cache_dtype: torch.dtyp
 
 def decode(lengths: tuple[int, int], layers: int, repeats: int) -> None:
     q, kv, meta, gigabytes = decode_inputs(lengths, layers)
-    walk = lambda attend: [attend(q, kv[0, layer], kv[1, layer], meta, HEAD_DIM ** -0.5) for layer in range(layers)]   # noqa: E731
-    native = best_seconds(lambda: walk(cpu_attention.paged_attention), repeats) / layers
-    reference = best_seconds(lambda: walk(references.paged_attention), max(1, repeats // 3)) / layers
+    native = best_seconds(lambda: walk(cpu_attention.paged_attention, q, kv, meta, layers), repeats) / layers
+    reference = best_seconds(lambda: walk(references.paged_attention, q, kv, meta, layers), max(1, repeats // 3)) / layers
     stream = torch.ones(int(gigabytes * layers * 1e9 / 4))
     limit = best_seconds(stream.sum, repeats) / layers
     print(f"decode, 64 sequences of {lengths[0]}-{lengths[1]} tokens, {layers} layers ({gigabytes * 1e3:.0f} MB of K/V "
