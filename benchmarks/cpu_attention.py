@@ -8,10 +8,11 @@
   (`F.linear` on the model's gate/up shape, 2048 x 512 x 2730: about what a CPU attention could reach).
 
 - With `--baseline DIR` (another version's `kernels/csrc`, e.g. from `git worktree add /tmp/base HEAD~1`), the decode
-  figures of that build beside this one's, the two alternating in one process: each pair's ratio, and their median
+  and prefill (4 x 200, 2 x 512, 1 x 2048 tokens, blocks shuffled; `--phases`) figures of that build beside this one's, the two alternating in one process: each pair's ratio, and their median
   (this box's read rate drifts by a third within minutes, so only alternated figures compare).
 
     python -P benchmarks/cpu_attention.py [--shape smollm2-135m] [--repeats 7] [--baseline DIR] [--kv-dtype bfloat16]
+                                             [--phases decode prefill]
 """
 import argparse
 import random
@@ -81,6 +82,45 @@ def decode_against(baseline, lengths: tuple[int, int], layers: int, rounds: int,
           f"{rounds}); this / baseline {statistics.median(ratios):.2f} (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
 
 
+def prefill_against(baseline, lengths: list[int], rounds: int, cache_dtype: torch.dtype) -> None:
+    """A prefill step's attention (whole prompts of `lengths`, blocks shuffled over the pool), this build and
+    `baseline` alternating: GFLOP/s and each pair's ratio."""
+    q, kv, meta, flops = prefill_inputs(lengths, cache_dtype)
+    ours = cpu_attention._kernel(cache_dtype)
+    rates = {"baseline": [], "this build": []}
+    for _ in range(rounds):
+        for name, function in (("baseline", baseline), ("this build", ours)):
+            cpu_attention._functions[cache_dtype] = function
+            started = time.perf_counter()
+            cpu_attention.paged_attention(q, kv[0], kv[1], meta, HEAD_DIM ** -0.5)
+            rates[name].append(flops / (time.perf_counter() - started) / 1e9)
+    cpu_attention._functions[cache_dtype] = ours
+    ratios = sorted(new / old for new, old in zip(rates["this build"], rates["baseline"]))
+    print(f"prefill, {len(lengths)} x {lengths[0]} tokens, {cache_dtype}: baseline "
+          f"{statistics.median(rates['baseline']):.1f} GFLOP/s, this build {statistics.median(rates['this build']):.1f} "
+          f"GFLOP/s (medians of {rounds}); this / baseline {statistics.median(ratios):.2f} "
+          f"(pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
+
+
+def prefill_inputs(lengths: list[int], cache_dtype: torch.dtype = torch.float32):
+    """Queries and a one-layer cache (blocks shuffled) for prompts of `lengths` prefilled whole in one step, its
+    metadata, and the causal attention's FLOPs."""
+    rng = random.Random(0)
+    blocks = [-(-n // BLOCK) for n in lengths]
+    kv = lazy_zeros((2, sum(blocks) + 1, BLOCK, KV_HEADS, HEAD_DIM), cache_dtype)
+    kv.copy_(torch.randn(kv.shape))
+    ids = list(range(1, sum(blocks) + 1))
+    rng.shuffle(ids)
+    tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+    for i, n in enumerate(blocks):
+        tables[i, :n] = torch.tensor(ids[sum(blocks[:i]):sum(blocks[:i]) + n])
+    cu_seqlens = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32)
+    meta = AttentionMetadata(cu_seqlens, torch.tensor(lengths, dtype=torch.int32), tables, max(lengths), max(lengths),
+                             torch.zeros(0, dtype=torch.int64))
+    flops = sum(n * n / 2 for n in lengths) * HEADS * HEAD_DIM * 4   # causal: QK^T and PV over the visible half
+    return torch.randn(sum(lengths), HEADS, HEAD_DIM), kv, meta, flops
+
+
 def walk(attend, q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, layers: int) -> None:
     """One decode step's attention over every layer of the cache, layer after layer as a forward walks them."""
     for layer in range(layers):
@@ -139,6 +179,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another kernels/csrc: its decode beside this one's, alternating")
     parser.add_argument("--kv-dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the cache's dtype for --baseline's comparison")
+    parser.add_argument("--phases", nargs="+", choices=["decode", "prefill"], default=["decode", "prefill"],
+                        help="what --baseline compares")
     args = parser.parse_args()
     global HEADS, KV_HEADS, HEAD_DIM
     shape = SHAPES[args.shape]
@@ -151,8 +193,10 @@ def main() -> None:
         cache_dtype = getattr(torch, args.kv_dtype)
         baseline = kernel_built_from(args.baseline, cache_dtype)
         assert baseline is not None, f"no kernel could be built from {args.baseline}"
-        for lengths in ((300, 700), (800, 1500)):
+        for lengths in ((300, 700), (800, 1500)) if "decode" in args.phases else ():
             decode_against(baseline, lengths, 4, 2 * args.repeats + 1, cache_dtype)
+        for lengths in ([200] * 4, [512] * 2, [2048]) if "prefill" in args.phases else ():
+            prefill_against(baseline, lengths, 2 * args.repeats + 1, cache_dtype)
         return
     decode((300, 700), 4, args.repeats)
     decode((800, 1500), 4, args.repeats)

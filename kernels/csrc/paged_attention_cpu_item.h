@@ -135,21 +135,22 @@ static inline __attribute__((always_inline)) void TILE_HEADS(
         const kv_t *k_rows[KEY_CHUNK], *v_rows[KEY_CHUNK];
         chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d, start, n,
                    k_rows, v_rows);
+        /* P x keys score registers: a lone head takes twice the keys, so that as many FMA chains are in flight */
+        const int32_t keys = TILE_KEYS * 2 / P;
         int32_t j = 0;
-        for (; j + TILE_KEYS <= n; j += TILE_KEYS) {   /* TILE_KEYS keys in flight per head: independent FMA chains */
-            vec16 s[2][TILE_KEYS];
-            for (int32_t p = 0; p < P; p++)
-                for (int32_t c = 0; c < TILE_KEYS; c++) s[p][c] = v16_zero();
+        for (; j + keys <= n; j += keys) {
+            vec16 s[2 * TILE_KEYS];   /* s[p * keys + c]: head p's scores for key j + c */
+            for (int32_t c = 0; c < P * keys; c++) s[c] = v16_zero();
             for (int32_t x = 0; x < d; x++) {
-                vec16 b[TILE_KEYS];
-                for (int32_t c = 0; c < TILE_KEYS; c++) b[c] = v16_set1(kv_f32(k_rows[j + c][x]));
+                vec16 b[2 * TILE_KEYS];
+                for (int32_t c = 0; c < keys; c++) b[c] = v16_set1(kv_f32(k_rows[j + c][x]));
                 for (int32_t p = 0; p < P; p++) {
                     const vec16 qx = v16_load(q_t[p][x]);
-                    for (int32_t c = 0; c < TILE_KEYS; c++) s[p][c] = v16_fmadd(qx, b[c], s[p][c]);
+                    for (int32_t c = 0; c < keys; c++) s[p * keys + c] = v16_fmadd(qx, b[c], s[p * keys + c]);
                 }
             }
             for (int32_t p = 0; p < P; p++)
-                for (int32_t c = 0; c < TILE_KEYS; c++) v16_store(by_key[p][j + c], s[p][c]);
+                for (int32_t c = 0; c < keys; c++) v16_store(by_key[p][j + c], s[p * keys + c]);
         }
         for (; j < n; j++)
             for (int32_t p = 0; p < P; p++) {

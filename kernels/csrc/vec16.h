@@ -3,8 +3,8 @@
    The kernel's vector code is written once against these names (VEC16 defined); with AVX-512 each is the one
    intrinsic it wraps, with AVX2 and FMA (x86-64-v3: AMD Zen, Intel before AVX-512) each does the same on two
    8-lane halves, and a 16-lane mask is a 16-bit integer as __mmask16 is. Without either, VEC16 is undefined and
-   the kernel runs its plain loops. exp is glibc's vector math library (libmvec, linked through -lm): the
-   functions gcc's vectorizer calls for expf on 16 (AVX-512) and 8 (AVX2) lanes. */
+   the kernel runs its plain loops. exp is glibc's vector math library (libmvec, linked through -lm) on AVX-512,
+   the function gcc's vectorizer calls for expf on 16 lanes; on AVX2 an inline polynomial (v8_exp). */
 #ifndef KUBEINFER_VEC16_H
 #define KUBEINFER_VEC16_H
 #include <stdint.h>
@@ -32,7 +32,11 @@ static inline vec16 v16_mask_max(vec16 src, mask16 m, vec16 a, vec16 b) { return
 /* Lanes of m: a; other lanes: 0. */
 static inline vec16 v16_maskz_mov(mask16 m, vec16 a) { return _mm512_maskz_mov_ps(m, a); }
 static inline int v16_any_gt(vec16 a, vec16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
-static inline vec16 v16_exp(vec16 x) { return _ZGVeN16v_expf(x); }
+/* exp of arguments clamped to [-87, 88]: outside it libmvec takes a scalar path lane by lane (the online softmax
+   starts from a running max of -1e30, and a tile's lanes without a query token never leave it). */
+static inline vec16 v16_exp(vec16 x) {
+    return _ZGVeN16v_expf(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)));
+}
 /* Sixteen bf16 values (the high halves of fp32s) widened. */
 static inline vec16 v16_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
@@ -53,7 +57,6 @@ static inline void dot16_sum4(dot16 a, dot16 b, dot16 c, dot16 d, float *out) {
 #define VEC16 1
 typedef struct { __m256 lo, hi; } vec16;
 typedef uint16_t mask16;
-__m256 _ZGVdN8v_expf(__m256);
 static inline vec16 v16_pair(__m256 lo, __m256 hi) { vec16 r = {lo, hi}; return r; }
 static inline vec16 v16_load(const float *p) { return v16_pair(_mm256_load_ps(p), _mm256_load_ps(p + 8)); }
 static inline vec16 v16_loadu(const float *p) { return v16_pair(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
@@ -89,7 +92,29 @@ static inline vec16 v16_maskz_mov(mask16 m, vec16 a) {
 static inline int v16_any_gt(vec16 a, vec16 b) {
     return _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)) | _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ));
 }
-static inline vec16 v16_exp(vec16 x) { return v16_pair(_ZGVdN8v_expf(x.lo), _ZGVdN8v_expf(x.hi)); }
+/* exp on 8 lanes, inline: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to fp32), exp(r) by
+   the degree-7 Taylor-like polynomial of the Cephes library's expf (relative error ~1e-7), times 2^n built in the
+   exponent bits. Arguments are clamped to [-87, 88], where 2^n stays a normal number. libmvec's version is a call
+   per 8 lanes, and it takes a scalar path lane by lane for arguments outside that range: the online softmax starts
+   from a running max of -1e30, and a tile's lanes without a query token never leave it (16% of a 4 x 200-token
+   prefill's attention was expf, 3% its scalar path, before this). */
+static inline __m256 v8_exp(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+static inline vec16 v16_exp(vec16 x) { return v16_pair(v8_exp(x.lo), v8_exp(x.hi)); }
 static inline __m256 v16_bf16_half(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
