@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/autoscale_sweep.py [--seed 0] [--cold-starts 60 30 15 5]
         [--trace-file PATH ...] [--compress-to SECONDS] [--rate-scale X] [--no-synthetic]
-        [--traces NAME ...] [--policies TEXT ...]
+        [--traces NAME ...] [--policies TEXT ...] [--no-frontier]
 
 `--trace-file` adds a row per file and cold start: a CSV of `TIMESTAMP,ContextTokens,GeneratedTokens` (the public
 format of production traces; benchmarks/autoscale/traces holds two of our making), each request replayed with its
@@ -12,9 +12,13 @@ For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (our
 from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
 SLO share / GPU-hours per policy, then ours against the limit (points below its SLO share, share of its
 GPU-hours), then the limit and the operator against the causal limit (benchmarks/autoscale/causal.py: the present
-rate's fleet, no look-ahead). Fixed seed; about 25 s per cold start on one CPU core. `--traces` keeps the rows of
-the named traces, `--policies` the columns whose policy name contains one of the texts (and the limits', which
-the last columns need); the other cells print "-". A run does not depend on the others, so its cells are the full
+rate's fleet, no look-ahead), then the clairvoyant frontier (benchmarks/autoscale/frontier.py: the fewest GPU-hours
+that reach each SLO share by schedules that know the trace): its top point, ours, the operator's and the reactive
+policy's GPU-hours over the frontier's at their own shares, and the policies that land beyond it (none, or the
+frontier is no limit on that trace). Fixed seed; about 25 s per cold start on one CPU core, and 30-90 s more per
+row for the frontier (`--no-frontier` skips it). `--traces` keeps the rows of the named traces, `--policies` the
+columns whose policy name contains one of the texts (and the limits', which the last columns need); the other cells
+print "-". A run does not depend on the others, so its cells are the full
 sweep's.
 """
 
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoscale_sim  # noqa: E402
 from autoscale.causal import CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN  # noqa: E402
+from autoscale.frontier import Frontier, Point, against, beyond  # noqa: E402
 from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel  # noqa: E402
 from autoscale.trace_file import load_trace  # noqa: E402
@@ -37,11 +42,44 @@ COLUMNS = ("clairvoyant", "causal limit", "causal limit, 20 s drain", "causal li
            "kubeinfer, learning throughput", "KubeAI-style", "KubeAI-style, 60 s", "KPA-style", "fixed (peak-sized)")
 
 
-def header() -> str:
+FRONTIER_COLUMNS = ("frontier: its top share / GPU-hours", "ours vs frontier at its share",
+                    "operator vs frontier at its share", "reactive vs frontier at its share", "beyond the frontier")
+
+
+def header(frontier: bool = True) -> str:
     names = " | ".join(COLUMNS)
+    extra = f" {' | '.join(FRONTIER_COLUMNS)} |" if frontier else ""
     return (f"| trace | cold start (s) | {names} | ours vs limit: SLO points below, GPU-hours | goal | "
             f"operator vs limit | operator's goal | causal limit vs limit | operator vs causal limit | "
-            f"operator vs causal limit, 20 s drain |\n|{'---|' * (len(COLUMNS) + 9)}")
+            f"operator vs causal limit, 20 s drain |{extra}\n"
+            f"|{'---|' * (len(COLUMNS) + 9 + (len(FRONTIER_COLUMNS) if frontier else 0))}")
+
+
+def frontier_cells(results: list, frontier: list[Point]) -> str:
+    """The frontier's top point, ours, the operator's and the reactive default's GPU-hours over the frontier's at
+    their own shares, and every policy that lands beyond it."""
+    ours, operator, reactive = results[7], results[8], results[1]
+
+    def ratio(r) -> str:
+        return "-" if r is None else f"{against(r, frontier):.2f}x"
+
+    top = frontier[0]
+    past = [r.policy for r in results if r is not None and beyond(r, frontier)]
+    return (f" {100 * top.slo_share:.1f}% / {top.gpu_hours:.2f} | {ratio(ours)} | {ratio(operator)} | "
+            f"{ratio(reactive)} | {', '.join(past) or 'none'} |")
+
+
+def frontier_for(trace, model, seed: int, results: list, progress=lambda line: None) -> list[Point]:
+    """The trace's clairvoyant frontier (autoscale/frontier.py), with the rate-table limit's run among its points,
+    refined where a policy lands beyond it."""
+    frontier = Frontier(trace, model, autoscale_sim.TTFT_TARGET_S, seed)
+    limit = results[6]
+    extra = [] if limit is None else [lambda: Point(limit.slo_share, limit.gpu_hours, limit.policy)]
+    points = frontier.build(extra, progress)
+    for r in results:
+        if r is not None and beyond(r, points):
+            points = frontier.refine(r)
+    return points
 
 
 def row(results: list, cold_start_s: float) -> str:
@@ -89,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", nargs="+", default=None, help="only these traces' rows (by name: steady, ...)")
     ap.add_argument("--policies", nargs="+", default=None,
                     help="only the policies whose name contains one of these texts (the limits always run)")
+    ap.add_argument("--no-frontier", action="store_true", help="skip the frontier's columns (its runs take longest)")
     args = ap.parse_args(argv)
     traces = [] if args.no_synthetic else [make() for make in ALL_TRACES]
     traces += [load_trace(path, args.compress_to, args.rate_scale, args.seed) for path in args.trace_file]
@@ -98,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     def only(name: str) -> bool:
         return (args.policies is None or name in (autoscale_sim.CLAIRVOYANT, CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN)
                 or any(text in name for text in args.policies))
-    print(header(), flush=True)
+    print(header(not args.no_frontier), flush=True)
     for cold_start in args.cold_starts:
         model = ReplicaModel(cold_start_s=cold_start)
         for trace in traces:
             runs = autoscale_sim.run_trace(trace, model, args.seed, only)
             results = [None if run is None else summarize(run[0], autoscale_sim.TTFT_TARGET_S) for run in runs]
-            print(row(results, cold_start), flush=True)
+            line = row(results, cold_start)
+            if not args.no_frontier:
+                line += frontier_cells(results, frontier_for(trace, model, args.seed, results))
+            print(line, flush=True)
     return 0
 
 

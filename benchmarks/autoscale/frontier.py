@@ -1,0 +1,197 @@
+"""The clairvoyant frontier: the fewest GPU-hours that reach each SLO share on a trace, by schedules that know every
+request to come (issue #55).
+
+One clairvoyant schedule gives one (SLO share, GPU-hours) point, and which point is "the limit" depends on how it
+sizes. The rate-table limit (clairvoyant.py) sizes by the rate alone, from a table measured under steady Poisson
+arrivals with the trace's average request: on prefill-heavy traffic whose requests come in clusters it lands below
+a fixed fleet on SLO share, so it bounds nothing there. The frontier instead takes many schedules and keeps their
+Pareto envelope; a policy is then judged by the frontier's GPU-hours at the policy's own SLO share, and a policy
+that holds a share with fewer GPU-hours than the frontier needs for it "lands beyond the frontier": the yardstick
+failed, and a test says so (tests/operator/test_autoscale_frontier.py).
+
+The schedules:
+- `CostClairvoyant(utilization, window_s)`: the fleet the requests to come cost. Each request costs the replica
+  time the replica model charges for it (its prompt's prefill, and its output's decode steps at a full batch's
+  share of a step); the fleet at time u is the cost of the arrivals in [u, u + window) over window x utilization.
+  It orders a replica one cold start before it is needed and keeps it while the need within a cold start says so,
+  as the rate-table limit does. A short window sees clusters of prompts that a 30 s rate averages away; the
+  utilization is the headroom (a prompt's TTFT needs a replica free of other prefills when it arrives).
+- the rate-table limit, and fixed fleets of every size up to the largest any schedule used: a clairvoyant may run
+  either.
+Where a policy lands beyond the points, `refine` runs more before the verdict: utilizations bisected towards the
+policy's share (the grid is coarse, and a share is not monotone in the utilization), then the same with replicas
+ordered half a cold start ahead and not ahead at all (a late order loses some share at a step and saves the
+replicas' wait, the kind of point a causal policy makes).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .observation import Observation
+from .policies import FixedFleet
+from .scenarios import Result, summarize
+from .sim import ReplicaModel, Simulation, Trace
+
+WINDOWS_S = (1.0, 5.0, 30.0)
+UTILIZATIONS = (0.05, 0.08, 0.12, 0.18, 0.27, 0.4, 0.6, 0.9)
+MAX_FLEET = 200          # a sanity bound on any schedule's fleet
+SLO_TOLERANCE = 0.001    # a policy's share may exceed the frontier's by this much (0.1 point) ...
+GPU_TOLERANCE = 0.01     # ... and its GPU-hours undercut it by this share, before it counts as beyond
+
+
+def request_cost(prompt: int, output: int, model: ReplicaModel) -> float:
+    """Replica seconds one request takes: its prefill, and each later token's share of a full batch's step."""
+    decode = model.decode_per_seq_s + model.decode_base_s / model.max_batch
+    return model.prefill_s_per_token * prompt + max(0, output - 1) * decode
+
+
+@dataclass
+class CostClairvoyant:
+    """Sizes the fleet from the cost of the requests to come (the module's docstring)."""
+
+    utilization: float
+    window_s: float
+    cold_start_s: float
+    model: ReplicaModel
+    lead_s: float | None = None   # how far ahead a replica is ordered (None: one cold start, just in time)
+    min_replicas: int = 1
+    tick_s: float = 1.0
+    resolution_s: float = 0.5
+    name: str = ""
+
+    def __post_init__(self):
+        if not self.name:
+            late = "" if self.lead_s is None else f", ordered {self.lead_s:g} s ahead"
+            self.name = f"clairvoyant by cost ({self.window_s:g} s window, utilization {self.utilization:.3g}{late})"
+        self._needs: list[int] | None = None
+
+    def plan(self, arrivals: list[float], costs: list[float], duration_s: float) -> list[int]:
+        """The need at every `resolution_s` from 0 to past the trace's end (arrivals sorted)."""
+        prefix = [0.0]
+        for cost in costs:
+            prefix.append(prefix[-1] + cost)
+        steps = int((duration_s + self.cold_start_s + self.tick_s) / self.resolution_s) + 2
+        needs = []
+        for k in range(steps):
+            start = k * self.resolution_s
+            work = prefix[bisect_left(arrivals, start + self.window_s)] - prefix[bisect_left(arrivals, start)]
+            needs.append(min(MAX_FLEET, max(self.min_replicas, math.ceil(work / (self.window_s * self.utilization)))))
+        return needs
+
+    def need(self, start: float, end: float) -> int:
+        """The largest need at the grid's points in [start, end]: the arrivals in [start, end + window)."""
+        first = int(start / self.resolution_s)
+        last = min(len(self._needs) - 1, int(end / self.resolution_s))
+        return max(self._needs[first:last + 1], default=self.min_replicas)
+
+    def decide(self, obs: Observation) -> int:
+        if self._needs is None:
+            requests = obs.sim.requests
+            self._needs = self.plan(obs.sim.arrival_times, [request_cost(r.prompt, r.output, self.model)
+                                                            for r in requests], obs.sim.trace.duration_s)
+        lead = self.cold_start_s if self.lead_s is None else self.lead_s
+        return self.need(obs.now, obs.now + lead + self.tick_s)
+
+
+@dataclass(frozen=True)
+class Point:
+    slo_share: float
+    gpu_hours: float
+    schedule: str
+
+
+def envelope(points: Iterable[Point]) -> list[Point]:
+    """The Pareto envelope, highest share first: each point needs fewer GPU-hours than every point with a higher
+    share (ties: the higher share)."""
+    kept: list[Point] = []
+    for point in sorted(points, key=lambda p: (-p.slo_share, p.gpu_hours)):
+        if not kept or point.gpu_hours < kept[-1].gpu_hours:
+            kept.append(point)
+    return kept
+
+
+def fewest_gpu_hours(frontier: list[Point], slo_share: float) -> float:
+    """The frontier's GPU-hours at a share: the fewest among its points that reach it (a staircase, each step a
+    run); infinite above its highest share."""
+    return min((p.gpu_hours for p in frontier if p.slo_share >= slo_share), default=math.inf)
+
+
+def beyond(result: Result, frontier: list[Point]) -> bool:
+    """Whether a policy's run holds its share with fewer GPU-hours than the frontier needs for it, beyond the
+    tolerances."""
+    return result.gpu_hours * (1 + GPU_TOLERANCE) < fewest_gpu_hours(frontier, result.slo_share - SLO_TOLERANCE)
+
+
+def against(result: Result, frontier: list[Point]) -> float:
+    """A policy's GPU-hours over the frontier's at the policy's own share (>= 1 unless it lands beyond)."""
+    return result.gpu_hours / fewest_gpu_hours(frontier, result.slo_share - SLO_TOLERANCE)
+
+
+@dataclass
+class Frontier:
+    """The frontier of one trace on one replica model, grown on demand (`refine`)."""
+
+    trace: Trace
+    model: ReplicaModel
+    ttft_target_s: float
+    seed: int = 0
+    warmup_s: float | None = None   # None: summarize's default
+    points: list[Point] | None = None
+
+    def run(self, policy, initial: int) -> Point:
+        sim = Simulation(self.trace, policy, initial_replicas=initial, model=self.model, seed=self.seed).run()
+        kwargs = {} if self.warmup_s is None else {"warmup_s": self.warmup_s}
+        result = summarize(sim, self.ttft_target_s, **kwargs)
+        return Point(result.slo_share, result.gpu_hours, policy.name)
+
+    def cost_point(self, utilization: float, window_s: float, lead_s: float | None = None) -> Point:
+        policy = CostClairvoyant(utilization, window_s, self.model.cold_start_s, self.model, lead_s)
+        probe = Simulation(self.trace, FixedFleet(1), 1, self.model, self.seed)   # the requests the runs replay
+        initial = policy.plan(probe.arrival_times,
+                              [request_cost(r.prompt, r.output, self.model) for r in probe.requests],
+                              self.trace.duration_s)
+        return self.run(policy, max(initial[:int((self.model.cold_start_s + 1.0) / policy.resolution_s) + 2]))
+
+    def build(self, extra: Iterable[Callable[[], Point]] = (), progress: Callable[[str], None] = lambda line: None
+              ) -> list[Point]:
+        """Every cost schedule of the grid, the `extra` runs given, and fixed fleets from one replica until one
+        reaches the best share of the others or costs more than any of them."""
+        points = []
+        for window in WINDOWS_S:
+            for utilization in UTILIZATIONS:
+                points.append(self.cost_point(utilization, window))
+                progress(f"{points[-1].schedule}: {100 * points[-1].slo_share:.1f}% / {points[-1].gpu_hours:.2f}")
+        points += [make() for make in extra]
+        best_share, most = max(p.slo_share for p in points), max(p.gpu_hours for p in points)
+        for n in range(1, MAX_FLEET + 1):
+            point = self.run(FixedFleet(n, name=f"fixed, {n} replicas"), n)
+            points.append(point)
+            progress(f"{point.schedule}: {100 * point.slo_share:.1f}% / {point.gpu_hours:.2f}")
+            if point.slo_share >= best_share or point.gpu_hours > most:
+                break
+        self.points = points
+        return envelope(points)
+
+    def refine(self, result: Result, rounds: int = 5) -> list[Point]:
+        """While `result` lands beyond the frontier: more cost schedules, bisecting the utilization (geometrically,
+        between the grid's ends) towards the result's share, in every window; ordered one cold start ahead first,
+        then half a cold start and none (late orders lose some share at a step and save the replicas' wait: the
+        causal limits' kind of point)."""
+        for lead in (None, self.model.cold_start_s / 2, 0.0):
+            for window in WINDOWS_S:
+                lo, hi = UTILIZATIONS[0], UTILIZATIONS[-1]   # a lower utilization holds more share
+                for _ in range(rounds):
+                    if not beyond(result, envelope(self.points)):
+                        return envelope(self.points)
+                    middle = math.sqrt(lo * hi)
+                    point = self.cost_point(middle, window, lead)
+                    self.points.append(point)
+                    if point.slo_share >= result.slo_share:
+                        lo = middle
+                    else:
+                        hi = middle
+        return envelope(self.points)
