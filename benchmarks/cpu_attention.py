@@ -64,41 +64,41 @@ def kernel_built_from(sources: Path, cache_dtype: torch.dtype):
             cpu_attention._functions[cache_dtype] = saved_function
 
 
-def decode_against(baseline, lengths: tuple[int, int], layers: int, rounds: int, cache_dtype: torch.dtype) -> None:
-    """This build and `baseline` alternating, `rounds` times each over the same cache: GB/s, and each pair's ratio."""
-    q, kv, meta, gigabytes = decode_inputs(lengths, layers, cache_dtype)
+def alternate(baseline, run, work: float, rounds: int, cache_dtype: torch.dtype) -> tuple[float, float, list[float]]:
+    """`run()` with `baseline`'s kernel and this build's, alternating `rounds` times: the median rate (`work` over
+    seconds) of each, and each pair's ratio, sorted."""
     ours = cpu_attention._kernel(cache_dtype)
     rates = {"baseline": [], "this build": []}
     for _ in range(rounds):
         for name, function in (("baseline", baseline), ("this build", ours)):
             cpu_attention._functions[cache_dtype] = function
             started = time.perf_counter()
-            walk(cpu_attention.paged_attention, q, kv, meta, layers)
-            rates[name].append(gigabytes * layers / (time.perf_counter() - started))
+            run()
+            rates[name].append(work / (time.perf_counter() - started))
     cpu_attention._functions[cache_dtype] = ours
     ratios = sorted(new / old for new, old in zip(rates["this build"], rates["baseline"]))
-    print(f"decode, 64 sequences of {lengths[0]}-{lengths[1]} tokens, {cache_dtype}: baseline "
-          f"{statistics.median(rates['baseline']):.1f} GB/s, this build {statistics.median(rates['this build']):.1f} GB/s (medians of "
-          f"{rounds}); this / baseline {statistics.median(ratios):.2f} (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
+    return statistics.median(rates["baseline"]), statistics.median(rates["this build"]), ratios
+
+
+def decode_against(baseline, lengths: tuple[int, int], layers: int, rounds: int, cache_dtype: torch.dtype) -> None:
+    """This build and `baseline` alternating, `rounds` times each over the same cache: GB/s, and each pair's ratio."""
+    q, kv, meta, gigabytes = decode_inputs(lengths, layers, cache_dtype)
+    old, new, ratios = alternate(baseline, lambda: walk(cpu_attention.paged_attention, q, kv, meta, layers),
+                                 gigabytes * layers, rounds, cache_dtype)
+    print(f"decode, 64 sequences of {lengths[0]}-{lengths[1]} tokens, {cache_dtype}: baseline {old:.1f} GB/s, this "
+          f"build {new:.1f} GB/s (medians of {rounds}); this / baseline {statistics.median(ratios):.2f} "
+          f"(pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
 
 
 def prefill_against(baseline, lengths: list[int], rounds: int, cache_dtype: torch.dtype) -> None:
     """A prefill step's attention (whole prompts of `lengths`, blocks shuffled over the pool), this build and
     `baseline` alternating: GFLOP/s and each pair's ratio."""
     q, kv, meta, flops = prefill_inputs(lengths, cache_dtype)
-    ours = cpu_attention._kernel(cache_dtype)
-    rates = {"baseline": [], "this build": []}
-    for _ in range(rounds):
-        for name, function in (("baseline", baseline), ("this build", ours)):
-            cpu_attention._functions[cache_dtype] = function
-            started = time.perf_counter()
-            cpu_attention.paged_attention(q, kv[0], kv[1], meta, HEAD_DIM ** -0.5)
-            rates[name].append(flops / (time.perf_counter() - started) / 1e9)
-    cpu_attention._functions[cache_dtype] = ours
-    ratios = sorted(new / old for new, old in zip(rates["this build"], rates["baseline"]))
-    print(f"prefill, {len(lengths)} x {lengths[0]} tokens, {cache_dtype}: baseline "
-          f"{statistics.median(rates['baseline']):.1f} GFLOP/s, this build {statistics.median(rates['this build']):.1f} "
-          f"GFLOP/s (medians of {rounds}); this / baseline {statistics.median(ratios):.2f} "
+    old, new, ratios = alternate(baseline, lambda: cpu_attention.paged_attention(q, kv[0], kv[1], meta,
+                                                                                 HEAD_DIM ** -0.5),
+                                 flops / 1e9, rounds, cache_dtype)
+    print(f"prefill, {len(lengths)} x {lengths[0]} tokens, {cache_dtype}: baseline {old:.1f} GFLOP/s, this build "
+          f"{new:.1f} GFLOP/s (medians of {rounds}); this / baseline {statistics.median(ratios):.2f} "
           f"(pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
 
 
