@@ -69,12 +69,15 @@ def frontier_cells(results: list, frontier: list[Point]) -> str:
             f"{ratio(reactive)} | {', '.join(past) or 'none'} |")
 
 
+ORACLES = (autoscale_sim.CLAIRVOYANT, CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN)   # schedules read off the trace
+
+
 def frontier_for(trace, model, seed: int, results: list, progress=lambda line: None) -> list[Point]:
-    """The trace's clairvoyant frontier (autoscale/frontier.py), with the rate-table limit's run among its points,
-    refined where a policy lands beyond it."""
+    """The trace's clairvoyant frontier (autoscale/frontier.py), with the runs of the schedules that read the trace
+    (the rate-table limit, the causal limits) among its points, refined where a policy lands beyond it."""
     frontier = Frontier(trace, model, autoscale_sim.TTFT_TARGET_S, seed)
-    limit = results[6]
-    extra = [] if limit is None else [lambda: Point(limit.slo_share, limit.gpu_hours, limit.policy)]
+    extra = [lambda r=r: Point(r.slo_share, r.gpu_hours, r.policy) for r in results
+             if r is not None and r.policy in ORACLES]
     points = frontier.build(extra, progress)
     for r in results:
         if r is not None and beyond(r, points):

@@ -16,8 +16,8 @@ The schedules:
   It orders a replica one cold start before it is needed and keeps it while the need within a cold start says so,
   as the rate-table limit does. A short window sees clusters of prompts that a 30 s rate averages away; the
   utilization is the headroom (a prompt's TTFT needs a replica free of other prefills when it arrives).
-- the rate-table limit, and fixed fleets of every size up to the largest any schedule used: a clairvoyant may run
-  either.
+- the runs of the other schedules that read the trace (the sweep passes the rate-table limit's and the causal
+  limits'), and fixed fleets from one replica up: a clairvoyant may run any of them.
 Where a policy lands beyond the points, `refine` runs more before the verdict: utilizations bisected towards the
 policy's share (the grid is coarse, and a share is not monotone in the utilization), then the same with replicas
 ordered half a cold start ahead and not ahead at all (a late order loses some share at a step and saves the

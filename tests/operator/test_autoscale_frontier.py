@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import autoscale_sim  # noqa: E402
+import autoscale_sweep  # noqa: E402
 from autoscale.frontier import (  # noqa: E402
     CostClairvoyant,
     Frontier,
@@ -91,7 +92,8 @@ def clustered_code_trace(path: Path, seed: int = 3, duration_s: float = 1200.0) 
 
 def test_on_clustered_prefill_heavy_traffic_no_policy_lands_beyond_the_frontier(tmp_path):
     """The issue's failure, small: on clustered prefill-heavy traffic the rate-table limit holds a lower share
-    than fixed fleets do, so it bounds nothing; the frontier holds every policy of the sweep's table."""
+    than fixed fleets do, so it bounds nothing; the frontier holds every policy of the sweep's table (the limits'
+    runs are among its points, as the sweep puts them)."""
     trace = load_trace(clustered_code_trace(tmp_path / "code.csv"))
     warmup = 60.0
     results = [summarize(sim, TARGET, warmup_s=warmup) for sim, _ in autoscale_sim.run_trace(trace, MODEL, seed=0)]
@@ -102,7 +104,9 @@ def test_on_clustered_prefill_heavy_traffic_no_policy_lands_beyond_the_frontier(
     assert any(f.slo_share > limit.slo_share + 0.02 for f in fixed), (limit, fixed)
 
     frontier = Frontier(trace, MODEL, TARGET, seed=0, warmup_s=warmup)
-    points = frontier.build([lambda: Point(limit.slo_share, limit.gpu_hours, limit.policy)])   # a clairvoyant's too
+    oracles = [r for r in results if r.policy in autoscale_sweep.ORACLES]   # schedules read off the trace: points too
+    assert len(oracles) == 4
+    points = frontier.build([lambda r=r: Point(r.slo_share, r.gpu_hours, r.policy) for r in oracles])
     for r in results:
         if beyond(r, points):
             points = frontier.refine(r)
