@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from .observation import Observation
 from .policies import FixedFleet
 from .scenarios import Result, summarize
-from .sim import ReplicaModel, Simulation, Trace
+from .sim import ReplicaModel, Simulation, Trace, generate_requests
 
 WINDOWS_S = (1.0, 5.0, 30.0)
 UTILIZATIONS = (0.05, 0.08, 0.12, 0.18, 0.27, 0.4, 0.6, 0.9)
@@ -150,11 +150,11 @@ class Frontier:
 
     def cost_point(self, utilization: float, window_s: float, lead_s: float | None = None) -> Point:
         policy = CostClairvoyant(utilization, window_s, self.model.cold_start_s, self.model, lead_s)
-        probe = Simulation(self.trace, FixedFleet(1), 1, self.model, self.seed)   # the requests the runs replay
-        initial = policy.plan(probe.arrival_times,
-                              [request_cost(r.prompt, r.output, self.model) for r in probe.requests],
-                              self.trace.duration_s)
-        return self.run(policy, max(initial[:int((self.model.cold_start_s + 1.0) / policy.resolution_s) + 2]))
+        requests = generate_requests(self.trace, self.seed)   # what the run replays
+        policy._needs = policy.plan([r.arrival for r in requests],
+                                    [request_cost(r.prompt, r.output, self.model) for r in requests],
+                                    self.trace.duration_s)
+        return self.run(policy, policy.need(0.0, self.model.cold_start_s + policy.tick_s))   # ready at the start
 
     def build(self, extra: Iterable[Callable[[], Point]] = (), progress: Callable[[str], None] = lambda line: None
               ) -> list[Point]:
