@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .observation import Observation
 from .policies import FixedFleet
@@ -62,12 +62,12 @@ class CostClairvoyant:
     tick_s: float = 1.0
     resolution_s: float = 0.5
     name: str = ""
+    needs: list[int] | None = field(default=None, repr=False)   # `plan`'s, made at the first tick if not given
 
     def __post_init__(self):
         if not self.name:
             late = "" if self.lead_s is None else f", ordered {self.lead_s:g} s ahead"
             self.name = f"clairvoyant by cost ({self.window_s:g} s window, utilization {self.utilization:.3g}{late})"
-        self._needs: list[int] | None = None
 
     def plan(self, arrivals: list[float], costs: list[float], duration_s: float) -> list[int]:
         """The need at every `resolution_s` from 0 to past the trace's end (arrivals sorted)."""
@@ -85,14 +85,14 @@ class CostClairvoyant:
     def need(self, start: float, end: float) -> int:
         """The largest need at the grid's points in [start, end]: the arrivals in [start, end + window)."""
         first = int(start / self.resolution_s)
-        last = min(len(self._needs) - 1, int(end / self.resolution_s))
-        return max(self._needs[first:last + 1], default=self.min_replicas)
+        last = min(len(self.needs) - 1, int(end / self.resolution_s))
+        return max(self.needs[first:last + 1], default=self.min_replicas)
 
     def decide(self, obs: Observation) -> int:
-        if self._needs is None:
+        if self.needs is None:
             requests = obs.sim.requests
-            self._needs = self.plan(obs.sim.arrival_times, [request_cost(r.prompt, r.output, self.model)
-                                                            for r in requests], obs.sim.trace.duration_s)
+            self.needs = self.plan(obs.sim.arrival_times, [request_cost(r.prompt, r.output, self.model)
+                                                           for r in requests], obs.sim.trace.duration_s)
         lead = self.cold_start_s if self.lead_s is None else self.lead_s
         return self.need(obs.now, obs.now + lead + self.tick_s)
 
@@ -151,9 +151,9 @@ class Frontier:
     def cost_point(self, utilization: float, window_s: float, lead_s: float | None = None) -> Point:
         policy = CostClairvoyant(utilization, window_s, self.model.cold_start_s, self.model, lead_s)
         requests = generate_requests(self.trace, self.seed)   # what the run replays
-        policy._needs = policy.plan([r.arrival for r in requests],
-                                    [request_cost(r.prompt, r.output, self.model) for r in requests],
-                                    self.trace.duration_s)
+        policy.needs = policy.plan([r.arrival for r in requests],
+                                   [request_cost(r.prompt, r.output, self.model) for r in requests],
+                                   self.trace.duration_s)
         return self.run(policy, policy.need(0.0, self.model.cold_start_s + policy.tick_s))   # ready at the start
 
     def build(self, extra: Iterable[Callable[[], Point]] = (), progress: Callable[[str], None] = lambda line: None

@@ -65,7 +65,7 @@ def test_the_cost_schedule_sizes_for_a_cluster_of_prompts_and_orders_a_cold_star
     policy = CostClairvoyant(utilization=0.5, window_s=1.0, cold_start_s=30.0, model=model)
     arrivals = [100.0, 100.2, 100.4, 200.0]
     cost = request_cost(2000, 1, model)   # 0.24 s of a replica each
-    policy._needs = policy.plan(arrivals, [cost] * 4, 300.0)
+    policy.needs = policy.plan(arrivals, [cost] * 4, 300.0)
     assert policy.need(100.0, 100.0) == math.ceil(3 * cost / 0.5) == 2   # the cluster: 0.72 s of work in 1 s
     assert policy.need(150.0, 150.0) == 1                                # nothing to come: the minimum
     assert policy.need(199.5, 199.5) == 1                                # one prompt: one replica
