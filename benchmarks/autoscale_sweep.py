@@ -18,8 +18,7 @@ policy's GPU-hours over the frontier's at their own shares, and the policies tha
 frontier is no limit on that trace). Fixed seed; about 25 s per cold start on one CPU core, and 30-90 s more per
 row for the frontier (`--no-frontier` skips it). `--traces` keeps the rows of the named traces, `--policies` the
 columns whose policy name contains one of the texts (and the limits', which the last columns need); the other cells
-print "-". A run does not depend on the others, so its cells are the full
-sweep's.
+print "-". A run does not depend on the others, so its cells are the full sweep's.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoscale_sim  # noqa: E402
-from autoscale.causal import CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN  # noqa: E402
 from autoscale.frontier import Frontier, Point, against, beyond  # noqa: E402
 from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel  # noqa: E402
@@ -69,16 +67,13 @@ def frontier_cells(results: list, frontier: list[Point]) -> str:
             f"{ratio(reactive)} | {', '.join(past) or 'none'} |")
 
 
-ORACLES = (autoscale_sim.CLAIRVOYANT, CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN)   # schedules read off the trace
-
-
 def frontier_for(trace, model, seed: int, results: list, progress=lambda line: None) -> list[Point]:
     """The trace's clairvoyant frontier (autoscale/frontier.py), with the runs of the schedules that read the trace
     (the rate-table limit, the causal limits) among its points, refined where a policy lands beyond it."""
     frontier = Frontier(trace, model, autoscale_sim.TTFT_TARGET_S, seed)
-    extra = [lambda r=r: Point(r.slo_share, r.gpu_hours, r.policy) for r in results
-             if r is not None and r.policy in ORACLES]
-    points = frontier.build(extra, progress)
+    limits = [Point(r.slo_share, r.gpu_hours, r.policy) for r in results
+              if r is not None and r.policy in autoscale_sim.LIMITS]
+    points = frontier.build(limits, progress)
     for r in results:
         if r is not None and beyond(r, points):
             points = frontier.refine(r)
@@ -138,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = [t for t in traces if t.name in args.traces]
 
     def only(name: str) -> bool:
-        return (args.policies is None or name in (autoscale_sim.CLAIRVOYANT, CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN)
-                or any(text in name for text in args.policies))
+        return args.policies is None or name in autoscale_sim.LIMITS or any(text in name for text in args.policies)
     print(header(not args.no_frontier), flush=True)
     for cold_start in args.cold_starts:
         model = ReplicaModel(cold_start_s=cold_start)

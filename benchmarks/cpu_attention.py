@@ -8,8 +8,9 @@
   (`F.linear` on the model's gate/up shape, 2048 x 512 x 2730: about what a CPU attention could reach).
 
 - With `--baseline DIR` (another version's `kernels/csrc`, e.g. from `git worktree add /tmp/base HEAD~1`), the decode
-  and prefill (4 x 200, 2 x 512, 1 x 2048 tokens, blocks shuffled; `--phases`) figures of that build beside this one's, the two alternating in one process: each pair's ratio, and their median
-  (this box's read rate drifts by a third within minutes, so only alternated figures compare).
+  and prefill (4 x 200, 2 x 512, 1 x 2048 tokens, blocks shuffled; `--phases`) figures of that build beside this
+  one's, the two alternating in one process: each pair's ratio, and their median (this box's read rate drifts by a
+  third within minutes, so only alternated figures compare).
 
     python -P benchmarks/cpu_attention.py [--shape smollm2-135m] [--repeats 7] [--baseline DIR] [--kv-dtype bfloat16]
                                              [--phases decode prefill]

@@ -26,6 +26,7 @@ replicas' wait, the kind of point a causal policy makes).
 
 from __future__ import annotations
 
+import functools
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
@@ -148,24 +149,26 @@ class Frontier:
         result = summarize(sim, self.ttft_target_s, **kwargs)
         return Point(result.slo_share, result.gpu_hours, policy.name)
 
+    @functools.cached_property
+    def requests(self) -> tuple[list[float], list[float]]:
+        """The arrivals every run replays, and what each request costs."""
+        requests = generate_requests(self.trace, self.seed)
+        return [r.arrival for r in requests], [request_cost(r.prompt, r.output, self.model) for r in requests]
+
     def cost_point(self, utilization: float, window_s: float, lead_s: float | None = None) -> Point:
         policy = CostClairvoyant(utilization, window_s, self.model.cold_start_s, self.model, lead_s)
-        requests = generate_requests(self.trace, self.seed)   # what the run replays
-        policy.needs = policy.plan([r.arrival for r in requests],
-                                   [request_cost(r.prompt, r.output, self.model) for r in requests],
-                                   self.trace.duration_s)
+        policy.needs = policy.plan(*self.requests, self.trace.duration_s)
         return self.run(policy, policy.need(0.0, self.model.cold_start_s + policy.tick_s))   # ready at the start
 
-    def build(self, extra: Iterable[Callable[[], Point]] = (), progress: Callable[[str], None] = lambda line: None
-              ) -> list[Point]:
-        """Every cost schedule of the grid, the `extra` runs given, and fixed fleets from one replica until one
-        reaches the best share of the others or costs more than any of them."""
+    def build(self, extra: Iterable[Point] = (), progress: Callable[[str], None] = lambda line: None) -> list[Point]:
+        """Every cost schedule of the grid, the `extra` points of runs made elsewhere, and fixed fleets from one
+        replica until one reaches the best share of the others or costs more than any of them."""
         points = []
         for window in WINDOWS_S:
             for utilization in UTILIZATIONS:
                 points.append(self.cost_point(utilization, window))
                 progress(f"{points[-1].schedule}: {100 * points[-1].slo_share:.1f}% / {points[-1].gpu_hours:.2f}")
-        points += [make() for make in extra]
+        points += extra
         best_share, most = max(p.slo_share for p in points), max(p.gpu_hours for p in points)
         for n in range(1, MAX_FLEET + 1):
             point = self.run(FixedFleet(n, name=f"fixed, {n} replicas"), n)

@@ -11,7 +11,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import autoscale_sim  # noqa: E402
-import autoscale_sweep  # noqa: E402
 from autoscale.frontier import (  # noqa: E402
     CostClairvoyant,
     Frontier,
@@ -104,9 +103,9 @@ def test_on_clustered_prefill_heavy_traffic_no_policy_lands_beyond_the_frontier(
     assert any(f.slo_share > limit.slo_share + 0.02 for f in fixed), (limit, fixed)
 
     frontier = Frontier(trace, MODEL, TARGET, seed=0, warmup_s=warmup)
-    oracles = [r for r in results if r.policy in autoscale_sweep.ORACLES]   # schedules read off the trace: points too
-    assert len(oracles) == 4
-    points = frontier.build([lambda r=r: Point(r.slo_share, r.gpu_hours, r.policy) for r in oracles])
+    limits = [r for r in results if r.policy in autoscale_sim.LIMITS]   # schedules read off the trace: points too
+    assert len(limits) == 4
+    points = frontier.build([Point(r.slo_share, r.gpu_hours, r.policy) for r in limits])
     for r in results:
         if beyond(r, points):
             points = frontier.refine(r)
