@@ -14,8 +14,11 @@ SLO share / GPU-hours per policy, then ours against the limit (points below its 
 GPU-hours), then the limit and the operator against the causal limit (benchmarks/autoscale/causal.py: the present
 rate's fleet, no look-ahead), then the clairvoyant frontier (benchmarks/autoscale/frontier.py: the fewest GPU-hours
 that reach each SLO share by schedules that know the trace): its top point, ours, the operator's and the reactive
-policy's GPU-hours over the frontier's at their own shares, and the policies that land beyond it (none, or the
-frontier is no limit on that trace). Fixed seed; about 25 s per cold start on one CPU core, and 30-90 s more per
+policy's GPU-hours over the frontier's at their own shares, the policies that land beyond it (none, or the
+frontier is no limit on that trace), and the goal read on the frontier for the operator and the reactive default:
+the share the frontier holds on the rate-table limit's GPU-hours (a clairvoyant's share on the limit's budget: the
+limit's own share or more), the policy's points below it (goal: <= 2) and its GPU-hours over the frontier's at
+its own share (goal: <= 1.10x). Fixed seed; about 25 s per cold start on one CPU core, and 30-90 s more per
 row for the frontier (`--no-frontier` skips it). `--traces` keeps the rows of the named traces, `--policies` the
 columns whose policy name contains one of the texts (and the limits', which the last columns need); the other cells
 print "-". A run does not depend on the others, so its cells are the full sweep's.
@@ -30,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoscale_sim  # noqa: E402
-from autoscale.frontier import Frontier, Point, against, beyond  # noqa: E402
+from autoscale.frontier import Frontier, Point, against, beyond, share_within  # noqa: E402
 from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel  # noqa: E402
 from autoscale.trace_file import load_trace  # noqa: E402
@@ -41,7 +44,9 @@ COLUMNS = ("clairvoyant", "causal limit", "causal limit, 20 s drain", "causal li
 
 
 FRONTIER_COLUMNS = ("frontier: its top share / GPU-hours", "ours vs frontier at its share",
-                    "operator vs frontier at its share", "reactive vs frontier at its share", "beyond the frontier")
+                    "operator vs frontier at its share", "reactive vs frontier at its share", "beyond the frontier",
+                    "frontier's share at the limit's GPU-hours", "operator's goal on the frontier",
+                    "reactive's goal on the frontier")
 
 
 def header(frontier: bool = True) -> str:
@@ -61,10 +66,20 @@ def frontier_cells(results: list, frontier: list[Point]) -> str:
     def ratio(r) -> str:
         return "-" if r is None else f"{against(r, frontier):.2f}x"
 
-    top = frontier[0]
+    top, limit = frontier[0], results[6]
     past = [r.policy for r in results if r is not None and beyond(r, frontier)]
+    share = None if limit is None else share_within(frontier, limit.gpu_hours)
+
+    def goal(r) -> str:
+        if r is None or share is None:
+            return "-"
+        gap, ratio = 100 * (share - r.slo_share), against(r, frontier)
+        missed = [what for what, ok in (("SLO missed", gap <= autoscale_sim.LIMIT_SLO_POINTS),
+                                        ("GPU-hours missed", ratio <= autoscale_sim.LIMIT_GPU_RATIO)) if not ok]
+        return f"{gap:+.1f}, {ratio:.2f}x: {', '.join(missed) or 'met'}"
     return (f" {100 * top.slo_share:.1f}% / {top.gpu_hours:.2f} | {ratio(ours)} | {ratio(operator)} | "
-            f"{ratio(reactive)} | {', '.join(past) or 'none'} |")
+            f"{ratio(reactive)} | {', '.join(past) or 'none'} | "
+            f"{'-' if share is None else f'{100 * share:.1f}%'} | {goal(operator)} | {goal(reactive)} |")
 
 
 def frontier_for(trace, model, seed: int, results: list, progress=lambda line: None) -> list[Point]:

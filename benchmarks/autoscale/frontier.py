@@ -18,10 +18,18 @@ The schedules:
   utilization is the headroom (a prompt's TTFT needs a replica free of other prefills when it arrives).
 - the runs of the other schedules that read the trace (the sweep passes the rate-table limit's and the causal
   limits'), and fixed fleets from one replica up: a clairvoyant may run any of them.
-Where a policy lands beyond the points, `refine` runs more before the verdict: utilizations bisected towards the
-policy's share (the grid is coarse, and a share is not monotone in the utilization), then the same with replicas
-ordered half a cold start ahead and not ahead at all (a late order loses some share at a step and saves the
-replicas' wait, the kind of point a causal policy makes).
+- hindsight schedules (`hindsight_point(n, hold_s)`): a fixed fleet of n, and one more replica within `hold_s` of
+  every request that fleet missed. On steady traffic a fixed fleet of n misses a share by a few requests, n + 1
+  costs a whole replica more, and the cost of the requests to come does not say where the misses fall (a cost
+  schedule held between n and n + 1 holds no more than n + 1 at n + 1's GPU-hours: each short order costs its cold
+  start, and a queue of a few requests is chance, not cost); a policy whose fleet wanders between them (the
+  KubeAI-style moving average, which reacts to the queues themselves) lands between the two points, and only a
+  schedule that knows where n fell short reaches there.
+Where a policy lands beyond the points, `refine` runs more before the verdict: hindsight schedules around the
+largest fixed fleet that misses the policy's share, then utilizations bisected towards the policy's share (the
+grid is coarse, and a share is not monotone in the utilization), then the same with replicas ordered half a cold
+start ahead and not ahead at all (a late order loses some share at a step and saves the replicas' wait, the kind of
+point a causal policy makes).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from .scenarios import Result, summarize
 from .sim import ReplicaModel, Simulation, Trace, generate_requests
 
 WINDOWS_S = (1.0, 5.0, 30.0)
+HOLDS_S = (5.0, 15.0, 30.0, 60.0, 120.0)   # how long the hindsight schedules hold a replica around a miss
 UTILIZATIONS = (0.05, 0.08, 0.12, 0.18, 0.27, 0.4, 0.6, 0.9)
 MAX_FLEET = 200          # a sanity bound on any schedule's fleet
 SLO_TOLERANCE = 0.001    # a policy's share may exceed the frontier's by this much (0.1 point) ...
@@ -60,6 +69,7 @@ class CostClairvoyant:
     model: ReplicaModel
     lead_s: float | None = None   # how far ahead a replica is ordered (None: one cold start, just in time)
     min_replicas: int = 1
+    max_replicas: int = MAX_FLEET
     tick_s: float = 1.0
     resolution_s: float = 0.5
     name: str = ""
@@ -80,7 +90,8 @@ class CostClairvoyant:
         for k in range(steps):
             start = k * self.resolution_s
             work = prefix[bisect_left(arrivals, start + self.window_s)] - prefix[bisect_left(arrivals, start)]
-            needs.append(min(MAX_FLEET, max(self.min_replicas, math.ceil(work / (self.window_s * self.utilization)))))
+            needs.append(min(self.max_replicas, max(self.min_replicas,
+                                                    math.ceil(work / (self.window_s * self.utilization)))))
         return needs
 
     def need(self, start: float, end: float) -> int:
@@ -96,6 +107,16 @@ class CostClairvoyant:
                                                            for r in requests], obs.sim.trace.duration_s)
         lead = self.cold_start_s if self.lead_s is None else self.lead_s
         return self.need(obs.now, obs.now + lead + self.tick_s)
+
+
+def around(times: list[float], hold_s: float, n: int, resolution_s: float, steps: int) -> list[int]:
+    """A plan of n replicas, n + 1 at the grid points within `hold_s` of any of `times` (sorted)."""
+    needs = []
+    for k in range(steps):
+        t = k * resolution_s
+        i = bisect_left(times, t - hold_s)
+        needs.append(n + 1 if i < len(times) and times[i] <= t + hold_s else n)
+    return needs
 
 
 @dataclass(frozen=True)
@@ -121,6 +142,12 @@ def fewest_gpu_hours(frontier: list[Point], slo_share: float) -> float:
     return min((p.gpu_hours for p in frontier if p.slo_share >= slo_share), default=math.inf)
 
 
+def share_within(frontier: list[Point], gpu_hours: float) -> float:
+    """The highest share the frontier holds on a budget of `gpu_hours` (past the 1% tolerance): what a clairvoyant
+    holds with what another schedule spends."""
+    return max((p.slo_share for p in frontier if p.gpu_hours <= gpu_hours * (1 + GPU_TOLERANCE)), default=0.0)
+
+
 def beyond(result: Result, frontier: list[Point]) -> bool:
     """Whether a policy's run holds its share with fewer GPU-hours than the frontier needs for it, beyond the
     tolerances."""
@@ -142,6 +169,7 @@ class Frontier:
     seed: int = 0
     warmup_s: float | None = None   # None: summarize's default
     points: list[Point] | None = None
+    fixed: dict[int, Point] = field(default_factory=dict)   # the fixed fleets run, by size
 
     def run(self, policy, initial: int) -> Point:
         sim = Simulation(self.trace, policy, initial_replicas=initial, model=self.model, seed=self.seed).run()
@@ -171,7 +199,7 @@ class Frontier:
         points += extra
         best_share, most = max(p.slo_share for p in points), max(p.gpu_hours for p in points)
         for n in range(1, MAX_FLEET + 1):
-            point = self.run(FixedFleet(n, name=f"fixed, {n} replicas"), n)
+            point = self.fixed[n] = self.run(FixedFleet(n, name=f"fixed, {n} replicas"), n)
             points.append(point)
             progress(f"{point.schedule}: {100 * point.slo_share:.1f}% / {point.gpu_hours:.2f}")
             if point.slo_share >= best_share or point.gpu_hours > most:
@@ -179,11 +207,33 @@ class Frontier:
         self.points = points
         return envelope(points)
 
+    def hindsight_point(self, n: int, hold_s: float) -> Point:
+        """A fixed fleet of n, and one more replica within `hold_s` of every request the fixed fleet of n missed
+        (ordered a cold start ahead): the extra replica where n fell short, not where the requests' cost says."""
+        run = Simulation(self.trace, FixedFleet(n), n, self.model, self.seed).run()
+        misses = [r.arrival for r in run.requests
+                  if not r.first_token - r.arrival <= self.ttft_target_s]   # unserved (NaN) included
+        policy = CostClairvoyant(1.0, 1.0, self.model.cold_start_s, self.model, min_replicas=n, max_replicas=n + 1,
+                                 name=f"clairvoyant: {n} replicas, {n + 1} within {hold_s:g} s of {n}'s misses")
+        steps = int((self.trace.duration_s + self.model.cold_start_s + policy.tick_s) / policy.resolution_s) + 2
+        policy.needs = around(misses, hold_s, n, policy.resolution_s, steps)
+        return self.run(policy, n)
+
+    def short_of(self, share: float) -> int | None:
+        """The largest fixed fleet run that misses `share`, if one does."""
+        return max((n for n, point in self.fixed.items() if point.slo_share < share), default=None)
+
     def refine(self, result: Result, rounds: int = 5) -> list[Point]:
-        """While `result` lands beyond the frontier: more cost schedules, bisecting the utilization (geometrically,
-        between the grid's ends) towards the result's share, in every window; ordered one cold start ahead first,
-        then half a cold start and none (late orders lose some share at a step and save the replicas' wait: the
-        causal limits' kind of point)."""
+        """While `result` lands beyond the frontier: first the largest fixed fleet that misses the result's share with
+        one more replica around its misses, held longer and longer; then more cost schedules, bisecting the
+        utilization (geometrically, between the grid's ends) towards the result's share, in every window, ordered
+        one cold start ahead, half a cold start and none (late orders lose some share at a step and save the
+        replicas' wait: the causal limits' kind of point)."""
+        n = self.short_of(result.slo_share - SLO_TOLERANCE)
+        for hold in () if n is None else HOLDS_S:
+            if not beyond(result, envelope(self.points)):
+                return envelope(self.points)
+            self.points.append(self.hindsight_point(n, hold))
         for lead in (None, self.model.cold_start_s / 2, 0.0):
             for window in WINDOWS_S:
                 lo, hi = UTILIZATIONS[0], UTILIZATIONS[-1]   # a lower utilization holds more share

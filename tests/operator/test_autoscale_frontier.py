@@ -16,13 +16,15 @@ from autoscale.frontier import (  # noqa: E402
     Frontier,
     Point,
     against,
+    around,
     beyond,
     envelope,
     fewest_gpu_hours,
     request_cost,
+    share_within,
 )
 from autoscale.policies import FixedFleet  # noqa: E402
-from autoscale.scenarios import Result, summarize  # noqa: E402
+from autoscale.scenarios import Result, steady, summarize  # noqa: E402
 from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
 from autoscale.trace_file import load_trace  # noqa: E402
 
@@ -50,6 +52,9 @@ def test_the_envelope_keeps_the_pareto_points_and_reads_as_a_staircase():
     assert not beyond(result(0.9005, 4.99), frontier)   # within 0.1 point and 1%
     assert beyond(result(0.97, 100.0), frontier)        # a share the frontier never reaches
     assert against(result(0.85, 7.5), frontier) == 1.5
+    # The share a clairvoyant holds on a budget: the best point within it (and 1%).
+    assert share_within(frontier, 5.0) == 0.90 and share_within(frontier, 4.96) == 0.90
+    assert share_within(frontier, 4.9) == 0.70 and share_within(frontier, 1.0) == 0.0
 
 
 def test_a_request_costs_its_prefill_and_its_decode_steps_at_a_full_batchs_share():
@@ -70,6 +75,31 @@ def test_the_cost_schedule_sizes_for_a_cluster_of_prompts_and_orders_a_cold_star
     assert policy.need(199.5, 199.5) == 1                                # one prompt: one replica
     # At a tick, the largest need from now to a cold start and a tick ahead: ordered just in time.
     assert policy.need(69.0, 69.0 + 31.0) == 2 and policy.need(68.0, 68.0 + 31.0) == 1
+
+
+def test_a_hindsight_plan_adds_a_replica_within_the_hold_of_each_miss():
+    assert around([10.0, 11.0, 40.0], 2.0, 3, 1.0, 50) == [3] * 8 + [4] * 6 + [3] * 24 + [4] * 5 + [3] * 7
+    assert around([], 2.0, 3, 1.0, 4) == [3] * 4
+
+
+def test_on_steady_traffic_the_hindsight_schedule_lands_between_the_fixed_fleets_and_refine_finds_it():
+    """The steady row at a 5 s cold start: a fixed fleet of 2 misses a few requests, 3 costs a whole replica more,
+    and a policy whose fleet wanders between them (KubeAI's moving average) landed beyond a frontier without the
+    hindsight schedules."""
+    frontier = Frontier(steady(6.0, 900.0), ReplicaModel(cold_start_s=5.0), TARGET, seed=0, warmup_s=60.0)
+    frontier.fixed = {n: frontier.run(FixedFleet(n, name=f"fixed, {n} replicas"), n) for n in (2, 3)}
+    two, three = frontier.fixed[2], frontier.fixed[3]
+    assert two.slo_share < three.slo_share
+    point = frontier.hindsight_point(2, 15.0)
+    assert point.slo_share > two.slo_share and two.gpu_hours < point.gpu_hours < three.gpu_hours, (point, two, three)
+    # A policy that held what the hindsight schedule holds at a little more is beyond the fixed fleets alone; refine
+    # runs the hindsight schedules around the fleet of 2 and holds it.
+    frontier.points = [two, three]
+    policy = result(point.slo_share, point.gpu_hours * 1.02)
+    assert beyond(policy, envelope(frontier.points))
+    refined = frontier.refine(policy)
+    assert not beyond(policy, refined), refined
+    assert any(p.schedule.startswith("clairvoyant: 2 replicas, 3 within") for p in refined), refined
 
 
 def clustered_code_trace(path: Path, seed: int = 3, duration_s: float = 1200.0) -> Path:
