@@ -13,10 +13,13 @@ expected cost. Pure: the caller brings the observation, the state it kept, and t
   keeping it costs the time it idles until then, learned from how soon the need came back after its earlier falls
   (`return_gap`). So a replica is kept while the upper forecast over one cold start still needs it; beyond that,
   once the need has stayed below the fleet for `confirm_down_s`, the fleet is released a step
-  (`max_scale_down_step`) every pass, or, where the need came back sooner than a re-order costs, a step per
-  confirmation (most of the fleet is then still there when the need returns).
+  (`max_scale_down_step`) every pass; where the need came back sooner than a re-order costs, a fall is held for as
+  long as a re-order costs (the fleet is all there when the need returns within the gaps seen), then released a
+  step per confirmation.
 - **Guards.** Pending replicas count as capacity (the caller's `current` includes them); a missing observation
-  never scales down; direction changes per hour are bounded (`max_flaps_per_hour`); min/max replicas hold.
+  never scales down; past `max_flaps_per_hour` direction changes in an hour, a release waits until the need has
+  been below the fleet for as long as a re-order costs (never longer: a guard that held the fleet for the rest of
+  the hour kept 20 replicas for 40 minutes on the public Azure code trace); min/max replicas hold.
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     forecast_need = sizing.replicas_for(up_rate)
     gaps = state.return_gap.observe(now, current, keep_need, forecast_need, config.confirm_down_s)
     up_need = sizing.replicas_for(up_rate + lead) if lead else forecast_need
-    gradual = gaps.comes_back_within(config.reorder_cost_cold_starts * cold_start_s)
+    reorder_s = config.reorder_cost_cold_starts * cold_start_s   # a re-order's cost, as seconds of a replica
+    gradual = gaps.comes_back_within(reorder_s)
     desired, below_since = current, state.below_since
     if up_need > current:
         desired, below_since = up_need, None
@@ -151,14 +155,19 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
             reason += f" (ordered for {lead:.2f} req/s more: the rate's climb since the last pass)"
     elif keep_need < current:
         below_since = now if below_since is None else below_since
-        if now - below_since >= config.confirm_down_s:
+        # Where the need came back sooner than a re-order costs, a fall is held for as long as a re-order costs:
+        # keeping the fleet through a gap that short is cheaper than ordering it again, and a fall that lasts
+        # longer is no such gap (then a step per confirmation).
+        wait = reorder_s if gradual else config.confirm_down_s
+        if now - below_since >= wait:
             desired = max(keep_need, current - config.max_scale_down_step)
             reason = (f"need {keep_need} for {now - below_since:.0f} s (forecast peak "
                       f"{forecast.peak_over(horizon, k, noise):.2f} req/s within a cold start); "
-                      + (f"a step per {config.confirm_down_s:.0f} s: the need came back {gaps.gap_s:.0f} s after a "
-                         "fall, sooner than a re-order costs" if gradual else "a step every pass"))
+                      + (f"held {reorder_s:.0f} s, then a step per {config.confirm_down_s:.0f} s: the need came back "
+                         f"{gaps.gap_s:.0f} s after a fall, sooner than a re-order costs" if gradual
+                         else "a step every pass"))
         else:
-            reason = f"need {keep_need} < {current}; confirming for {config.confirm_down_s:.0f} s"
+            reason = f"need {keep_need} < {current} for {now - below_since:.0f} s; a release at {wait:.0f} s"
     else:
         below_since = None
         reason = f"need {keep_need}, fleet {current}: holding"
@@ -166,13 +175,16 @@ def decide(observed_rate: float | None, queue_depth: float | None, current: int,
     direction = (desired > current) - (desired < current)
     changes = tuple(t for t in state.direction_changes if now - t < 3600.0)
     if direction and state.last_direction and direction != state.last_direction:
-        if len(changes) >= config.max_flaps_per_hour and direction < 0:   # never hold back a scale-up
-            return PredictiveDecision(current, f"{len(changes)} direction changes this hour: holding",
+        # Never hold back a scale-up; hold a release only while the need has been below the fleet for less time
+        # than a re-order costs (beyond that, keeping the replicas costs more than the flap they might save).
+        if len(changes) >= config.max_flaps_per_hour and direction < 0 and now - below_since < reorder_s:
+            return PredictiveDecision(current, f"{len(changes)} direction changes this hour: holding until the need "
+                                      f"has been below the fleet for {reorder_s:.0f} s (a re-order's cost)",
                                       PredictiveState(forecast, below_since, state.last_direction, changes, gaps))
         changes += (now,)
     last = direction or state.last_direction
-    if direction < 0 and gradual:
-        below_since = None   # the next step down confirms afresh
+    if direction < 0 and gradual:   # the fall was held its re-order's cost: the next step a confirmation later
+        below_since = now - (reorder_s - config.confirm_down_s)
     return PredictiveDecision(desired, reason, PredictiveState(forecast, below_since, last, changes, gaps))
 
 
