@@ -69,7 +69,6 @@ class CostClairvoyant:
     model: ReplicaModel
     lead_s: float | None = None   # how far ahead a replica is ordered (None: one cold start, just in time)
     min_replicas: int = 1
-    max_replicas: int = MAX_FLEET
     tick_s: float = 1.0
     resolution_s: float = 0.5
     name: str = ""
@@ -80,18 +79,20 @@ class CostClairvoyant:
             late = "" if self.lead_s is None else f", ordered {self.lead_s:g} s ahead"
             self.name = f"clairvoyant by cost ({self.window_s:g} s window, utilization {self.utilization:.3g}{late})"
 
+    def steps(self, duration_s: float) -> int:
+        """How many grid points a plan holds: from 0 to past the trace's end by a cold start and a tick."""
+        return int((duration_s + self.cold_start_s + self.tick_s) / self.resolution_s) + 2
+
     def plan(self, arrivals: list[float], costs: list[float], duration_s: float) -> list[int]:
         """The need at every `resolution_s` from 0 to past the trace's end (arrivals sorted)."""
         prefix = [0.0]
         for cost in costs:
             prefix.append(prefix[-1] + cost)
-        steps = int((duration_s + self.cold_start_s + self.tick_s) / self.resolution_s) + 2
         needs = []
-        for k in range(steps):
+        for k in range(self.steps(duration_s)):
             start = k * self.resolution_s
             work = prefix[bisect_left(arrivals, start + self.window_s)] - prefix[bisect_left(arrivals, start)]
-            needs.append(min(self.max_replicas, max(self.min_replicas,
-                                                    math.ceil(work / (self.window_s * self.utilization)))))
+            needs.append(min(MAX_FLEET, max(self.min_replicas, math.ceil(work / (self.window_s * self.utilization)))))
         return needs
 
     def need(self, start: float, end: float) -> int:
@@ -170,6 +171,7 @@ class Frontier:
     warmup_s: float | None = None   # None: summarize's default
     points: list[Point] | None = None
     fixed: dict[int, Point] = field(default_factory=dict)   # the fixed fleets run, by size
+    misses: dict[int, list[float]] = field(default_factory=dict, repr=False)   # `missed_by`'s, by fleet size
 
     def run(self, policy, initial: int) -> Point:
         sim = Simulation(self.trace, policy, initial_replicas=initial, model=self.model, seed=self.seed).run()
@@ -210,14 +212,18 @@ class Frontier:
     def hindsight_point(self, n: int, hold_s: float) -> Point:
         """A fixed fleet of n, and one more replica within `hold_s` of every request the fixed fleet of n missed
         (ordered a cold start ahead): the extra replica where n fell short, not where the requests' cost says."""
-        run = Simulation(self.trace, FixedFleet(n), n, self.model, self.seed).run()
-        misses = [r.arrival for r in run.requests
-                  if not r.first_token - r.arrival <= self.ttft_target_s]   # unserved (NaN) included
-        policy = CostClairvoyant(1.0, 1.0, self.model.cold_start_s, self.model, min_replicas=n, max_replicas=n + 1,
+        policy = CostClairvoyant(1.0, 1.0, self.model.cold_start_s, self.model, min_replicas=n,
                                  name=f"clairvoyant: {n} replicas, {n + 1} within {hold_s:g} s of {n}'s misses")
-        steps = int((self.trace.duration_s + self.model.cold_start_s + policy.tick_s) / policy.resolution_s) + 2
-        policy.needs = around(misses, hold_s, n, policy.resolution_s, steps)
+        policy.needs = around(self.missed_by(n), hold_s, n, policy.resolution_s, policy.steps(self.trace.duration_s))
         return self.run(policy, n)
+
+    def missed_by(self, n: int) -> list[float]:
+        """The arrivals of the requests a fixed fleet of n misses (unserved included), run once per n."""
+        if n not in self.misses:
+            run = Simulation(self.trace, FixedFleet(n), n, self.model, self.seed).run()
+            self.misses[n] = [r.arrival for r in run.requests
+                              if not r.first_token - r.arrival <= self.ttft_target_s]   # NaN: unserved
+        return self.misses[n]
 
     def short_of(self, share: float) -> int | None:
         """The largest fixed fleet run that misses `share`, if one does."""
