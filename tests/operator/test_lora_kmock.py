@@ -25,8 +25,8 @@ from kubeinfer.operator.spec import parse_spec
 
 from support.manifests import condition
 from support.lora_runtime import LoraRuntime, serve
-from support.operator_harness import (NAMESPACE, child_path, isvc_path, rbac_checked_requests, running_operator,
-                                      settle, write_requests)
+from support.operator_harness import (NAMESPACE, child_path, isvc_path, kopf_rewrote_its_record, rbac_checked_requests,
+                                      running_operator, settle, write_requests)
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -207,7 +207,11 @@ async def test_a_settled_service_writes_nothing_on_its_periodic_passes(
         raise AssertionError(f"the operator kept writing: {write_requests(operator)[-3:]}")
     start = len(list(operator))
     await passes(runtimes[0], 4)
-    assert [(r.method, r.url.path, r.data) for r in write_requests(operator, start)] == []
+    # kopf storing its unchanged record again is kmock's missing resourceVersion (see the helper), and may come late
+    # on a busy box (CI saw it after three quiet passes); anything else is a write of ours.
+    obj = await kapi.get(ISVC)
+    assert [(r.method, r.url.path, r.data) for r in write_requests(operator, start)
+            if not kopf_rewrote_its_record(r, obj)] == []
 
 
 async def passes(runtime: LoraRuntime, count: int, timeout: float = 30) -> None:
