@@ -6,8 +6,9 @@ import os
 import sys
 import time
 
-from kubeinfer.runtime.cli_lines import (add_trusted_header_args, comma_list, log_level as _log_level,
-                                         os_error_line, parse_lora_modules, port_number)
+from kubeinfer.runtime.cli_lines import (add_tracing_args, add_trusted_header_args, comma_list,
+                                         log_level as _log_level, os_error_line, parse_lora_modules, port_number,
+                                         start_tracing)
 from kubeinfer.runtime.cli_router import add_router_parser
 from kubeinfer.runtime.errors import ConfigError, KubeinferError
 
@@ -184,6 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
                           lora_modules_file=args.lora_modules_file, trusted_tenant_header=args.trusted_tenant_header,
                           trusted_tenant_networks=tuple(args.trusted_tenant_networks),
                           **engine_settings(args), **kv_settings(args))
+    start_tracing("kubeinfer-server", args.otlp_traces_endpoint)
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
                  args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
 
@@ -230,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                            choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
     add_kv_args(serve)
     add_trusted_header_args(serve)
+    add_tracing_args(serve)
     serve.add_argument("--no-vllm-metrics", dest="vllm_metrics", action="store_false",
                        default=_env_bool("vllm_metrics", True),
                        help="do not also expose the gauges under vLLM's names (vllm:num_requests_waiting, ...) "

@@ -1,6 +1,7 @@
 """Small parsers of the command line: log levels, LoRA modules, ports, OS errors in one line, and the flags that
 `serve` and `router` share."""
 import argparse
+import logging
 import os
 
 from kubeinfer.runtime.errors import ConfigError
@@ -53,6 +54,27 @@ def add_trusted_header_args(parser: argparse.ArgumentParser) -> None:
                         default=comma_list(networks) if networks else list(KV_SOURCE_NETWORKS),
                         help="comma-separated CIDRs the header is believed from [env KUBEINFER_TRUSTED_TENANT_NETWORKS; "
                              "default loopback and the private networks]")
+
+
+def add_tracing_args(parser: argparse.ArgumentParser) -> None:
+    """Where traces go (runtime/tracing.py), for `serve` and `router`."""
+    parser.add_argument("--otlp-traces-endpoint", default=os.environ.get("KUBEINFER_OTLP_TRACES_ENDPOINT"),
+                        metavar="URL", help="send OpenTelemetry traces to this OTLP/HTTP collector (http://HOST:4318); "
+                                            "the standard OTEL_EXPORTER_OTLP_* variables work too; off when neither "
+                                            "is set [env KUBEINFER_OTLP_TRACES_ENDPOINT]")
+
+
+def start_tracing(service: str, endpoint: str | None) -> None:
+    """Turns tracing on when a collector is named; a bad URL is a clear start-up error."""
+    from kubeinfer.runtime import tracing
+    try:
+        if endpoint:   # the engine process (spawned) finds it where the SDK looks
+            os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = tracing.traces_url(endpoint)
+        if tracing.configure(service, endpoint):
+            logging.getLogger("kubeinfer.tracing").info("sending traces to %s", tracing.traces_url(
+                endpoint or tracing.endpoint_from_environment()))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def comma_list(text: str) -> list[str]:

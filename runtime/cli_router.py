@@ -1,7 +1,7 @@
 """`kubeinfer router`'s flags and its start (docs/router.md): the router's own part of the command line."""
 import argparse
 
-from kubeinfer.runtime.cli_lines import add_trusted_header_args, port_number
+from kubeinfer.runtime.cli_lines import add_tracing_args, add_trusted_header_args, port_number, start_tracing
 from kubeinfer.runtime.errors import ConfigError
 
 # Router settings exposed as flags: (flag, type, default, help). Defaults are RouterSettings' and Weights'.
@@ -54,6 +54,7 @@ def add_router_parser(commands) -> None:
         router.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=default, choices=choices,
                             help=f"{help_text} [default {default}]")
     add_trusted_header_args(router)
+    add_tracing_args(router)
     router.add_argument("--kv-source-key-file", metavar="PATH",
                         help="disaggregated serving: a key shared with the decode replicas (their --kv-source-key-file); "
                              "each KV-source hint is signed with it, so they pull only from sources this router named")
@@ -87,4 +88,5 @@ def _router(args: argparse.Namespace) -> int:
                               kv_source_key_file=args.kv_source_key_file)
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
+    start_tracing("kubeinfer-router", args.otlp_traces_endpoint)
     return serve_router(settings, args.host, args.port, args.log_level, args.drain_timeout_seconds)

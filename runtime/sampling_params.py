@@ -36,6 +36,9 @@ class SamplingParams:
     # scope (set by the server from the tenant and --prefix-cache-sharing; None: everyone) and equal salt
     cache_scope: tuple[str, str] | None = None
     cache_salt: str | None = None   # the client's own (`cache_salt`, as vLLM names it)
+    # The W3C traceparent of the request's span on this replica (set by the server when tracing is on): a KV pull
+    # carries it to the prefill replica, whose spans join the request's trace
+    trace_context: str | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -32,6 +32,7 @@ class PullRequest:
     token_ids: list[int]
     params: dict                 # the first token's sampling settings (SamplingParams fields)
     num_skip_blocks: int = 0     # leading blocks the decode side holds already: they are not sent
+    traceparent: str | None = None   # the decode replica's request span (W3C): the prefill side's spans join its trace
 
 
 class ExportStream(abc.ABC):

@@ -13,9 +13,11 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 from kubeinfer.runtime.disagg.connector import ExportStream, KVSource, PullRequest
+from kubeinfer.runtime.disagg.export_trace import trace_export
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.sampling_params import SamplingParams
@@ -49,6 +51,8 @@ class Export:
     held: dict[int, int] = field(default_factory=dict)     # block index -> block id, retained here
     finished: bool = False                                 # the first token is handed to the stream
     ending: str | None = None                              # why it ends early
+    traceparent: str | None = None                         # the pulling request's span (its trace gets this one's)
+    first_token_at: float | None = None                    # when the first token went to the stream (monotonic)
 
 
 class KVExporter:
@@ -95,7 +99,7 @@ class KVExporter:
                 continue
             self.exports[request_id] = Export(request_id, self.core.seqs[request_id], stream,
                                               request.num_skip_blocks, -(-len(request.token_ids) // size),
-                                              request.num_skip_blocks)
+                                              request.num_skip_blocks, traceparent=request.traceparent)
 
     def hold(self, batch) -> None:
         """Retains the scheduled exports' blocks not yet handed to their stream (new ones, or those a preempted
@@ -138,9 +142,11 @@ class KVExporter:
         if seq.is_finished and export.next_index == export.num_blocks and not export.finished:
             stream.finish(seq.output_token_ids[0])
             export.finished = True
+            export.first_token_at = time.monotonic()
             self.num_exported += 1   # taken back in _end if the transport breaks before its last block went out
         if export.finished and not export.held:
             del self.exports[export.request_id]
+            _traced(export)
 
     def _end(self, export: Export) -> None:
         """Aborts the export's request if it still runs; frees its blocks once the transport holds none."""
@@ -155,4 +161,14 @@ class KVExporter:
         if export.finished:   # counted exported when its first token was queued; it never all went out
             self.num_exported -= 1
         self.num_failed += 1
+        _traced(export, export.ending)
         logger.info("KV export %s ended early: %s", export.request_id, export.ending)
+
+
+def _traced(export: Export, error: str | None = None) -> None:
+    """The export's spans in the pulling request's trace (export_trace.py), when it carried one."""
+    if export.traceparent is not None:
+        seq = export.seq
+        ended = export.first_token_at or time.monotonic()
+        trace_export(export.traceparent, seq.arrival_time, seq.scheduled_time, ended,
+                     export.num_blocks - export.first_index, export.first_index, error)

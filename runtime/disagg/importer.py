@@ -112,8 +112,9 @@ class KVImporter:
         if not manager.can_allocate(seq, hits, num_new, reserve=bool(self.scheduler.running or self.pulling)):
             return False
         manager.allocate(seq, hits, num_new)
-        request = PullRequest(list(seq.token_ids), first_token_settings(seq.params), len(hits))
-        item.started = time.monotonic()
+        request = PullRequest(list(seq.token_ids), first_token_settings(seq.params), len(hits),
+                              seq.params.trace_context)
+        item.started = seq.scheduled_time = time.monotonic()
         item.handle = self.puller.start(item.source, request, seq.block_table[len(hits):], self.progress.set)
         self.pulling[seq.request_id] = item
         return True
@@ -142,7 +143,8 @@ class KVImporter:
         logger.debug("KV pull of %s from %s: %d blocks (%d cached here) in %.3f s", seq.request_id, item.source,
                      item.handle.num_received, num_cached // self.block_manager.block_size,
                      seq.first_token_time - item.started)
-        return TokenDelta(seq.request_id, token, None, reason, stop_token, num_cached, seq.first_token_time)
+        return TokenDelta(seq.request_id, token, None, reason, stop_token, num_cached, seq.first_token_time,
+                          seq.scheduled_time)
 
     def _fail(self, item: Import, message: str) -> None:
         seq = item.seq

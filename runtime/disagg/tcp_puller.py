@@ -104,8 +104,11 @@ class _TcpPull:
     def _transfer(self) -> int:
         sock, layout, request = self._connect(), self.puller.layout, self.request
         send_preamble(sock)
-        send_json(sock, Kind.HELLO, {"layout": layout.to_json(), "token_ids": request.token_ids,
-                                     "params": request.params, "num_skip_blocks": request.num_skip_blocks})
+        hello = {"layout": layout.to_json(), "token_ids": request.token_ids, "params": request.params,
+                 "num_skip_blocks": request.num_skip_blocks}
+        if request.traceparent is not None:
+            hello["traceparent"] = request.traceparent
+        send_json(sock, Kind.HELLO, hello)
         check_preamble(sock, f"the prefill replica at {self.address}")
         num_blocks = len(self.block_ids)
         index_bytes = bytearray(BLOCK_INDEX.size)

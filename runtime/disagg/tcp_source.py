@@ -170,4 +170,6 @@ class TcpKVSource(KVSource):
             send_json(conn, Kind.ERROR, {"code": "layout", "message": message})
             return None
         send_json(conn, Kind.ACCEPT, {"layout": self.layout.to_json()})
-        return PullRequest(list(hello["token_ids"]), dict(hello["params"]), int(hello["num_skip_blocks"]))
+        traceparent = hello.get("traceparent")   # absent from a decode replica that does not trace
+        return PullRequest(list(hello["token_ids"]), dict(hello["params"]), int(hello["num_skip_blocks"]),
+                           traceparent if isinstance(traceparent, str) and len(traceparent) <= 128 else None)

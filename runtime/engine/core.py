@@ -204,7 +204,7 @@ class EngineCore:
                 last = position == len(tokens)   # only the last token of a step can end the sequence
                 deltas.append(TokenDelta(seq.request_id, token, lp, seq.finish_reason if last else None,
                                          seq.stop_reason if last and seq.is_finished else None,
-                                         seq.num_cached_tokens, seq.first_token_time))
+                                         seq.num_cached_tokens, seq.first_token_time, seq.scheduled_time))
             if seq.is_finished:
                 del self.seqs[seq.request_id]
         if exporter is not None:

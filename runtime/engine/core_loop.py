@@ -133,4 +133,7 @@ def core_process_main(config: EngineConfig, eos_token_ids: tuple[int, ...], conn
     # The API process blocks these while it spawns this one (EngineClient.start); a mask survives exec.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
+    if config.kv_role == "prefill":   # a KV export's spans are made here (disagg/export_trace.py)
+        from kubeinfer.runtime import tracing
+        tracing.configure("kubeinfer-server")
     sys.exit(run_core(config, eos_token_ids, PipeEnd(conn)))

@@ -24,6 +24,7 @@ class TokenDelta:
     stop_reason: int | None          # the stop token id that ended it
     num_cached_tokens: int           # prompt tokens served by the prefix cache
     first_token_time: float         # when the sequence's first token was sampled (monotonic clock)
+    scheduled_time: float | None = None   # when it was first scheduled (or its KV pull started)
 
 
 @dataclass

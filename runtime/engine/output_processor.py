@@ -30,6 +30,7 @@ class RequestOutput:
     first_token_time: float | None
     tenant: str = ""                    # whose request (SamplingParams.tenant), for per-tenant metrics
     error: str | None = None            # why it ended with finish_reason "error" (a failed KV transfer)
+    scheduled_time: float | None = None  # when the engine first scheduled it (monotonic clock)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class _Request:
     num_emitted_tokens: int = 0
     num_cached_tokens: int = 0
     first_token_time: float | None = None
+    scheduled_time: float | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -94,6 +96,7 @@ class OutputProcessor:
             request.token_ids.append(delta.token_id)
             request.num_cached_tokens = delta.num_cached_tokens
             request.first_token_time = delta.first_token_time
+            request.scheduled_time = delta.scheduled_time
             if delta.logprobs is not None:
                 request.logprobs.append(delta.logprobs)
             if delta.finish_reason is not None:
@@ -152,6 +155,7 @@ class OutputProcessor:
             new_logprobs=request.logprobs[request.num_emitted_tokens:], logprobs=list(request.logprobs),
             finished=finished, finish_reason=request.finish_reason, stop_reason=request.stop_reason,
             num_cached_tokens=request.num_cached_tokens, arrival_time=request.arrival_time,
+            scheduled_time=request.scheduled_time,
             first_token_time=request.first_token_time, tenant=request.params.tenant)
         request.num_emitted_chars, request.num_emitted_tokens = visible, len(output_ids)
         return output

@@ -33,6 +33,7 @@ accepted drafts; the slots written for rejected drafts lie beyond them and are o
 grown for them stays the sequence's (freed with it).
 """
 import math
+import time
 from dataclasses import dataclass, field
 
 from kubeinfer.runtime.config import EngineConfig
@@ -163,6 +164,8 @@ class Scheduler:
                 self.stats.prefix_cache_queries += seq.num_tokens
                 self.stats.prefix_cache_hits += seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
+            if seq.scheduled_time is None:
+                seq.scheduled_time = time.monotonic()
             running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)

@@ -37,6 +37,7 @@ class Sequence:
         self.stop_reason: str | int | None = None
         self.logprobs: list[dict] = []
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.scheduled_time: float | None = None      # first scheduled (its queue wait ends; monotonic clock)
         self.first_token_time: float | None = None
         self.queue_key = self.arrival_time    # the waiting queue's order (Scheduler.add; -inf once preempted)
         self.generator = None          # torch.Generator when the request has a seed (made by the sampler)

@@ -19,6 +19,7 @@ from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.proxy import REPLICA_HEADER, Proxy, UpstreamFailed
 from kubeinfer.runtime.router.replicas import ReplicaSet
 from kubeinfer.runtime.router.settings import RouterSettings
+from kubeinfer.runtime.router import route_trace
 from kubeinfer.runtime.router.tenants import TenantGate
 from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader
 from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
@@ -154,6 +155,8 @@ class Router:
             watcher.cancel()
 
     async def _forward(self, scope, body: bytes, send, received_at: float) -> None:
+        trace = route_trace.begin(scope)
+        admission_started = time.time_ns()
         peer = (scope.get("client") or (None,))[0]
         tenant = self.tenants.tenant(scope["headers"], peer)
         scope = dict(scope, headers=self.tenants.forwarded(scope["headers"], peer))
@@ -161,33 +164,45 @@ class Router:
             self.tenants.enter(tenant.name)
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
+            if trace is not None:
+                trace.end(refused.status, refused.message)
             return await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
+        if trace is not None:
+            trace.admitted(tenant.name, admission_started)
         started = False   # whether the client has the response's start (an error answer is then too late)
+        status, error_text = None, "cancelled: the client went away"   # the trace's ending, unless set below
 
         async def tracked(message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
         try:
-            await self.proxy.forward(scope, body, tracked, received_at, tenant)
+            await self.proxy.forward(scope, body, tracked, received_at, tenant, trace)
+            error_text = None
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
+            status, error_text = refused.status, refused.message
             await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after,
                                 refused.param)
         except LoadFailed as failed:   # the replica's own answer to loading the adapter, as it wrote it
+            status, error_text = failed.status, "the adapter could not be loaded"
             await respond(send, failed.status, failed.body, failed.content_type,
                           [(REPLICA_HEADER.encode(), failed.replica_url.encode())])
         except UpstreamFailed as failed:
             self.metrics.refused.labels("502").inc()
+            status, error_text = 502, str(failed)
             await respond_error(send, 502, str(failed), "replica_failed")
         except Exception as error:   # a bug: its traceback in the log, and an OpenAI error body, not a bare 500
             logger.exception("routing %s %s failed", scope.get("method"), scope["path"])
+            status, error_text = 500, f"{type(error).__name__}: {error}"
             if started:
                 raise
             self.metrics.refused.labels("500").inc()
             await respond_error(send, 500, f"the router failed: {type(error).__name__}: {error}", "router_error")
         finally:
             self.tenants.leave(tenant.name)
+            if trace is not None:
+                trace.end(status, error_text)
 
     def _models(self) -> dict:
         """The base model, then each adapter with its parent, as a replica lists them (docs/lora.md)."""

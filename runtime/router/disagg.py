@@ -104,7 +104,7 @@ class PrefillPool:
         return self.chooser.choose(available, text)[0] if available else None
 
     async def open(self, proxy, path: str, headers: list, parsed, text: str, adapter: str | None,
-                   received_at: float | None, tenant):
+                   received_at: float | None, tenant, trace=None):
         """(decode replica, response, prefetched body) of the request sent disaggregated, or None: serve it
         colocated (counted here as colocated or fallback)."""
         prefill = None
@@ -120,7 +120,7 @@ class PrefillPool:
         prefill.in_flight += 1   # until the decode replica answers: it answers once the first token is pulled
         try:
             replica, response, prefetched = await proxy._open(path, headers, body, parsed, text, adapter,
-                                                              received_at, tenant, decode=True)
+                                                              received_at, tenant, decode=True, trace=trace)
         finally:
             prefill.in_flight -= 1
         if response.status in (400, 502):
@@ -139,6 +139,8 @@ class PrefillPool:
                 self.replicas.mark_down(prefill, "a KV transfer from it failed", FAILED_HOLD_SECONDS)
                 self.chooser.forget(prefill)
                 self.metrics.disaggregated.labels("fallback").inc()
+                if trace is not None:
+                    trace.attempt_ended(f"KV transfer failed, serving colocated: {why}", response.status)
                 return None
         self.metrics.disaggregated.labels("disaggregated").inc()
         return replica, response, prefetched

@@ -32,6 +32,7 @@ from kubeinfer.runtime.router.disagg import PrefillPool, decoders, pick_decode, 
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
+from kubeinfer.runtime.router.route_trace import RouteTrace
 from kubeinfer.runtime.router.resume import MAX_RESUMES, RESUMABLE_HEADER, StreamProgress, is_resumable
 from kubeinfer.runtime.router.response_owners import ResponseOwners
 from kubeinfer.runtime.router.upstream import ConnectFailed, Response, UpstreamError
@@ -81,10 +82,11 @@ class Proxy:
         self.queue_timeout = queue_timeout
         self.response_owners = ResponseOwners()
 
-    async def forward(self, scope: dict, body: bytes, send, received_at: float, tenant: Tenant = ANONYMOUS) -> None:
+    async def forward(self, scope: dict, body: bytes, send, received_at: float, tenant: Tenant = ANONYMOUS,
+                      trace: RouteTrace | None = None) -> None:
         """Sends the request to a replica and relays the response to `send`, resuming it elsewhere if the replica
         dies. Raises `Refused`/`UpstreamFailed`/`LoadFailed` before anything was sent to the client. `tenant`: its
-        place in the waiting room's order."""
+        place in the waiting room's order; `trace`: its spans (route_trace.py), when tracing is on."""
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -103,11 +105,11 @@ class Proxy:
                 opened = None
                 if attempt == 0 and self.prefill is not None:
                     opened = await self.prefill.open(self, scope["path"], headers, parsed, text, adapter, received_at,
-                                                     tenant)
+                                                     tenant, trace)
                     received_at = None   # observed by that attempt
                 if opened is None:
                     opened = await self._open(scope["path"], headers, body, parsed, text, adapter,
-                                              received_at if attempt == 0 else None, tenant)
+                                              received_at if attempt == 0 else None, tenant, trace=trace)
                 replica, response, prefetched = opened
             except UpstreamFailed as failed:
                 if attempt == MAX_RESUMES:
@@ -127,6 +129,8 @@ class Proxy:
                 return await self._end_with_error(send, f"the stream could not be resumed: {answer[:500]}")
             learn = self.response_owners.learn if scope["path"] == RESPONSES_PATH and response.status == 200 else None
             failed = await self._relay(response, replica, send, prefetched, learn, progress, started)
+            if trace is not None:
+                trace.attempt_ended(None if failed is None else f"failed mid-response: {failed}")
             started = True
             if failed is None:
                 return
@@ -141,7 +145,8 @@ class Proxy:
             body, progress.failed = progress.resume_body(parsed), None   # a fresh attempt
 
     async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, adapter: str | None,
-                    received_at: float | None, tenant: Tenant = ANONYMOUS, decode: bool = False):
+                    received_at: float | None, tenant: Tenant = ANONYMOUS, decode: bool = False,
+                    trace: RouteTrace | None = None):
         """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas
         are tried again elsewhere within the queue timeout; a replica that fails before answering is marked down
         and raises `UpstreamFailed`. `adapter`: the LoRA adapter the request names, loaded first where none is.
@@ -151,6 +156,8 @@ class Proxy:
         waited = loading = 0.0
         not_loaded = 0   # replicas that turned out to have dropped the adapter
         while True:
+            if trace is not None:
+                trace.picking()
             waited += await self.room.wait_until_up(len(body), deadline, tenant)
             if adapter is not None and not self.adapters.holders(adapter):
                 started = time.monotonic()
@@ -170,10 +177,13 @@ class Proxy:
             if received_at is not None:
                 self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
             replica.in_flight += 1
+            sent = headers if trace is None else trace.sending(headers, replica.url, reason, waited, loading)
             try:
-                response = await replica.upstream.request("POST", path, headers, body)
+                response = await replica.upstream.request("POST", path, sent, body)
             except ConnectFailed as error:   # never reached it
                 replica.in_flight -= 1
+                if trace is not None:
+                    trace.attempt_ended(f"connect failed: {error}")
                 self.metrics.upstream_errors.labels("timeout" if error.timed_out else "connect").inc()
                 self.replicas.mark_down(replica, f"connect failed: {error}")
                 self.chooser.forget(replica)   # a replica that comes back after this has an empty cache
@@ -183,6 +193,8 @@ class Proxy:
                 continue
             except UpstreamError as error:
                 replica.in_flight -= 1
+                if trace is not None:
+                    trace.attempt_ended(f"failed before answering: {error}")
                 self.metrics.upstream_errors.labels("disconnect").inc()
                 self.replicas.mark_down(replica, f"failed before answering: {error}", FAILED_HOLD_SECONDS)
                 self.chooser.forget(replica)
@@ -227,6 +239,8 @@ class Proxy:
             if waited:
                 self.metrics.queue_wait.observe(waited)
             self.metrics.picks.labels(replica.url, reason).inc()
+            if trace is not None:
+                trace.attempt.set_attribute("http.response.status_code", response.status)
             return replica, response, prefetched
 
     def _choose(self, path: str, parsed, text: str, adapter: str | None, tenant: Tenant = ANONYMOUS):

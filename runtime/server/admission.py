@@ -67,6 +67,7 @@ class Job:
     resume: Resume | None = None       # a continuation of a stream whose replica died
     kv_source: str | None = None       # a decode replica: the prefill replica's KV endpoint (kv_source.py)
     primed: dict = field(default_factory=dict)   # sub-request id -> (first output, the rest), started (kv_source.py)
+    trace: object = None               # its spans (request_trace.RequestTrace) when tracing is on
 
     def release(self) -> None:
         """Gives the job's room back (once, whichever path ends the response first)."""

@@ -1,5 +1,6 @@
 """The FastAPI application: OpenAI routes, health and readiness, metrics, OpenAI-shaped errors."""
 import asyncio
+import inspect
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -58,7 +59,12 @@ def create_app(state: ServerState) -> FastAPI:
             watcher.cancel()
         state.engine.stop()
 
-    app = FastAPI(title="kubeinfer", version="0.1.0", lifespan=lifespan)
+    # FastAPI >= 0.165 would add its own HTTP and operation spans beside ours (runtime/server/request_trace.py) once
+    # a tracer provider is set: one set of spans, ours, on every FastAPI version.
+    own_telemetry = "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    app = FastAPI(title="kubeinfer", version="0.1.0", lifespan=lifespan,
+                  **({"telemetry": {"tracing": False, "operation_spans": False, "metrics": False, "logs": False}}
+                     if own_telemetry else {}))
     app.state.server = state
     app.add_middleware(CountErrors, state=state)
 

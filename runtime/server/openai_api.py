@@ -26,6 +26,7 @@ from kubeinfer.runtime.server.engine_client import EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_body
 from kubeinfer.runtime.server.kv_source import start_pulled
 from kubeinfer.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from kubeinfer.runtime.server.request_trace import begin, failing
 from kubeinfer.runtime.server.responses import Formatter, sse
 from kubeinfer.runtime.server.tool_output import ToolOutput
 from kubeinfer.runtime.server.tools import plan_tools
@@ -34,18 +35,26 @@ CLIENT_CLOSED_REQUEST = 499   # nginx's status for a client that left before the
 
 
 async def completions(state: ServerState, body: CompletionRequest, request: Request):
-    caller = authenticate(state, request)
-    if body.echo or body.suffix:
-        raise InvalidRequestError("echo and suffix are not supported", "echo" if body.echo else "suffix")
-    prompts = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
-    if not prompts:
-        raise InvalidRequestError("the prompt is empty", "prompt")
-    job = admit(state, body, caller, prompts, body.max_tokens, body.logprobs, "cmpl")
-    formatter = Formatter(False, *stream_identity(job), body.model, state.tokenizer, body.logprobs is not None)
-    return await _respond(state, job, formatter, body, request)
+    trace = begin(request, "text_completion", body)
+    with failing(trace):
+        caller = authenticate(state, request)
+        if body.echo or body.suffix:
+            raise InvalidRequestError("echo and suffix are not supported", "echo" if body.echo else "suffix")
+        prompts = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+        if not prompts:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        job = traced(admit(state, body, caller, prompts, body.max_tokens, body.logprobs, "cmpl"), trace, caller)
+        formatter = Formatter(False, *stream_identity(job), body.model, state.tokenizer, body.logprobs is not None)
+        return await _respond(state, job, formatter, body, request)
 
 
 async def chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request):
+    trace = begin(request, "chat", body)
+    with failing(trace):
+        return await _chat_completions(state, body, request, trace)
+
+
+async def _chat_completions(state: ServerState, body: ChatCompletionRequest, request: Request, trace):
     caller = authenticate(state, request)
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, flat=False)
     structured = plan.structured_output(state.config.json_layout) if plan else None
@@ -60,14 +69,25 @@ async def chat_completions(state: ServerState, body: ChatCompletionRequest, requ
                        plan.offered if plan else None)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    job = admit(state, body, caller, [prompt], body.max_completion_tokens or body.max_tokens, logprobs, "chatcmpl",
-                structured)
+    job = traced(admit(state, body, caller, [prompt], body.max_completion_tokens or body.max_tokens, logprobs,
+                       "chatcmpl", structured), trace, caller)
     tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
     if tools is not None and job.resume is not None:
         job.release()
         raise InvalidRequestError("a stream with tools cannot be resumed", "kubeinfer_resume")
     formatter = Formatter(True, *stream_identity(job), body.model, tokenizer, body.logprobs, tools)
     return await _respond(state, job, formatter, body, request)
+
+
+def traced(job: Job, trace, caller) -> Job:
+    """`job`, carrying its request's trace (admission ends here)."""
+    if trace is not None:
+        job.trace = trace
+        trace.admitted(job.request_id, caller.tenant.name, job.kv_source)
+        if job.kv_source is not None:   # the KV pull carries the request's context to the prefill replica
+            for params in job.params:
+                params.trace_context = trace.traceparent()
+    return job
 
 
 def stream_identity(job: Job) -> tuple[str, int]:
@@ -80,6 +100,8 @@ async def _respond(state: ServerState, job: Job, formatter: Formatter, body, req
         try:
             if not await start_pulled(state, job, request):
                 job.release()
+                if job.trace is not None:
+                    job.trace.finish([], cancelled=True)
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
         except BaseException:
             job.release()
@@ -111,12 +133,18 @@ class JobStream(StreamingResponse):
         finally:
             await self.job.close_primed()
             self.job.release()
+            if self.job.trace is not None:   # the client left while the stream waited: what it kept, cancelled
+                self.job.trace.finish(cancelled=True)
 
 
 async def _collect(state: ServerState, job: Job, formatter: Formatter, request: Request):
     outputs = await gather_outputs(state, job, request)
     if outputs is None:
+        if job.trace is not None:
+            job.trace.finish([], cancelled=True)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if job.trace is not None:
+        job.trace.finish(outputs)
     return JSONResponse(formatter.response(outputs, job.num_prompt_tokens))
 
 
@@ -157,6 +185,10 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
     resumed = len(job.resume.token_ids) if job.resume else 0   # output tokens the client had from elsewhere
     emitted = [0] * len(job.params)
     cached = [0] * len(job.params)   # prompt tokens each choice found in the prefix cache
+    last: list[RequestOutput | None] = [None] * len(job.params)   # each choice's latest output (for its trace)
+    if job.trace is not None:
+        job.trace.outputs = last
+    ended = False   # the stream ran to its last event (else the client went away, or it failed)
 
     async def pump(index, sub_id, prompt, params):
         try:
@@ -181,14 +213,19 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
                 remaining -= 1
             elif isinstance(item, APIError):   # a finished answer that broke its schema (checked_answers)
                 state.metrics.count_error(item.status)
+                if job.trace is not None:
+                    job.trace.fail(item)
                 yield sse(error_body(item.status, item.message, item.param, item.code))
                 return
             elif isinstance(item, Exception):
                 state.metrics.count_error(500)
+                if job.trace is not None:
+                    job.trace.fail(item)
                 event = sse({"error": {"message": str(item), "type": "server_error", "param": None, "code": None}})
                 yield failed_event(event) if progress and isinstance(item, EngineDeadError) else event
                 return
             else:
+                last[index] = item
                 emitted[index] = len(item.token_ids)
                 cached[index] = item.num_cached_tokens
                 chunk = formatter.chunk(index, item)
@@ -198,8 +235,11 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
                     yield chunk
         if include_usage:
             yield formatter.usage_chunk(job.num_prompt_tokens, sum(emitted), sum(cached))
+        ended = True
         yield sse("[DONE]")
     finally:
         for task in tasks:
             task.cancel()
         state.keys.charge(job.key, sum(emitted) - resumed)
+        if job.trace is not None:
+            job.trace.finish(cancelled=not ended)

@@ -16,7 +16,8 @@ from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.admission import Job, ServerState, admit, authenticate
-from kubeinfer.runtime.server.openai_api import CLIENT_CLOSED_REQUEST, JobStream, gather_outputs
+from kubeinfer.runtime.server.openai_api import CLIENT_CLOSED_REQUEST, JobStream, gather_outputs, traced
+from kubeinfer.runtime.server.request_trace import begin, failing
 from kubeinfer.runtime.server.responses_object import (ResponseBuilder, function_call_item, message_item, new_id,
                                                       response_usage)
 from kubeinfer.runtime.server.responses_protocol import ResponsesRequest, item_messages
@@ -29,6 +30,12 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens"}
 
 
 async def create_response(state: ServerState, body: ResponsesRequest, request: Request):
+    trace = begin(request, "chat", body)
+    with failing(trace):
+        return await _create_response(state, body, request, trace)
+
+
+async def _create_response(state: ServerState, body: ResponsesRequest, request: Request, trace):
     caller = authenticate(state, request)
     body.check_unsupported()
     history: list[dict] = []
@@ -51,7 +58,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     text = render_chat(tokenizer.chat_template, messages, True, tokenizer.bos_token, tokenizer.eos_token,
                        plan.offered if plan else None)
     prompt = tokenizer.encode(text, add_special_tokens=False)
-    job = admit(state, body, caller, [prompt], body.max_output_tokens, None, "resp", structured)
+    job = traced(admit(state, body, caller, [prompt], body.max_output_tokens, None, "resp", structured), trace, caller)
     builder = ResponseBuilder(body, int(time.time()), body.text_format)
     tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
     if body.stream:
@@ -61,6 +68,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         outputs = await gather_outputs(state, job, request)
     finally:
         job.release()
+    if job.trace is not None:
+        job.trace.finish(outputs or [], cancelled=outputs is None)
     if outputs is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     items = _output_items(outputs[0], new_id("msg"), tools)
@@ -98,12 +107,17 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
     are one delta)."""
     [(_, sub_id, prompt, params)] = list(job.sub_requests())
     item_id, emitted = new_id("msg"), 0
+    kept: list[RequestOutput | None] = [None]   # the latest output, for the request's trace
+    ended = False
+    if job.trace is not None:
+        job.trace.outputs = kept
     try:
         for event in builder.started() + ([] if tools else builder.text_started(0, item_id)):
             yield event
         last = None
         async for output in job.outputs(state.engine, sub_id, prompt, params):
             last, emitted = output, len(output.token_ids)
+            kept[0] = output
             if output.new_text and tools is None:
                 yield builder.text_delta(0, item_id, output.new_text)
         items = _output_items(last, item_id, tools)
@@ -118,15 +132,21 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
                           + builder.text_done(index, item_id, text))
             for event in events:
                 yield event
+        ended = True
         yield builder.finished(_finish(state, builder, job, last, items, conversation))
-    except APIError as error:   # a finished answer that broke its schema (checked_answers)
-        state.metrics.count_error(error.status)
-        yield builder.event("error", code=error.code, message=error.message, param=error.param)
     except Exception as error:   # noqa: BLE001 - reported to the client as an error event
-        state.metrics.count_error(500)
-        yield builder.event("error", code="server_error", message=str(error), param=None)
+        if job.trace is not None:
+            job.trace.fail(error)
+        if isinstance(error, APIError):   # a finished answer that broke its schema (checked_answers)
+            state.metrics.count_error(error.status)
+            yield builder.event("error", code=error.code, message=error.message, param=error.param)
+        else:
+            state.metrics.count_error(500)
+            yield builder.event("error", code="server_error", message=str(error), param=None)
     finally:
         state.keys.charge(job.key, emitted)
+        if job.trace is not None:
+            job.trace.finish(cancelled=not ended)
 
 
 def get_response(state: ServerState, response_id: str, request: Request) -> dict:

@@ -255,7 +255,7 @@ def test_a_router_bug_is_an_openai_error_with_its_traceback_logged_not_a_bare_50
     from kubeinfer.runtime.router.settings import RouterSettings
 
     async def call(router, fail_after_start: bool) -> list[dict]:
-        async def forward(scope, body, send, received_at, tenant):
+        async def forward(scope, body, send, received_at, tenant, trace=None):
             if fail_after_start:
                 await send({"type": "http.response.start", "status": 200, "headers": []})
             raise KeyError("a bug")
