@@ -49,6 +49,9 @@ class OperatorConfig:
     # The cluster's pod networks (CIDRs, comma-separated in the environment): the only KV sources decode replicas
     # of spec.disaggregation accept (--kv-source-networks). Empty: the runtime's default, the private networks.
     pod_networks: tuple[str, ...] = ()
+    # An OTLP/HTTP collector (http://HOST:4318) for the traces of services that name none in
+    # spec.observability.tracing (the chart's tracing.endpoint). Empty: only those that name one trace.
+    tracing_endpoint: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:

@@ -31,6 +31,7 @@ SCHEMA: dict[str, Any] = {
         "watchNamespaces": {"type": "array", "uniqueItems": True,
                             "items": {"type": "string", "pattern": r"^[a-z0-9*?\[\]-]+$"}},
         "prometheusUrl": {"type": "string", "pattern": r"^(https?://[^\s]+)?$"},
+        "tracing": _object({"endpoint": {"type": "string", "pattern": r"^(https?://[^\s/]+(/\S*)?)?$"}}),
         "runtimeImage": {"type": "string", "minLength": 1},
         "serviceMonitorMode": {"enum": ["auto", "always", "never"]},
         "peering": _object({"enabled": {"type": "boolean"}, "name": _DNS}),

@@ -30,6 +30,7 @@ from kubeinfer.operator.reconcile.lora import fetch as lora_fetch
 from kubeinfer.operator.reconcile.model_cache import MODEL_MOUNT, download_init_container, model_dir, model_volume
 from kubeinfer.operator.reconcile.security import container_security_context, pod_security_context
 from kubeinfer.operator.spec import InferenceServiceSpec
+from kubeinfer.operator.spec.observability import tracing_env
 
 PORT = 8000
 PORT_NAME = "http"
@@ -203,6 +204,7 @@ def runtime_container(spec: InferenceServiceSpec, served_name: str, config: Oper
     _, mounts = volumes(spec, service)
     env = [{"name": "HOME", "value": "/tmp"}]
     env += [{"name": name, "value": f"{COMPILE_CACHE_MOUNT}/{sub}"} for name, sub in COMPILE_CACHE_ENV.items()]
+    env += tracing_env(spec.observability, config.tracing_endpoint, service or served_name)
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env]
     container: dict[str, Any] = {
         "name": RUNTIME_CONTAINER,

@@ -29,6 +29,7 @@ from kubeinfer.operator.kube import Kube, resource_path
 from kubeinfer.operator.reconcile import builders, pod, pools, security
 from kubeinfer.operator.reconcile.apply import delete_owned
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
+from kubeinfer.operator.spec.observability import tracing_env
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ def pod_spec(spec: InferenceServiceSpec, owner: builders.Owner, config: Operator
     }
     if spec.runtime.image_pull_policy:
         container["imagePullPolicy"] = spec.runtime.image_pull_policy
+    if env := tracing_env(spec.observability, config.tracing_endpoint, owner.name):
+        container["env"] = env
     files = [("endpoints", ENDPOINTS_ANNOTATION)]
     if spec.disaggregation is not None:
         files.append(("prefill-endpoints", PREFILL_ENDPOINTS_ANNOTATION))

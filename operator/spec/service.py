@@ -13,6 +13,7 @@ from kubeinfer.operator.spec.autoscaling import Autoscaling, desired_replicas
 from kubeinfer.operator.spec.disaggregation import RULES as DISAGGREGATION_RULES
 from kubeinfer.operator.spec.disaggregation import Disaggregation, disaggregation_errors
 from kubeinfer.operator.spec.model import ModelSource
+from kubeinfer.operator.spec.observability import Observability
 from kubeinfer.operator.spec.placement import Parallelism, Resources, Rollout, Scheduling
 from kubeinfer.operator.spec.routing import InferencePoolSpec, RouterSpec
 from kubeinfer.operator.spec.runtime import RuntimeSpec
@@ -98,6 +99,9 @@ class InferenceServiceSpec(SpecModel):
         description="LoRA adapters served beside the model (needs runtime.lora). Adding or removing one loads or "
                     "unloads it in the running replicas, without a rollout (docs/lora.md).",
         json_schema_extra={"x-kubernetes-validations": [ADAPTER_NAMES_UNIQUE]})
+    observability: Observability | None = Field(
+        default=None, description="Where the replicas and the router send each request's trace (OpenTelemetry, "
+                                  "OTLP/HTTP; docs/tracing.md).")
 
     @model_validator(mode="after")
     def _replicas_in_bounds(self) -> InferenceServiceSpec:

@@ -35,6 +35,7 @@ Render = Callable[..., list[dict[str, Any]]]
 
 EVERYTHING = {
     "logLevel": "debug", "watchNamespaces": ["ml", "ml-team-b"], "prometheusUrl": "http://prom.monitoring:9090",
+    "tracing": {"endpoint": "http://otel-collector.monitoring:4318"},
     "serviceMonitorMode": "never", "replicaCount": 2, "priorityClassName": "system-cluster-critical",
     "imagePullSecrets": [{"name": "regcred"}], "nodeSelector": {"kubernetes.io/os": "linux"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
@@ -151,6 +152,7 @@ def test_defaults_render_the_operator_with_its_rbac(render: Render) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert env(objs) == {"KUBEINFER_NAMESPACES": "", "KUBEINFER_RUNTIME_IMAGE": DEFAULT_RUNTIME_IMAGE,
                          "KUBEINFER_SERVICE_MONITOR": "auto", "KUBEINFER_PROMETHEUS_URL": "",
+                         "KUBEINFER_TRACING_ENDPOINT": "",
                          "KUBEINFER_PEERING": "kubeinfer", "POD_ID": {"fieldRef": {"fieldPath": "metadata.name"}}}
     assert {c["metadata"]["name"] for c in kinds["CustomResourceDefinition"]} == \
         {c["metadata"]["name"] for c in [crd.inference_service_crd(), *crd.peering_crds()]}
@@ -188,6 +190,7 @@ def test_every_value_reaches_its_object(render: Render) -> None:
     assert env(objs) | {"POD_ID": None} == {
         "KUBEINFER_NAMESPACES": "ml,ml-team-b", "KUBEINFER_RUNTIME_IMAGE": "registry.example/kubeinfer/runtime:9.9.9",
         "KUBEINFER_SERVICE_MONITOR": "never", "KUBEINFER_PROMETHEUS_URL": "http://prom.monitoring:9090",
+        "KUBEINFER_TRACING_ENDPOINT": "http://otel-collector.monitoring:4318",
         "KUBEINFER_PEERING": "kubeinfer", "POD_ID": None}
     [account] = kinds["ServiceAccount"]
     assert account["metadata"]["name"] == pod["serviceAccountName"] == "ops"
@@ -236,6 +239,7 @@ BAD_VALUES = [
     ({"imagee": {"tag": "x"}}, "imagee"),                          # a typo is refused, not ignored
     ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
     ({"prometheusUrl": "prometheus:9090"}, "prometheusUrl"),
+    ({"tracing": {"endpoint": "otel-collector:4318"}}, "endpoint"),
     ({"serviceMonitorMode": "yes"}, "serviceMonitorMode"),
     ({"watchNamespaces": "ml"}, "watchNamespaces"),
     ({"monitoring": {"alerts": {"errorRatio": 2}}}, "errorRatio"),

@@ -280,7 +280,8 @@ def test_unknown_fields_are_refused() -> None:
 def test_wire_names_are_camel_case() -> None:
     props = _schema()["properties"]["spec"]["properties"]
     assert {"model", "runtime", "parallelism", "resources", "replicas", "autoscaling", "router", "inferencePool",
-            "scheduling", "rollout", "apiKeySecretRef", "tenants", "adapters", "disaggregation"} == set(props)
+            "scheduling", "rollout", "apiKeySecretRef", "tenants", "adapters", "disaggregation",
+            "observability"} == set(props)
     assert "queueTimeoutSeconds" in props["router"]["properties"]
     assert "maxNumBatchedTokens" in props["runtime"]["properties"]
     assert props["rollout"]["properties"]["maxSurge"]["x-kubernetes-int-or-string"] is True
