@@ -40,12 +40,13 @@ async def _create_response(state: ServerState, body: ResponsesRequest, request: 
     body.check_unsupported()
     history: list[dict] = []
     if body.previous_response_id is not None:
-        stored = state.responses.get(body.previous_response_id)
+        stored = state.responses.get(body.previous_response_id, caller.tenant.name)
         if stored is None:
-            raise InvalidRequestError(
-                f"previous response {body.previous_response_id!r} is not stored on this replica (responses are kept "
-                f"in memory, the newest {state.responses.capacity} per replica, and only with store: true)",
-                "previous_response_id")
+            raise APIError(
+                404, f"previous response {body.previous_response_id!r} is not stored on this replica (responses are "
+                     f"kept in memory, the newest {state.responses.capacity} for {state.responses.ttl_s:.0f} s, only "
+                     f"with store: true, and only for the tenant that made them)", "previous_response_id",
+                "not_found")
         history = stored.messages
     conversation = history + item_messages(body.input_items())
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
@@ -62,7 +63,8 @@ async def _create_response(state: ServerState, body: ResponsesRequest, request: 
     builder = ResponseBuilder(body, int(time.time()), body.text_format)
     tools = ToolOutput(plan, state.config.tool_call_parser) if plan and plan.choice != "none" else None
     if body.stream:
-        return JobStream(job, _stream(state, job, builder, conversation, tools), media_type="text/event-stream",
+        return JobStream(job, _stream(state, job, builder, conversation, tools, caller.tenant.name),
+                         media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         outputs = await gather_outputs(state, job, request)
@@ -73,7 +75,7 @@ async def _create_response(state: ServerState, body: ResponsesRequest, request: 
     if outputs is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     items = _output_items(outputs[0], new_id("msg"), tools)
-    return JSONResponse(_finish(state, builder, job, outputs[0], items, conversation))
+    return JSONResponse(_finish(state, builder, job, outputs[0], items, conversation, caller.tenant.name))
 
 
 def _output_items(output: RequestOutput, item_id: str, tools: ToolOutput | None) -> list[dict]:
@@ -85,7 +87,7 @@ def _output_items(output: RequestOutput, item_id: str, tools: ToolOutput | None)
 
 
 def _finish(state: ServerState, builder: ResponseBuilder, job: Job, output: RequestOutput, items: list[dict],
-            conversation: list[dict]) -> dict:
+            conversation: list[dict], owner: str) -> dict:
     """The final response object (stored when asked)."""
     reason = INCOMPLETE_REASONS.get(output.finish_reason)
     usage = response_usage(job.num_prompt_tokens, len(output.token_ids), output.num_cached_tokens)
@@ -97,12 +99,12 @@ def _finish(state: ServerState, builder: ResponseBuilder, job: Job, output: Requ
                   "function": {"name": item["name"], "arguments": item["arguments"]}}
                  for item in items if item["type"] == "function_call"]
         state.responses.put(builder.id, StoredResponse(response, conversation + [reply | (
-            {"tool_calls": calls} if calls else {})]))
+            {"tool_calls": calls} if calls else {})], owner))
     return response
 
 
 async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conversation: list[dict],
-                  tools: ToolOutput | None):
+                  tools: ToolOutput | None, owner: str):
     """Text streams as it comes; with tools the output is sent whole at the end, as its items (a call's arguments
     are one delta)."""
     [(_, sub_id, prompt, params)] = list(job.sub_requests())
@@ -133,7 +135,7 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
             for event in events:
                 yield event
         ended = True
-        yield builder.finished(_finish(state, builder, job, last, items, conversation))
+        yield builder.finished(_finish(state, builder, job, last, items, conversation, owner))
     except Exception as error:   # noqa: BLE001 - reported to the client as an error event
         if job.trace is not None:
             job.trace.fail(error)
@@ -150,15 +152,15 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
 
 
 def get_response(state: ServerState, response_id: str, request: Request) -> dict:
-    authenticate(state, request)
-    stored = state.responses.get(response_id)
+    caller = authenticate(state, request)
+    stored = state.responses.get(response_id, caller.tenant.name)
     if stored is None:
         raise APIError(404, f"response {response_id!r} is not stored on this replica", "response_id", "not_found")
     return stored.body
 
 
 def delete_response(state: ServerState, response_id: str, request: Request) -> dict:
-    authenticate(state, request)
-    if not state.responses.delete(response_id):
+    caller = authenticate(state, request)
+    if not state.responses.delete(response_id, caller.tenant.name):
         raise APIError(404, f"response {response_id!r} is not stored on this replica", "response_id", "not_found")
     return {"id": response_id, "object": "response", "deleted": True}

@@ -85,9 +85,10 @@ def test_previous_response_id_continues_the_stored_conversation(client, offline)
     assert second.output_text == chat.choices[0].message.content
     assert client.responses.retrieve(first.id).output_text == first.output_text
     client.responses.delete(first.id)
-    with pytest.raises(openai.BadRequestError) as refused:
+    with pytest.raises(openai.NotFoundError) as refused:
         client.responses.create(model=MODEL, input="again", previous_response_id=first.id, max_output_tokens=2)
-    assert refused.value.body["param"] == "previous_response_id"
+    assert refused.value.body["param"] == "previous_response_id" and refused.value.body["code"] == "not_found"
+    assert refused.value.body["type"] == "not_found_error"
     unstored = client.responses.create(model=MODEL, input="x", store=False, max_output_tokens=2)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
@@ -102,7 +103,6 @@ def test_previous_response_id_continues_the_stored_conversation(client, offline)
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"previous_response_id": "resp_unknown"}, "previous_response_id"),
 ])
 def test_bad_input_is_a_400_naming_the_param(client, fields, param):
     body = {"model": MODEL, "input": "hi"} | fields
@@ -114,7 +114,47 @@ def test_bad_input_is_a_400_naming_the_param(client, fields, param):
 def test_the_store_keeps_the_newest_responses():
     store = ResponseStore(capacity=2)
     for name in "abc":
-        store.put(name, StoredResponse({"id": name}, []))
+        store.put(name, StoredResponse({"id": name}, [], "t"))
         if name == "b":
-            store.get("a")   # used: kept over b
-    assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None and len(store) == 2
+            store.get("a", "t")   # used: kept over b
+    assert store.get("b", "t") is None and store.get("a", "t") is not None and store.get("c", "t") is not None
+    assert len(store) == 2
+
+
+def test_a_response_expires_and_is_its_tenant_s_alone():
+    now = [0.0]
+    store = ResponseStore(capacity=10, ttl_s=60, clock=lambda: now[0])
+    store.put("a", StoredResponse({"id": "a"}, [], "alpha"))
+    assert store.get("a", "beta") is None and not store.delete("a", "beta")   # another tenant: as if unknown
+    now[0] = 60.0
+    assert store.get("a", "alpha") is not None
+    now[0] = 60.5
+    assert store.get("a", "alpha") is None and len(store) == 0   # expired: dropped
+
+
+def test_an_unknown_previous_response_is_a_404_naming_it(client):
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_unknown", max_output_tokens=2)
+    assert refused.value.body["param"] == "previous_response_id" and refused.value.body["code"] == "not_found"
+
+
+def test_one_tenant_never_reads_continues_or_deletes_another_s_response(llama_dir, start_server, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("alpha-key tenant=alpha\nbeta-key tenant=beta\n")
+    with start_server(llama_dir, str(keys), max_model_len=256) as (url, _):
+        alpha, beta = (openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+                       for key in ("alpha-key", "beta-key"))
+        plan = "A secret plan: " + "pods and nodes and replicas, " * 8
+        first = alpha.responses.create(model=MODEL, input=plan, max_output_tokens=4, temperature=0, extra_body=EXTRA)
+        with pytest.raises(openai.NotFoundError):
+            beta.responses.retrieve(first.id)
+        with pytest.raises(openai.NotFoundError):
+            beta.responses.create(model=MODEL, input="Go on", previous_response_id=first.id, max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            beta.responses.delete(first.id)
+        assert alpha.responses.retrieve(first.id).output_text == first.output_text   # still there, for alpha
+        second = alpha.responses.create(model=MODEL, input="Go on", previous_response_id=first.id,
+                                        max_output_tokens=2, temperature=0, extra_body=EXTRA)
+        assert second.usage.input_tokens > first.usage.input_tokens
+        # The continuation's prompt starts with the first turn's: the prefix cache serves it (to alpha alone).
+        assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens // 2
