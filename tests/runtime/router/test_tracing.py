@@ -9,6 +9,7 @@ import pytest
 
 from support import RuntimeServer, free_port, wait_for
 from support.otlp_receiver import OtlpReceiver
+from support.router_streams import victim_beside
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -165,6 +166,40 @@ def test_a_responses_api_request_is_traced_as_a_chat(router, receiver):
     assert replica.attributes["gen_ai.request.max_tokens"] == 6
     assert replica.attributes["gen_ai.usage.output_tokens"] == response.usage.output_tokens
     assert replica.parent_span_id == spans[f"POST {router_replica(spans)}"].span_id
+
+
+def test_a_stream_resumed_on_another_replica_stays_one_trace(traced_replica, receiver, start_router, llama_dir,
+                                                            tmp_path, monkeypatch):
+    """The replica serving the stream is killed mid-stream: the router's span holds both attempts (the first says
+    how it failed), and the replica that resumes it puts its spans under the second."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", EXPORT_EVERY_MS)
+    trace_id = "9bf92f3577b34da6a3ce929d0e0e4741"
+    body = {"model": "tiny", "prompt": "Kubernetes", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with victim_beside(traced_replica, llama_dir, start_router, tmp_path / "victim.log") as (victim, router):
+        router.proc.kill()   # this test's router traces: started below with the flag, over the same two replicas
+        router = start_router([victim.url, traced_replica.url], "--policy", "round-robin", "--scrape-interval", "60",
+                              "--stale-after", "120", "--otlp-traces-endpoint", receiver.url).wait_up(2)
+        events = []
+        with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60,
+                          headers={"traceparent": traceparent(trace_id)}) as response:
+            assert response.headers["x-kubeinfer-replica"] == victim.url
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    if len(events) == 3:
+                        victim.proc.kill()
+        assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
+    spans = spans_named(receiver, trace_id, {"POST /v1/completions", f"POST {victim.url}",
+                                             f"POST {traced_replica.url}", "text_completion tiny", "decode"})
+    route = spans["POST /v1/completions"]
+    picks = [s for s in receiver.spans_of(trace_id) if s.name == "pick"]
+    assert len(picks) == 2 and all(p.parent_span_id == route.span_id for p in picks)
+    first, second = spans[f"POST {victim.url}"], spans[f"POST {traced_replica.url}"]
+    assert first.parent_span_id == second.parent_span_id == route.span_id
+    assert first.attributes["error.type"].startswith("failed mid-response") and "error.type" not in second.attributes
+    assert spans["text_completion tiny"].parent_span_id == second.span_id
+    assert route.status_code == 0
 
 
 @pytest.fixture(scope="module")
