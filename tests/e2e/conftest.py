@@ -151,6 +151,14 @@ def _api_server_is_local() -> bool:
 
 
 @pytest.fixture(scope="session")
+def local_node(kube: Any) -> None:
+    """For the tests whose pods call back to this machine (a trace receiver on the node's address): only the local
+    cluster's node is this machine."""
+    if not _api_server_is_local():
+        pytest.skip("the pods must reach this machine: the local cluster only (../shared/k8s-local)")
+
+
+@pytest.fixture(scope="session")
 def pod_to_pod(kube: Any) -> None:
     """For the tests whose pods talk to each other (the router to its replicas, a replica's sidecar to a stand-in
     Hub pod): on the local cluster each pod reaches the pod range through the node's address on cni0, i.e. through

@@ -26,6 +26,7 @@ class ReceivedSpan:
     attributes: dict
     events: list[str]
     status_code: int   # 0 unset, 1 ok, 2 error
+    resource: dict     # the sending process's resource attributes (service.name, k8s.pod.name, ...)
 
 
 def _value(value: AnyValue):
@@ -36,7 +37,7 @@ def _value(value: AnyValue):
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
         self._lock = threading.Lock()
@@ -62,8 +63,8 @@ class OtlpReceiver:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -78,7 +79,7 @@ class OtlpReceiver:
                         service, span.name, span.kind, span.trace_id.hex(), span.span_id.hex(),
                         span.parent_span_id.hex(), span.start_time_unix_nano, span.end_time_unix_nano,
                         {a.key: _value(a.value) for a in span.attributes}, [e.name for e in span.events],
-                        span.status.code))
+                        span.status.code, attributes))
         with self._lock:
             self.requests += 1
             self.spans.extend(received)
