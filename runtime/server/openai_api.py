@@ -83,7 +83,7 @@ def traced(job: Job, trace, caller) -> Job:
     """`job`, carrying its request's trace (admission ends here)."""
     if trace is not None:
         job.trace = trace
-        trace.admitted(job.request_id, caller.tenant.name, job.kv_source)
+        trace.admitted(job.request_id, caller.tenant.name, job.kv_source, job.num_prompt_tokens)
         if job.kv_source is not None:   # the KV pull carries the request's context to the prefill replica
             for params in job.params:
                 params.trace_context = trace.traceparent()

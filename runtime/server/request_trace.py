@@ -33,9 +33,10 @@ class RequestTrace:
         self.ended = False
         self.outputs: list[RequestOutput | None] = []   # each engine request's latest output, kept by the stream
 
-    def admitted(self, request_id: str, tenant: str, kv_source: str | None) -> None:
+    def admitted(self, request_id: str, tenant: str, kv_source: str | None, num_prompt_tokens: int) -> None:
         self.admitted_ns = time.time_ns()
         self.kv_transfer = kv_source is not None
+        self.span.set_attribute("gen_ai.usage.input_tokens", num_prompt_tokens)
         tracing.child_span("admission", self.span, self.received_ns, self.admitted_ns,
                            {"kubeinfer.tenant": tenant or "", "gen_ai.response.id": request_id})
         if kv_source is not None:
@@ -58,7 +59,6 @@ class RequestTrace:
         if done:
             first = done[0]
             attributes = {
-                "gen_ai.usage.input_tokens": sum(len(o.prompt_token_ids) for o in done[:1]),
                 "gen_ai.usage.output_tokens": sum(len(o.token_ids) for o in done),
                 "kubeinfer.usage.cached_input_tokens": first.num_cached_tokens,
                 "gen_ai.response.finish_reasons": [o.finish_reason or "" for o in done],
