@@ -164,11 +164,9 @@ class Router:
             self.tenants.enter(tenant.name)
         except Refused as refused:
             self.metrics.refused.labels(str(refused.status)).inc()
-            if trace is not None:
-                trace.end(refused.status, refused.message)
+            trace.end(refused.status, refused.message)
             return await respond_error(send, refused.status, refused.message, refused.code, refused.retry_after)
-        if trace is not None:
-            trace.admitted(tenant.name, admission_started)
+        trace.admitted(tenant.name, admission_started)
         started = False   # whether the client has the response's start (an error answer is then too late)
         status, error_text = None, "cancelled: the client went away"   # the trace's ending, unless set below
 
@@ -201,8 +199,7 @@ class Router:
             await respond_error(send, 500, f"the router failed: {type(error).__name__}: {error}", "router_error")
         finally:
             self.tenants.leave(tenant.name)
-            if trace is not None:
-                trace.end(status, error_text)
+            trace.end(status, error_text)
 
     def _models(self) -> dict:
         """The base model, then each adapter with its parent, as a replica lists them (docs/lora.md)."""

@@ -26,6 +26,7 @@ from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
 from kubeinfer.runtime.router.resume import RESUMABLE_PATHS, _one_prompt
+from kubeinfer.runtime.router.route_trace import UNTRACED
 from kubeinfer.runtime.router.settings import RouterSettings
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class PrefillPool:
         return self.chooser.choose(available, text)[0] if available else None
 
     async def open(self, proxy, path: str, headers: list, parsed, text: str, adapter: str | None,
-                   received_at: float | None, tenant, trace=None):
+                   received_at: float | None, tenant, trace=UNTRACED):
         """(decode replica, response, prefetched body) of the request sent disaggregated, or None: serve it
         colocated (counted here as colocated or fallback)."""
         prefill = None
@@ -139,8 +140,7 @@ class PrefillPool:
                 self.replicas.mark_down(prefill, "a KV transfer from it failed", FAILED_HOLD_SECONDS)
                 self.chooser.forget(prefill)
                 self.metrics.disaggregated.labels("fallback").inc()
-                if trace is not None:
-                    trace.attempt_ended(f"KV transfer failed, serving colocated: {why}", response.status)
+                trace.attempt_ended(f"KV transfer failed, serving colocated: {why}", response.status)
                 return None
         self.metrics.disaggregated.labels("disaggregated").inc()
         return replica, response, prefetched

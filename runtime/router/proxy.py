@@ -2,8 +2,8 @@
 
 - A connection refused (or any failure or timeout to connect) never reached a replica: that replica is marked down and
   the request goes to another (or waits for one), within the request's deadline.
-- A replica that answers 503 `draining` (it is shutting down; the request never reached its engine) is
-  treated the same way, and left out of the pick for `DRAINING_HOLD_SECONDS`.
+- A replica that answers 503 `draining` (shutting down; the request never reached its engine) is treated the
+  same way, and left out of the pick for `DRAINING_HOLD_SECONDS`.
 - A replica that fails after the request reached it, before its answer started (it died, or it answers 503
   `engine_dead`: its engine died), is marked down and the request goes to another, at most `MAX_RESUMES` times: the
   client got nothing yet.
@@ -19,8 +19,8 @@
 - Disaggregated serving (`disagg.py`, with a prefill pool): the first attempt of a request the KV transfer supports
   goes to a decode replica naming a prefill replica's KV endpoint; a failed transfer falls back to colocated, and the
   retries and resumes above are colocated.
-- The caller cancels `forward` when the client goes away; closing the upstream connection then makes the
-  replica abort the request and free its KV blocks.
+- The caller cancels `forward` when the client goes away; closing the upstream connection then makes the replica
+  abort the request and free its KV blocks. Each step is in the request's trace (route_trace.py) when tracing is on.
 """
 import json
 import logging
@@ -32,7 +32,7 @@ from kubeinfer.runtime.router.disagg import PrefillPool, decoders, pick_decode, 
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
-from kubeinfer.runtime.router.route_trace import RouteTrace
+from kubeinfer.runtime.router.route_trace import UNTRACED, RouteTrace
 from kubeinfer.runtime.router.resume import MAX_RESUMES, RESUMABLE_HEADER, StreamProgress, is_resumable
 from kubeinfer.runtime.router.response_owners import ResponseOwners
 from kubeinfer.runtime.router.upstream import ConnectFailed, Response, UpstreamError
@@ -47,6 +47,7 @@ REPLICA_HEADER = "x-kubeinfer-replica"
 DRAINING_HOLD_SECONDS = 5.0
 FAILED_HOLD_SECONDS = 5.0   # a replica that failed a request stays out of the pick this long, even if it scrapes
 MAX_NOT_LOADED = 2          # placements again of a request whose replica had dropped its adapter
+RESPONSES_PATH = "/v1/responses"
 
 
 class EngineDied(UpstreamError):
@@ -59,8 +60,6 @@ class UpstreamFailed(Exception):
 
 def request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-
-RESPONSES_PATH = "/v1/responses"
 
 
 def response_headers(response: Response, replica_url: str) -> list[tuple[bytes, bytes]]:
@@ -77,16 +76,14 @@ class Proxy:
     def __init__(self, replicas: ReplicaSet, chooser: Chooser, room: WaitingRoom, metrics: RouterMetrics,
                  queue_timeout: float, adapters: Adapters, prefill: PrefillPool | None = None):
         self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
-        self.prefill = prefill
-        self.adapters = adapters
-        self.queue_timeout = queue_timeout
+        self.prefill, self.adapters, self.queue_timeout = prefill, adapters, queue_timeout
         self.response_owners = ResponseOwners()
 
     async def forward(self, scope: dict, body: bytes, send, received_at: float, tenant: Tenant = ANONYMOUS,
-                      trace: RouteTrace | None = None) -> None:
+                      trace: RouteTrace = UNTRACED) -> None:
         """Sends the request to a replica and relays the response to `send`, resuming it elsewhere if the replica
         dies. Raises `Refused`/`UpstreamFailed`/`LoadFailed` before anything was sent to the client. `tenant`: its
-        place in the waiting room's order; `trace`: its spans (route_trace.py), when tracing is on."""
+        place in the waiting room's order; `trace`: its spans (route_trace.py)."""
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -129,8 +126,7 @@ class Proxy:
                 return await self._end_with_error(send, f"the stream could not be resumed: {answer[:500]}")
             learn = self.response_owners.learn if scope["path"] == RESPONSES_PATH and response.status == 200 else None
             failed = await self._relay(response, replica, send, prefetched, learn, progress, started)
-            if trace is not None:
-                trace.attempt_ended(None if failed is None else f"failed mid-response: {failed}")
+            trace.attempt_ended(None if failed is None else f"failed mid-response: {failed}")
             started = True
             if failed is None:
                 return
@@ -146,7 +142,7 @@ class Proxy:
 
     async def _open(self, path: str, headers: list, body: bytes, parsed, text: str, adapter: str | None,
                     received_at: float | None, tenant: Tenant = ANONYMOUS, decode: bool = False,
-                    trace: RouteTrace | None = None):
+                    trace: RouteTrace = UNTRACED):
         """(replica, response, prefetched body) once a replica answered: connect failures and draining replicas
         are tried again elsewhere within the queue timeout; a replica that fails before answering is marked down
         and raises `UpstreamFailed`. `adapter`: the LoRA adapter the request names, loaded first where none is.
@@ -156,8 +152,7 @@ class Proxy:
         waited = loading = 0.0
         not_loaded = 0   # replicas that turned out to have dropped the adapter
         while True:
-            if trace is not None:
-                trace.picking()
+            trace.picking()
             waited += await self.room.wait_until_up(len(body), deadline, tenant)
             if adapter is not None and not self.adapters.holders(adapter):
                 started = time.monotonic()
@@ -177,13 +172,12 @@ class Proxy:
             if received_at is not None:
                 self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
             replica.in_flight += 1
-            sent = headers if trace is None else trace.sending(headers, replica.url, reason, waited, loading)
+            sent = trace.sending(headers, replica.url, reason, waited, loading)
             try:
                 response = await replica.upstream.request("POST", path, sent, body)
             except ConnectFailed as error:   # never reached it
                 replica.in_flight -= 1
-                if trace is not None:
-                    trace.attempt_ended(f"connect failed: {error}")
+                trace.attempt_ended(f"connect failed: {error}")
                 self.metrics.upstream_errors.labels("timeout" if error.timed_out else "connect").inc()
                 self.replicas.mark_down(replica, f"connect failed: {error}")
                 self.chooser.forget(replica)   # a replica that comes back after this has an empty cache
@@ -193,8 +187,7 @@ class Proxy:
                 continue
             except UpstreamError as error:
                 replica.in_flight -= 1
-                if trace is not None:
-                    trace.attempt_ended(f"failed before answering: {error}")
+                trace.attempt_ended(f"failed before answering: {error}")
                 self.metrics.upstream_errors.labels("disconnect").inc()
                 self.replicas.mark_down(replica, f"failed before answering: {error}", FAILED_HOLD_SECONDS)
                 self.chooser.forget(replica)
@@ -239,8 +232,7 @@ class Proxy:
             if waited:
                 self.metrics.queue_wait.observe(waited)
             self.metrics.picks.labels(replica.url, reason).inc()
-            if trace is not None:
-                trace.attempt.set_attribute("http.response.status_code", response.status)
+            trace.answered(response.status)
             return replica, response, prefetched
 
     def _choose(self, path: str, parsed, text: str, adapter: str | None, tenant: Tenant = ANONYMOUS):

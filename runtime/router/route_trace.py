@@ -44,6 +44,10 @@ class RouteTrace:
         self.span.set_attribute("kubeinfer.replica", replica_url)
         return tracing.with_trace_headers(headers, self.attempt)
 
+    def answered(self, status: int) -> None:
+        """The replica's answer started with `status`."""
+        self.attempt.set_attribute("http.response.status_code", status)
+
     def attempt_ended(self, error: str | None = None, status: int | None = None) -> None:
         if self.attempt is None:
             return
@@ -64,11 +68,39 @@ class RouteTrace:
         self.span.end()
 
 
-def begin(scope: dict) -> RouteTrace | None:
-    """The request's trace at the router, started now; None when tracing is off."""
+class Untraced(RouteTrace):
+    """Tracing off: every step a no-op, so the proxy calls them unconditionally (one method call each)."""
+
+    def __init__(self):
+        super().__init__(None)
+
+    def admitted(self, tenant: str, started_ns: int) -> None:
+        pass
+
+    def picking(self) -> None:
+        pass
+
+    def sending(self, headers, replica_url, reason, waited_s, loading_s):
+        return headers
+
+    def answered(self, status: int) -> None:
+        pass
+
+    def attempt_ended(self, error: str | None = None, status: int | None = None) -> None:
+        pass
+
+    def end(self, status: int | None = None, error: str | None = None) -> None:
+        pass
+
+
+UNTRACED = Untraced()
+
+
+def begin(scope: dict) -> RouteTrace:
+    """The request's trace at the router, started now; `UNTRACED` when tracing is off."""
     tracer = tracing.tracer()
     if tracer is None:
-        return None
+        return UNTRACED
     from opentelemetry.trace import SpanKind
     span = tracer.start_span(f"POST {scope['path']}", context=tracing.parent_of(scope["headers"]),
                              kind=SpanKind.SERVER, attributes={"http.route": scope["path"],
