@@ -110,7 +110,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, prompt: str, max
             "stream_options": {"include_usage": True}}
     sent = time.monotonic()
     try:
-        async with session.post(url + "/completions", json=body) as response:
+        async with session.post(url + "/completions", json=body, trace_request_ctx=record) as response:
             record["status"] = response.status
             async for raw in response.content:
                 line = raw.decode().strip()
@@ -126,10 +126,27 @@ async def one_request(session: aiohttp.ClientSession, url: str, prompt: str, max
         record["error"] = str(error)
 
 
+def connect_timer() -> aiohttp.TraceConfig:
+    """Records in a request's record how long opening its connection took, when it opened one (`connect_s`): the
+    client keeps its connections, so most requests reuse one."""
+    timer = aiohttp.TraceConfig()
+
+    async def started(session, context, params) -> None:
+        context.trace_request_ctx["connect_started"] = time.monotonic()
+
+    async def ended(session, context, params) -> None:
+        record = context.trace_request_ctx
+        record["connect_s"] = time.monotonic() - record.pop("connect_started")
+
+    timer.on_connection_create_start.append(started)
+    timer.on_connection_create_end.append(ended)
+    return timer
+
+
 async def run_load(url: str, requests: list[tuple[float, str, int]], sample) -> list[dict]:
     records = [{"arrival": t, "prompt": prompt, "max_tokens": n} for t, prompt, n in requests]
     started = time.monotonic()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trace_configs=[connect_timer()],
                                      timeout=aiohttp.ClientTimeout(total=300)) as session:
         tasks = []
         sampler = asyncio.create_task(sample(started))
@@ -330,6 +347,12 @@ def table(args, served: list[dict], timeline, sim: Simulation) -> dict[float, fl
     sim_share = sum(v <= target for v in sim_ttft.values()) / len(sim_ttft)
     print(f"\nTTFT within {target} s: real {real_share:.1%}, simulated {sim_share:.1%}; scale events: real "
           f"{transitions(timeline)}, simulated {[(round(t), a, b) for t, a, b in sim.scale_events]}")
+    late = [r for r in served if r["ttft"] > target]
+    opened = [r for r in served if "connect_s" in r]
+    late_opened = sorted(r["connect_s"] for r in late if "connect_s" in r)
+    print(f"real requests that opened a connection: {len(opened)} of {len(served)}, connect P50 / P95 "
+          f"{quantiles(sorted(r['connect_s'] for r in opened))} s; of the {len(late)} late: {len(late_opened)} "
+          f"opened one, connect P50 / P95 {quantiles(late_opened)} s")
     return sim_ttft
 
 
