@@ -31,3 +31,15 @@ def keep_freed_memory() -> bool:
     if not took:
         logger.info("malloc settings not applied (not glibc?): CPU steps may page-fault more")
     return took
+
+
+def release_freed_memory() -> bool:
+    """Gives the memory glibc holds free back to the kernel (malloc_trim): what a sleeping engine freed (the
+    settings above keep it otherwise). False where the C library is not glibc."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True

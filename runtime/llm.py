@@ -24,6 +24,14 @@ class LLM:
     def unload_lora(self, name: str) -> bool:
         return self.engine.core.unload_lora(name)
 
+    def sleep(self, level: int = 1) -> dict:
+        """Frees the KV cache and moves (1) or drops (2) the weights (docs/runtime.md, "Sleep"); the next request
+        wakes the engine, or `wake_up()`."""
+        return self.engine.core.sleep(level)
+
+    def wake_up(self) -> dict:
+        return self.engine.core.wake_up()
+
     def shutdown(self) -> None:
         """Stops the other tensor-parallel ranks, if any (also run at interpreter exit). Idempotent."""
         self.engine.shutdown()

@@ -170,3 +170,10 @@ class BlockManager:
         row = self.rows.pop(seq.seq_id, None)
         if row is not None:
             self.free_rows.append(row)
+
+    def forget_cached(self) -> None:
+        """Forgets every cached prefix: the pool's contents are gone (a sleeping engine freed them). No block may be
+        held."""
+        assert not any(self.ref_counts), "the prefix cache is forgotten only with every block free"
+        self.cached.clear()
+        self.block_keys = [None] * self.num_blocks

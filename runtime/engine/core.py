@@ -11,6 +11,7 @@ import time
 from collections import Counter
 
 from kubeinfer.runtime.config import EngineConfig
+from kubeinfer.runtime.engine import sleep as engine_sleep
 from kubeinfer.runtime.engine.block_manager import BlockManager
 from kubeinfer.runtime.engine.messages import (EngineInfo, EngineStats, TokenDelta, check_prompt, check_resumed_output,
                                                check_token_ids)
@@ -69,6 +70,8 @@ class EngineCore:
                                dict(self.model_runner.startup_phases),
                                config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths),
                                config.world_size if config.device.startswith("cuda") else 0)
+        self.sleeping: engine_sleep.Sleep | None = None
+        self.request_wakes: list[dict] = []   # wake-ups requests caused, taken by the serving loop
         self.transfer_progress = threading.Event()
         self.kv_exporter = self.kv_importer = None
         if config.kv_role is not None:
@@ -85,7 +88,8 @@ class EngineCore:
 
     def add(self, request_id: str, token_ids: list[int], params: SamplingParams,
             arrival_time: float | None = None, output_token_ids: list[int] = ()) -> None:
-        """`output_token_ids`: a resumed request's output so far (see `Sequence`)."""
+        """`output_token_ids`: a resumed request's output so far (see `Sequence`). A sleeping engine wakes first."""
+        self._wake_for_request()
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_prompt(token_ids, self.info)
@@ -110,6 +114,7 @@ class EngineCore:
         """A request whose prompt's KV and first token come from the prefill replica at `source` (`host:port`)."""
         if self.kv_importer is None:
             raise InvalidRequestError("this replica pulls no KV: start it with kv_role decode")
+        self._wake_for_request()
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_prompt(token_ids, self.info)
@@ -137,6 +142,37 @@ class EngineCore:
             self.model_runner.lora.forget(name)                                  # may be gone once unloaded)
         logger.info("LoRA adapter %s unloaded", name)
         return True
+
+    def sleep(self, level: int) -> dict:
+        """Frees the KV cache and moves (level 1) or drops (level 2) the weights (engine/sleep.py); an idle engine
+        only. Returns the level it sleeps at, the seconds it took and the bytes it freed."""
+        engine_sleep.check_level(level)
+        if self.has_unfinished():
+            raise InvalidRequestError("the engine has requests in flight: it sleeps once they have finished", "level")
+        started = time.monotonic()
+        if self.sleeping is None:
+            self.sleeping = engine_sleep.put_to_sleep(self.model_runner, level, engine_sleep.sleep_directory())
+            self.block_manager.forget_cached()   # the pool's contents are gone
+        elif level > self.sleeping.level:
+            engine_sleep.deepen(self.sleeping)
+        done = {"level": self.sleeping.level, "seconds": time.monotonic() - started,
+                "freed_bytes": self.sleeping.freed_bytes}
+        logger.info("asleep: %s", done)
+        return done
+
+    def wake_up(self) -> dict:
+        """Gives a sleeping engine its weights and KV cache back; the level it woke from (0: it was awake) and the
+        seconds it took."""
+        started, sleeping = time.monotonic(), self.sleeping
+        if sleeping is not None:
+            engine_sleep.wake(self.model_runner, sleeping)
+            self.sleeping = None
+            logger.info("awake from level %d in %.2f s", sleeping.level, time.monotonic() - started)
+        return {"level": sleeping.level if sleeping else 0, "seconds": time.monotonic() - started}
+
+    def _wake_for_request(self) -> None:
+        if self.sleeping is not None:
+            self.request_wakes.append(self.wake_up())
 
     def finish(self, request_id: str, reason: str, stop_reason: str | int | None = None) -> bool:
         """Ends a request from outside a step (an abort, a stop string); False if it had already ended."""

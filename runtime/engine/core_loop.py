@@ -4,10 +4,13 @@ Messages from the API side:   ("add", request_id, token_ids, params, arrival_tim
                               ("add_remote", request_id, token_ids, params, arrival_time, KV source host:port),
                               ("abort", [request_id]),
                               ("stop", request_id, stop_string), ("read", number of step messages read),
-                              ("lora", number, "load" | "unload", name, folder), ("shutdown",)
+                              ("lora", number, "load" | "unload", name, folder), ("sleep", number, level),
+                              ("wake", number), ("shutdown",)
 Messages to the API side:     ("ready", EngineInfo) once, then ("step", [TokenDelta], EngineStats, seconds,
                               {tenant: tokens computed}) per step, ("rejected", request_id, message),
-                              ("lora_done", number, error or None), ("transfer_failed", request_id, message)
+                              ("lora_done", number, error or None), ("slept", number, error or None,
+                              figures or None) once idle, ("woke", number or None (a request woke it), figures),
+                              ("transfer_failed", request_id, message)
                               after the step that found a KV pull failed, ("failed", request_id, message) after
                               the step that ended a request with an error (an adapter it could not read),
                               ("error", message) when it dies.
@@ -16,6 +19,9 @@ The loop takes every waiting message, runs one step if any request is unfinished
 deltas in one message; with nothing to do, or MAX_STEPS_AHEAD steps unread, it blocks on the channel. In a process it ignores SIGINT and
 SIGTERM (sent to the whole process group by a terminal or a test): the API process drains first, then
 sends "shutdown". If the API process dies, the pipe closes and the loop ends.
+
+A "sleep" waits for the requests in flight to finish (those that arrive meanwhile run too); a "wake" cancels the
+sleeps still waiting. A request that arrives while the engine sleeps wakes it ("woke" with no number).
 """
 import gc
 import logging
@@ -36,6 +42,7 @@ MAX_STEPS_AHEAD = 2
 
 def serve_core(core, channel) -> None:
     unread = 0   # steps sent that the API side has not yet said it read
+    sleeps: list[tuple[int, int]] = []   # (number, level) of the sleeps waiting for the engine to be idle
     while True:
         touched = False
         idle = not core.has_unfinished() or unread >= MAX_STEPS_AHEAD
@@ -66,6 +73,16 @@ def serve_core(core, channel) -> None:
                 core.finish(message[1], "stop", message[2])
             elif kind == "lora":
                 channel.send(("lora_done", message[1], lora_operation(core, *message[2:])))
+            elif kind == "sleep":
+                sleeps.append(message[1:])
+            elif kind == "wake":
+                for number, _ in sleeps:
+                    channel.send(("slept", number, "cancelled: a wake_up came before the engine was idle", None))
+                sleeps.clear()
+                channel.send(("woke", message[1], core.wake_up()))
+        for figures in core.request_wakes:
+            channel.send(("woke", None, figures))
+        core.request_wakes.clear()
         if core.has_unfinished() and unread < MAX_STEPS_AHEAD:
             started = time.perf_counter()
             deltas = core.step()
@@ -79,6 +96,20 @@ def serve_core(core, channel) -> None:
                 channel.send(("failed", request_id, why))
         elif touched:   # the gauges, after aborts or stops with no step to follow
             channel.send(("step", [], core.stats(fresh=not core.has_unfinished()), None, {}))
+        if sleeps and not core.has_unfinished():
+            sleep_when_idle(core, channel, sleeps)
+
+
+def sleep_when_idle(core, channel, sleeps: list[tuple[int, int]]) -> None:
+    """Puts the idle engine to sleep at the deepest level asked, and answers each sleep asked."""
+    figures, error = None, None
+    try:
+        figures = core.sleep(max(level for _, level in sleeps))
+    except InvalidRequestError as error_:
+        error = str(error_)
+    for number, _ in sleeps:
+        channel.send(("slept", number, error, figures))
+    sleeps.clear()
 
 
 def lora_operation(core, operation: str, name: str, path: str | None) -> str | None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from kubeinfer.runtime.errors import InvalidRequestError
 
+SLEEP_LEVELS = (1, 2)   # engine/sleep.py: 1 moves the weights off the device, 2 drops them
+
 
 @dataclass
 class TokenLogprobs:

@@ -80,9 +80,8 @@ class ModelRunner:
         self.draft: DraftModel | None = None
         if config.speculative_method == "draft":
             with self._phase("draft_weights"):
-                self.draft = DraftModel(build_model(config.draft_model_config, config.speculative_model,
-                                                    config.max_model_len, self.dtype, self.device),
-                                        config.draft_model_config, config.block_size, self.device)
+                self.draft = DraftModel(self._build_draft(config), config.draft_model_config, config.block_size,
+                                        self.device)
         with self._phase("kv_cache"):
             self._allocate_kv_cache(config)
         self.sampler = Sampler(config.model_config.eos_token_ids)
@@ -106,16 +105,28 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         self.startup_phases[name] = time.monotonic() - started
 
-    def _load_model(self, config: EngineConfig) -> None:
-        model_config = config.model_config
-        self.model = build_model(model_config, config.model, config.max_model_len, self.dtype, self.device,
-                                 dummy_seed=config.seed if config.load_format == "dummy" else None)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.moe_layers = [m for m in self.model.modules() if isinstance(m, FusedMoE)]   # empty: a dense model
+    def _build_target(self, config: EngineConfig) -> torch.nn.Module:
+        model = build_model(config.model_config, config.model, config.max_model_len, self.dtype, self.device,
+                            dummy_seed=config.seed if config.load_format == "dummy" else None)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path: GEMMs
-            packed = pack_cpu_weights(self.model)                           # on weights packed once
+            packed = pack_cpu_weights(model)                                # on weights packed once
             if packed:
                 logger.info("CPU: %d linear weights packed for oneDNN", packed)
+        return model
+
+    def _build_draft(self, config: EngineConfig) -> torch.nn.Module:
+        return build_model(config.draft_model_config, config.speculative_model, config.max_model_len, self.dtype,
+                           self.device)
+
+    def build_models(self) -> list[torch.nn.Module]:
+        """The target model and the draft model if any, built again from their checkpoints (engine/sleep.py)."""
+        return [self._build_target(self.config)] + ([self._build_draft(self.config)] if self.draft else [])
+
+    def _load_model(self, config: EngineConfig) -> None:
+        model_config = config.model_config
+        self.model = self._build_target(config)
+        self.moe_layers = [m for m in self.model.modules() if isinstance(m, FusedMoE)]   # empty: a dense model
         self.lora = LoraWeights(self.model, model_config, config.max_loras, config.max_lora_rank, config.max_cpu_loras,
                                 self.dtype, self.device) if config.max_loras else None
         logger.info("loaded %s (%s, %s%s); weights %.1f MiB on rank %d of %d", config.model,

@@ -101,3 +101,16 @@ def test_a_missing_gguf_package_is_named_before_any_download(tmp_path, monkeypat
     monkeypatch.setattr(trained_models, "DOWNLOAD_COMMAND", [sys.executable, "-c", "raise SystemExit('downloaded')"])
     with pytest.raises(TrainedModelUnavailable, match=r"needs the Python package gguf \(pip install gguf"):
         smollm2_dir(tmp_path)
+
+
+def test_after_a_sleep_at_either_level_the_output_is_still_transformers(smollm2, runs, reference):
+    """Level 1 (weights to a file and back) and level 2 (weights built again from the checkpoint) on the real model:
+    the woken engine's greedy output is transformers' again, token for token (the prefix cache forgotten)."""
+    prompts = [output.prompt_token_ids for output in runs[0]]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
+    with LLM(str(smollm2), kv_cache_memory_gib=0.25, max_model_len=2048) as llm:
+        for level in (1, 2):
+            assert llm.sleep(level)["level"] == level
+            outputs = llm.generate(prompts, params)
+            assert llm.engine.core.sleeping is None
+            assert_same_outputs(outputs, reference, top_n=2, atol=2e-4)

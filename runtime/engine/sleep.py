@@ -1,0 +1,246 @@
+"""Sleep and wake: an idle engine gives its memory back and keeps its process, so that waking it costs a copy, not a
+cold start (pod, image, interpreter, checkpoint, KV pool, graphs). vLLM's names and levels (docs/runtime.md, "Sleep"):
+
+- level 1: the KV cache is freed and the weights leave the device: to pinned host memory on a GPU; on the CPU, to a
+  file (the page cache keeps it while memory allows, and the kernel may drop it under pressure), so the process's
+  own memory falls to its code and buffers. Waking copies them back.
+- level 2: the weights are dropped too. Waking builds the model again from its checkpoint (read, converted, packed)
+  and takes the new tensors as they are.
+
+The weights are every parameter and every packed copy of one (`packed`: the CPU GEMM's layout) of the model and of
+the draft model. Each is swapped for an empty tensor in its place (a Parameter's `.data`, a module's `packed`), so
+whatever holds the Parameter (a tied head holds the embedding's) sees it come back; CUDA graphs, which hold raw
+addresses, are dropped and captured again. oneDNN's opaque packed weights cannot be copied out: they stay in memory at
+level 1 and are rebuilt at level 2. The KV cache's contents are gone after a wake, so the prefix cache is forgotten.
+"""
+import ctypes
+import dataclasses
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from kubeinfer.kernels.cpu_linear import Panels
+from kubeinfer.runtime.cpu_allocator import release_freed_memory
+from kubeinfer.runtime.engine.messages import SLEEP_LEVELS
+from kubeinfer.runtime.errors import InvalidRequestError
+
+
+@dataclass
+class WeightSlot:
+    """One weight: `owner.name` (a Parameter's `data`, or a module's `packed`) and what it was."""
+    owner: object
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    opaque: bool   # oneDNN's layout: no bytes to copy out
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.opaque else dtype_bytes(self.shape, self.dtype)
+
+    def get(self) -> torch.Tensor:
+        value = getattr(self.owner, self.name)
+        return value.data if isinstance(value, Panels) else value
+
+    def set(self, tensor: torch.Tensor) -> None:
+        value = getattr(self.owner, self.name)
+        setattr(self.owner, self.name, dataclasses.replace(value, data=tensor) if isinstance(value, Panels) else tensor)
+
+
+def dtype_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    numel = 1
+    for size in shape:
+        numel *= size
+    return numel * dtype.itemsize
+
+
+def weight_slots(models: list[torch.nn.Module]) -> list[WeightSlot]:
+    """The weights of `models`, each once, in the modules' order (the same for two builds of one model)."""
+    slots, seen = [], set()
+    for model in models:
+        for module in model.modules():
+            owners = [(p, "data") for p in module._parameters.values() if p is not None]
+            if getattr(module, "packed", None) is not None:
+                owners.append((module, "packed"))
+            for owner, name in owners:
+                if id(owner) in seen:
+                    continue
+                seen.add(id(owner))
+                value = getattr(owner, name)
+                tensor = value.data if isinstance(value, Panels) else value
+                opaque = tensor.layout != torch.strided or tensor.is_mkldnn
+                if opaque or tensor.numel():
+                    slots.append(WeightSlot(owner, name, tuple(tensor.shape), tensor.dtype, opaque))
+    return slots
+
+
+def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+class WeightStash:
+    """Level 1's copy of the weights off the device: pinned host buffers (GPU), or one unlinked file (CPU)."""
+
+    def __init__(self, slots: list[WeightSlot], device: torch.device, directory: str | None):
+        self.slots = [s for s in slots if not s.opaque]
+        self.host: list[torch.Tensor] = []
+        self.file = None
+        if device.type == "cuda":
+            for slot in self.slots:
+                self.host.append(torch.empty(slot.nbytes, dtype=torch.uint8, pin_memory=True))
+                self.host[-1].copy_(flat_bytes(slot.get()), non_blocking=True)
+            torch.cuda.synchronize(device)
+            return
+        self.file = tempfile.TemporaryFile(dir=directory, prefix="kubeinfer-sleep-")   # unlinked: gone with us
+        for slot in self.slots:
+            self.file.write(memoryview(flat_bytes(slot.get()).numpy()))
+        self.file.flush()
+
+    def restore(self, device: torch.device) -> None:
+        """Puts every weight back in place, in new memory on `device`."""
+        if self.file is not None:
+            self.file.seek(0)
+        for index, slot in enumerate(self.slots):
+            tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+            if self.file is None:
+                flat_bytes(tensor).copy_(self.host[index], non_blocking=True)
+            elif self.file.readinto(memoryview(flat_bytes(tensor).numpy())) != slot.nbytes:
+                raise OSError("the weights' sleep file is shorter than what was written to it")
+            slot.set(tensor)
+
+    def close(self) -> None:
+        self.host = []
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def release_kv(kv_cache: torch.Tensor) -> int:
+    """Frees a KV pool's memory, its contents lost: a GPU storage shrinks to nothing; a CPU one gives its pages back
+    (they read as zeros when touched again). Returns the bytes it held."""
+    storage = kv_cache.untyped_storage()
+    nbytes = storage.nbytes()
+    if storage.device.type != "cpu":
+        storage.resize_(0)
+        return nbytes
+    page = mmap.PAGESIZE
+    start = -(-storage.data_ptr() // page) * page   # whole pages inside the pool only
+    length = (storage.data_ptr() + nbytes - start) // page * page
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if length > 0 and libc.madvise(start, length, mmap.MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) of the KV cache failed")
+    return nbytes
+
+
+def restore_kv(kv_cache: torch.Tensor, nbytes: int) -> None:
+    storage = kv_cache.untyped_storage()
+    if storage.nbytes() != nbytes:
+        storage.resize_(nbytes)
+        torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).zero_()
+
+
+@dataclass
+class Sleep:
+    """What a sleeping runner needs to wake: its level, the weights' slots and stash, the KV pools' sizes."""
+    level: int
+    slots: list[WeightSlot]
+    stash: WeightStash | None
+    kv_bytes: list[tuple[torch.Tensor, int]]
+    graphs: bool
+    freed_bytes: int   # what the device's memory in use fell by (this process's resident memory on the CPU)
+
+
+def kv_pools(runner) -> list[torch.Tensor]:
+    draft = runner.draft
+    return [runner.kv_cache] + ([draft.kv_cache] if draft is not None and draft.kv_cache is not None else [])
+
+
+def check_level(level) -> None:
+    if level not in SLEEP_LEVELS:
+        raise InvalidRequestError(f"sleep level must be 1 or 2, got {level!r}", "level")
+
+
+def put_to_sleep(runner, level: int, directory: str | None = None) -> Sleep:
+    """Frees the runner's KV cache and moves (level 1) or drops (level 2) its weights (`runner`: a ModelRunner)."""
+    check_level(level)
+    if runner.workers is not None:
+        raise InvalidRequestError("sleep is not supported yet with tensor or expert parallelism", "level")
+    models = [runner.model] + ([runner.draft.model] if runner.draft is not None else [])
+    slots = weight_slots(models)
+    stash = WeightStash(slots, runner.device, directory) if level == 1 else None
+    graphs = runner.cuda_graphs is not None
+    runner.cuda_graphs = runner.verify_graphs = None   # they hold the old addresses
+    if runner.draft is not None:
+        runner.draft.graphs = runner.draft.chunk_graphs = None
+    in_use = memory_in_use(runner.device)
+    for slot in slots:
+        if not slot.opaque:
+            slot.set(slot.get().new_empty(0))
+        elif level == 2:   # an opaque packed weight: rebuilt at wake
+            setattr(slot.owner, slot.name, None)
+    kv_bytes = [(pool, release_kv(pool)) for pool in kv_pools(runner)]
+    _release_device_memory(runner.device)
+    return Sleep(level, slots, stash, kv_bytes, graphs, max(0, in_use - memory_in_use(runner.device)))
+
+
+def memory_in_use(device: torch.device) -> int:
+    """Bytes in use on the device: the GPU's (all processes'), or this process's resident memory."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free
+    status = open("/proc/self/status").read()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+
+def deepen(sleep: Sleep) -> None:
+    """Level 1 to level 2: the stash is dropped, and the opaque packed weights left in memory with it."""
+    if sleep.stash is not None:
+        sleep.stash.close()
+        sleep.stash = None
+    for slot in sleep.slots:
+        if slot.opaque:
+            setattr(slot.owner, slot.name, None)
+    sleep.level = 2
+
+
+def wake(runner, sleep: Sleep) -> None:
+    """Gives the runner back its weights (from the stash, or built again: `runner.build_models()`) and its KV pools,
+    and captures its CUDA graphs again if it had them."""
+    for pool, nbytes in sleep.kv_bytes:
+        restore_kv(pool, nbytes)
+    if sleep.stash is not None:
+        sleep.stash.restore(runner.device)
+        sleep.stash.close()
+    else:
+        take_from(sleep.slots, weight_slots(runner.build_models()))
+    if sleep.graphs:
+        runner._capture_graphs(runner.config)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+
+
+def take_from(slots: list[WeightSlot], fresh: list[WeightSlot]) -> None:
+    """Puts a fresh build's weights in the sleeping model's places (its tensors themselves: no copy)."""
+    if [(s.shape, s.dtype, s.opaque) for s in slots] != [(s.shape, s.dtype, s.opaque) for s in fresh]:
+        raise RuntimeError("the rebuilt model's weights do not match the sleeping one's")
+    for slot, new in zip(slots, fresh):
+        if slot.opaque:
+            setattr(slot.owner, slot.name, getattr(new.owner, new.name))
+        else:
+            slot.set(new.get())
+
+
+def _release_device_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        release_freed_memory()
+
+
+def sleep_directory() -> str | None:
+    """Where level 1 writes a CPU engine's weights: KUBEINFER_SLEEP_DIR, else the temporary directory."""
+    return os.environ.get("KUBEINFER_SLEEP_DIR") or None
