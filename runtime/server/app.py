@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.server import lora_api, lora_file, openai_api, responses_api
+from kubeinfer.runtime.server import lora_api, lora_file, openai_api, responses_api, sleep_api
 from kubeinfer.runtime.server.engine_client import ENGINE_DEAD_CODE, EngineDeadError
 from kubeinfer.runtime.server.errors import APIError, error_response
 from kubeinfer.runtime.server.admission import ServerState
@@ -142,6 +142,21 @@ def create_app(state: ServerState) -> FastAPI:
     async def unload_lora_adapter(body: lora_api.UnloadLoraRequest, request: Request):
         openai_api.authenticate(state, request)
         return Response(await lora_api.unload(state, body), media_type="text/plain")
+
+    @app.post("/sleep")
+    async def sleep(request: Request, level: str | None = None):
+        openai_api.authenticate(state, request)
+        return await sleep_api.sleep(state, level)
+
+    @app.post("/wake_up")
+    async def wake_up(request: Request):
+        openai_api.authenticate(state, request)
+        return await sleep_api.wake_up(state)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping(request: Request):
+        openai_api.authenticate(state, request)
+        return sleep_api.is_sleeping(state)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -11,6 +11,7 @@ If the engine dies, every open stream ends with an error, `/health` fails, and `
 server then exits non-zero, so Kubernetes restarts it).
 """
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import threading
@@ -50,7 +51,9 @@ class EngineClient:
         self.error: EngineDeadError | None = None
         self.on_dead: Callable[[], None] | None = None
         self._streams: dict[str, asyncio.Queue] = {}
-        self._lora_replies: dict[int, asyncio.Future] = {}   # LoRA load/unload answers awaited, by message number
+        self._replies: dict[int, asyncio.Future] = {}   # answers to control messages awaited, by message number
+        self._numbers = itertools.count(1)
+        self.sleep_level = 0   # 0 awake; else the level the engine sleeps at (engine/sleep.py)
         self._channel = None
         self._process: multiprocessing.Process | None = None
         self._thread: threading.Thread | None = None
@@ -138,6 +141,8 @@ class EngineClient:
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
         arrival = time.monotonic()
+        if self.sleep_level:
+            self.metrics.sleep.waited.inc()   # its add wakes the engine first
         resumed_ids = resumed.token_ids if resumed else []
         self.processor.add(request_id, prompt_token_ids, params, arrival, resumed_ids,
                            resumed.text_chars if resumed else 0)
@@ -161,20 +166,34 @@ class EngineClient:
             if not finished:
                 self._abort(request_id)
 
-    async def lora(self, operation: str, name: str, path: str | None) -> None:
-        """Loads ("load", name, folder) or unloads ("unload", name) a LoRA adapter in the engine; raises the
-        engine's InvalidRequestError (what is wrong with the adapter)."""
+    async def _ask(self, kind: str, *args):
+        """Sends the control message (kind, number, *args) and awaits the engine's answer to that number."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
-        number = max(self._lora_replies, default=0) + 1
-        reply = self._lora_replies[number] = asyncio.get_running_loop().create_future()
-        self._send(("lora", number, operation, name, path))
+        number = next(self._numbers)
+        reply = self._replies[number] = asyncio.get_running_loop().create_future()
+        self._send((kind, number, *args))
         try:
-            error = await reply
+            return await reply
         finally:
-            self._lora_replies.pop(number, None)
+            self._replies.pop(number, None)
+
+    async def lora(self, operation: str, name: str, path: str | None) -> None:
+        """Loads ("load", name, folder) or unloads ("unload", name) an adapter; InvalidRequestError: what is wrong."""
+        error = await self._ask("lora", operation, name, path)
         if error is not None:
             raise InvalidRequestError(error, "lora_path")
+
+    async def sleep(self, level: int) -> dict:
+        """Puts the engine to sleep once its requests have finished (engine/sleep.py): its level, seconds, bytes freed."""
+        error, figures = await self._ask("sleep", level)
+        if error is not None:
+            raise InvalidRequestError(error, "level")
+        return figures
+
+    async def wake_up(self) -> dict:
+        """Wakes the engine (a no-op when awake); the level it woke from, the seconds it took."""
+        return await self._ask("wake")
 
     def _abort(self, request_id: str) -> None:
         output = self.processor.abort(request_id)
@@ -218,13 +237,25 @@ class EngineClient:
                 self._deliver(request_id, TransferError(text) if kind == "transfer_failed"
                               else APIError(500, text, code="request_failed"))
             elif kind == "lora_done":
-                reply = self._lora_replies.get(message[1])
-                if reply is not None and not reply.done():
-                    reply.set_result(message[2])
+                self._answer(message[1], message[2])
+            elif kind == "slept":   # (number, error, figures)
+                if message[3] is not None:
+                    self.sleep_level = message[3]["level"]
+                    self.metrics.sleep.slept(self.sleep_level)
+                self._answer(message[1], message[2:])
+            elif kind == "woke":   # (number, or None where a request woke it; figures)
+                self.sleep_level = 0
+                self.metrics.sleep.woke("request" if message[1] is None else "api", message[2])
+                self._answer(message[1], message[2])
             elif kind == "error":
                 self._die(message[1])
         if steps:
             self._send(("read", steps))   # lets the core run ahead again (core_loop.MAX_STEPS_AHEAD)
+
+    def _answer(self, number: int | None, answer) -> None:
+        reply = self._replies.get(number)
+        if reply is not None and not reply.done():
+            reply.set_result(answer)
 
     def _on_step(self, deltas, stats, step_seconds: float | None, tenant_tokens: dict[str, int]) -> None:
         outputs, stopped = self.processor.process(deltas)
@@ -257,7 +288,7 @@ class EngineClient:
         self._unwatch()
         for request_id in list(self._streams):
             self._deliver(request_id, EngineDeadError(f"the engine failed: {reason}"))
-        for reply in self._lora_replies.values():
+        for reply in self._replies.values():
             if not reply.done():
                 reply.set_exception(EngineDeadError(f"the engine failed: {reason}"))
         if self.on_dead is not None:

@@ -11,6 +11,7 @@ from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.kv_metrics import KVTransferMetrics
 from kubeinfer.runtime.server.lora_metrics import LoraMetrics
+from kubeinfer.runtime.server.sleep_metrics import SleepMetrics
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75,
                 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
@@ -100,6 +101,7 @@ class EngineMetrics:
         self.model_name = model_name
         self.lora = LoraMetrics(self.registry, model_name, max_loras, vllm_names)
         self.kv = KVTransferMetrics(self.registry, model_name)
+        self.sleep = SleepMetrics(self.registry, model_name)
         # The model-server contract of the gateways (llm-d's router / the Gateway API Inference Extension's
         # endpoint picker, KServe) reads vLLM's names: the same values under them (docs/server.md).
         self.vllm = None
