@@ -8,6 +8,11 @@ an engine on it `--repeat` times per cache state, each in a new process: "warm" 
 cache, "cold" first drops this file's pages from it (posix_fadvise DONTNEED: only this file, no privilege
 needed), so the weights come from the disk. Prints the runtime's own `weights` phase, the whole engine start
 and the process's peak resident memory, each the median of the runs. `--shape tiny` is a smoke test.
+
+`node-warm` and `node-cold` start from the node's weight cache instead (`--weight-cache-dir`, written by one start
+before the runs, whose time is printed: models/weight_cache.py), its file in the page cache or dropped from it.
+The states alternate within each repeat, so drift in the box falls on each. `--model-dir` may be any model folder
+(e.g. the trained SmolLM2's, ~/.cache/kubeinfer/models/smollm2-135m-instruct-v1).
 """
 import argparse
 import json
@@ -19,9 +24,9 @@ import time
 from pathlib import Path
 
 
-def evict(model_dir: Path) -> None:
+def evict(model_dir: Path, pattern: str = "*.safetensors") -> None:
     """Drops the checkpoint's pages from the page cache (the kernel keeps dirty ones: sync first)."""
-    for file in model_dir.glob("*.safetensors"):
+    for file in model_dir.glob(pattern):
         fd = os.open(file, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -30,12 +35,13 @@ def evict(model_dir: Path) -> None:
             os.close(fd)
 
 
-def child(model_dir: str) -> None:
+def child(model_dir: str, weight_cache_dir: str | None) -> None:
     """One engine start; prints its phases and peak RSS as JSON on the last line."""
     import resource
     started = time.monotonic()
     from kubeinfer.runtime.llm import LLM
-    llm = LLM(model_dir, device="cpu", kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=8)
+    llm = LLM(model_dir, device="cpu", kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=8,
+              weight_cache_dir=weight_cache_dir)
     phases = {**llm.engine.startup_phases, "engine": time.monotonic() - started,
               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     print(json.dumps(phases))
@@ -46,11 +52,14 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/kubeinfer-17/llama-1b"))
     parser.add_argument("--shape", default="1b")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--cache", nargs="+", default=["warm", "cold"], choices=["warm", "cold"])
+    parser.add_argument("--cache", nargs="+", default=["warm", "cold"],
+                        choices=["warm", "cold", "node-warm", "node-cold"])
+    parser.add_argument("--weight-cache-dir", type=Path, default=Path("/tmp/kubeinfer-weight-cache"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-cache", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.child_cache)
         return 0
     sys.path.insert(0, str(Path(__file__).parent))
     if not (args.model_dir / "model.safetensors").is_file():
@@ -60,21 +69,34 @@ def main() -> int:
         print(f"checkpoint written in {seconds:.1f} s")
     size = sum(f.stat().st_size for f in args.model_dir.glob("*.safetensors"))
     print(f"checkpoint: {args.model_dir}, {size / 1e9:.2f} GB of safetensors")
-    rows = {}
-    for state in args.cache:
-        runs = []
-        for _ in range(args.repeat):
-            if state == "cold":
-                evict(args.model_dir)
-            result = subprocess.run([sys.executable, "-P", __file__, "--child", str(args.model_dir)],
-                                    capture_output=True, text=True, timeout=900,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            if result.returncode != 0:
-                print(result.stdout, result.stderr, sep="\n")
-                return result.returncode
-            runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
-            print(f"  {state}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()), flush=True)
-        rows[state] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    def start(cache_dir: Path | None) -> dict | None:
+        command = [sys.executable, "-P", __file__, "--child", str(args.model_dir)]
+        command += ["--child-cache", str(cache_dir)] if cache_dir else []
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if result.returncode != 0:
+            print(result.stdout, result.stderr, sep="\n")
+            return None
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    if any(state.startswith("node") for state in args.cache):
+        for old in args.weight_cache_dir.glob("*.weights"):
+            old.unlink()
+        first = start(args.weight_cache_dir)
+        print(f"first start, writing the node's cache: weights phase {first['weights']:.2f} s, engine "
+              f"{first['engine']:.2f} s", flush=True)
+    runs = {state: [] for state in args.cache}
+    for _ in range(args.repeat):
+        for state in args.cache:
+            node = state.startswith("node")
+            if state.endswith("cold"):
+                evict(args.weight_cache_dir if node else args.model_dir, "*.weights" if node else "*.safetensors")
+            run = start(args.weight_cache_dir if node else None)
+            if run is None:
+                return 1
+            runs[state].append(run)
+            print(f"  {state}: " + ", ".join(f"{k} {v:.2f}" for k, v in run.items()), flush=True)
+    rows = {state: {key: statistics.median(run[key] for run in got) for key in got[0]} for state, got in runs.items()}
     keys = list(next(iter(rows.values())))
     print(f"\n## median of {args.repeat} (s; peak RSS in GiB)\n")
     print("| page cache | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))

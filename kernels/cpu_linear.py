@@ -53,6 +53,11 @@ def _panel_kernel():
     return _kernel[0]
 
 
+def layout() -> str:
+    """How `pack` lays out fp32 and bf16 weights on this machine: "panels" (our kernel) or "onednn"."""
+    return "panels" if _panel_kernel() is not None else "onednn"
+
+
 def to_panels(weight: torch.Tensor) -> Panels:
     """`weight [out, in]` (a 2-D fp32 or bf16 CPU tensor) laid out in panels, a new tensor beside it."""
     if weight.dtype not in PACKED_DTYPES:   # the kernel reads every other dtype as fp32

@@ -38,6 +38,8 @@ ENGINE_FLAGS = [
                                   "replicated on N processes"),
     ("cuda_graph_max_batch_size", int, "largest decode batch replayed from a CUDA graph"),
     ("load_format", str, "auto | dummy (random weights of the model's shape, for benchmarks)"),
+    ("weight_cache_dir", str, "a node-local folder where each model is kept as the engine holds it (converted, "
+                              "packed): a later start on the node loads it from there instead of the checkpoint"),
     ("kv_cache_dtype", str, "auto (the model's dtype; fp32 for an fp16 model on the CPU) | float32 | "
                             "bfloat16 | float16 | fp8_e4m3 (8-bit K/V: twice the tokens of a 16-bit cache)"),
     ("speculative_method", str, "ngram: speculative decoding by prompt lookup; draft: by a small draft model "

@@ -55,6 +55,7 @@ class EngineConfig:
     enforce_eager: bool = False            # no CUDA graphs for decode
     cuda_graph_max_batch_size: int = 256   # largest decode batch replayed from a CUDA graph
     load_format: str = "auto"              # auto = the checkpoint's safetensors; dummy = random weights
+    weight_cache_dir: str | None = None    # the node's weight cache (models/weight_cache.py); None = off
     kv_cache_dtype: str = "auto"           # auto = the model's (fp16 on the CPU: fp32); a dtype; fp8_e4m3 = 8 bits
     cpu_threads: int | None = None         # torch threads on CPU; None = the CPUs this process may use
     speculative_method: str | None = None  # None = off; ngram = prompt lookup (docs/runtime.md)
@@ -89,8 +90,7 @@ class EngineConfig:
         self.model = str(resolve_model_dir(given))
         _check_model_dir(self.model)
         self.model_config = ModelConfig.from_dir(self.model)
-        # The trained model is served under the name given, not its cache folder's (the demo keeps its documented
-        # folder name, demo-model-v1).
+        # The trained model is served under the name given, not its cache folder's (the demo: demo-model-v1).
         self.served_model_name = self.served_model_name or (given if given == SMOLLM2_NAME else Path(self.model).name)
         limit = self.model_config.max_position_embeddings
         self.max_model_len = self.max_model_len or limit

@@ -204,6 +204,8 @@ def runtime_container(spec: InferenceServiceSpec, served_name: str, config: Oper
     _, mounts = volumes(spec, service)
     env = [{"name": "HOME", "value": "/tmp"}]
     env += [{"name": name, "value": f"{COMPILE_CACHE_MOUNT}/{sub}"} for name, sub in COMPILE_CACHE_ENV.items()]
+    if spec.runtime.compile_cache.weights:   # the node's weight cache (runtime/models/weight_cache.py)
+        env.append({"name": "KUBEINFER_WEIGHT_CACHE_DIR", "value": f"{COMPILE_CACHE_MOUNT}/weights"})
     env += tracing_env(spec.observability, config.tracing_endpoint, service or served_name)
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env]
     container: dict[str, Any] = {

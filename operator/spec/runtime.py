@@ -101,6 +101,11 @@ class CompileCache(SpecModel):
     volume_claim: str | None = Field(default=None, max_length=253, description="A PVC (ReadWriteMany to share it).")
     size_limit: int | str | None = Field(
         default=None, json_schema_extra=INT_OR_STRING, description="sizeLimit of the default emptyDir.")
+    weights: bool = Field(
+        default=False, description="Also keep each model as the engine holds it (converted, sharded, packed) in "
+        "this cache, under weights/: a later engine start on the node (a new replica, a restarted container) loads "
+        "it from there instead of reading and converting the checkpoint (docs/runtime.md, 'Weight cache'). Needs "
+        "room for the model's weights at the serving dtype; nothing evicts them.")
 
     @model_validator(mode="after")
     def _one_volume(self) -> CompileCache:

@@ -25,6 +25,8 @@ from kubeinfer.runtime.layers.linear import pack_cpu_weights
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.layers.sampler import Sampler
 from kubeinfer.runtime.lora.weights import LoraWeights
+from kubeinfer.runtime.engine.sleep import weight_slots
+from kubeinfer.runtime.models import weight_cache
 from kubeinfer.runtime.models.loader import build_model
 from kubeinfer.runtime.engine.tp_worker import WorkerGroup, rank_device
 from kubeinfer.runtime.parallel import min_over_ranks, tp_size, world_size
@@ -105,14 +107,15 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         self.startup_phases[name] = time.monotonic() - started
 
-    def _build_target(self, config: EngineConfig) -> torch.nn.Module:
-        model = build_model(config.model_config, config.model, config.max_model_len, self.dtype, self.device,
-                            dummy_seed=config.seed if config.load_format == "dummy" else None)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        if self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path: GEMMs
-            packed = pack_cpu_weights(model)                                # on weights packed once
-            if packed:
-                logger.info("CPU: %d linear weights packed for oneDNN", packed)
+    def _build_target(self, config: EngineConfig) -> torch.nn.Module:   # from the node's weight cache if it has it
+        def build(load: bool = True) -> torch.nn.Module:
+            model = build_model(config.model_config, config.model, config.max_model_len, self.dtype, self.device,
+                                dummy_seed=config.seed if config.load_format == "dummy" else None, load=load)
+            if load and self.device.type == "cpu" and get_backend() in ("auto", "cpu"):   # the native CPU path:
+                logger.info("CPU: %d linear weights packed", pack_cpu_weights(model))      # GEMMs on packed weights
+            return model
+        model = weight_cache.load_or_build(config, self.dtype, self.device, self.rank, build)
+        self.weight_bytes = sum(slot.nbytes for slot in weight_slots([model]))   # packed copies included
         return model
 
     def _build_draft(self, config: EngineConfig) -> torch.nn.Module:

@@ -121,8 +121,9 @@ class _Progress:
 
 
 def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.dtype, device: torch.device,
-                dummy_seed: int | None = None) -> torch.nn.Module:
-    """The model of `model_config` on `device`, its weights read from `model_dir` (or random, given a seed)."""
+                dummy_seed: int | None = None, load: bool = True) -> torch.nn.Module:
+    """The model of `model_config` on `device`, its weights read from `model_dir` (or random, given a seed; or only
+    allocated, without `load`)."""
     from kubeinfer.runtime.models.registry import MODEL_CLASSES
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -131,7 +132,9 @@ def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.d
             model = MODEL_CLASSES[model_config.architecture](model_config, max_model_len)
     finally:
         torch.set_default_dtype(default_dtype)
-    if dummy_seed is not None:
+    if not load:
+        pass
+    elif dummy_seed is not None:
         init_dummy_weights(model, dummy_seed)
     else:
         load_weights(model, model_dir)

@@ -292,6 +292,10 @@ def test_compile_caches_go_to_one_volume_an_emptydir_unless_a_node_directory_or_
     assert volume(claim, "compile-cache")["persistentVolumeClaim"] == {"claimName": "kernels"}
     sized = build(runtime={"compileCache": {"sizeLimit": "2Gi"}})
     assert volume(sized, "compile-cache")["emptyDir"] == {"sizeLimit": "2Gi"}
+    assert "KUBEINFER_WEIGHT_CACHE_DIR" not in env   # the weight cache is asked for
+    weights = build(runtime={"compileCache": {"hostPath": "/var/cache/kubeinfer", "weights": True}})
+    weights_env = {e["name"]: e.get("value") for e in container(weights)["env"]}
+    assert weights_env["KUBEINFER_WEIGHT_CACHE_DIR"] == "/var/cache/kubeinfer/weights"
 
 
 def test_uri_cannot_inject_shell() -> None:

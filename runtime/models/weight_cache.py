@@ -1,0 +1,139 @@
+"""The node's weight cache (`--weight-cache-dir`, docs/runtime.md "Weight cache"): a model as the engine holds it
+(converted to the serving dtype, sharded for its rank, packed for the CPU GEMM) in one file, so that a new engine
+process on the node loads a model it has seen without reading its checkpoint and converting it again.
+
+One file per key: the key hashes what the bytes depend on (the checkpoint's files, sizes and modification times,
+the dtype, the device kind, the rank and world size, the kernel backend and the CPU GEMM's layout, this format).
+The file: a magic line, the length and JSON of a manifest (each weight's module, attribute, shape, dtype, offset),
+then the weights' bytes at 4 KiB-aligned offsets. It is written once, after a load from the checkpoint, under a
+temporary name and then renamed, so that a reader never sees half a file; one that does not fit the model (another
+version, a truncated disk) is ignored with a warning and written again. Nothing evicts entries: a model's files
+stay until the directory is cleared (the operator's volume: docs/operator.md).
+"""
+import hashlib
+import json
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+
+import torch
+
+from kubeinfer.kernels.cpu_linear import Panels, layout
+from kubeinfer.runtime.parallel import world_size
+
+logger = logging.getLogger(__name__)
+FORMAT = 1
+MAGIC = b"kubeinfer-weights\n"
+ALIGN = 4096
+
+
+def cache_key(config, dtype: torch.dtype, device: torch.device, rank: int, world: int, packing: str) -> str:
+    """What a cached model's bytes depend on, hashed. `packing`: the CPU GEMM's layout (kernels/cpu_linear.py)."""
+    folder = Path(config.model).resolve()
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".safetensors" or p.name == "config.json")
+    stamp = {"format": FORMAT, "folder": str(folder), "dtype": str(dtype), "device": device.type, "rank": rank,
+             "world": world, "layout": packing, "backend": config.kernel_backend, "torch": torch.__version__,
+             "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
+    return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _weights(model: torch.nn.Module):
+    """(module name, attribute, holder) of every parameter (once: a tied head's is the embedding's) and packed copy."""
+    seen = set()
+    for name, module in model.named_modules():
+        for param_name, param in module._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                yield name, f"param:{param_name}", param.data
+        if getattr(module, "packed", None) is not None:
+            yield name, "packed", module.packed
+
+
+def save(model: torch.nn.Module, path: Path) -> int | None:
+    """Writes `model`'s weights to `path`; their bytes, or None where one cannot be (oneDNN's opaque layout)."""
+    entries, tensors, offset = [], [], 0
+    for module, attribute, value in _weights(model):
+        tensor = value.data if isinstance(value, Panels) else value
+        if tensor.layout != torch.strided or tensor.is_mkldnn:
+            return None
+        entry = {"module": module, "attribute": attribute, "shape": list(tensor.shape),
+                 "dtype": str(tensor.dtype).removeprefix("torch."), "offset": offset}
+        if isinstance(value, Panels):
+            entry["panels"] = [value.out_features, value.in_features]
+        entries.append(entry)
+        tensors.append(tensor)
+        offset += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+    manifest = json.dumps({"entries": entries, "bytes": offset}).encode()
+    header = MAGIC + struct.pack("<Q", len(manifest)) + manifest
+    start = -(-len(header) // ALIGN) * ALIGN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with open(partial, "wb") as file:
+        file.write(header)
+        for entry, tensor in zip(entries, tensors):
+            file.seek(start + entry["offset"])
+            if tensor.numel():
+                file.write(memoryview(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()))
+        file.truncate(start + offset)
+    partial.rename(path)
+    return offset
+
+
+def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
+    """Puts the weights saved at `path` into `model` (built, its weights not loaded); ValueError if they do not fit."""
+    modules = dict(model.named_modules())
+    expected = {(module, attribute) for module, attribute, _ in _weights(model) if attribute != "packed"}
+    with open(path, "rb") as file:
+        if file.read(len(MAGIC)) != MAGIC:
+            raise ValueError("not a kubeinfer weight file")
+        manifest = json.loads(file.read(struct.unpack("<Q", file.read(8))[0]))
+        start = -(-file.tell() // ALIGN) * ALIGN
+        if os.fstat(file.fileno()).st_size != start + manifest["bytes"]:
+            raise ValueError("its size is not what its manifest says (a write cut short?)")
+        if {(e["module"], e["attribute"]) for e in manifest["entries"] if e["attribute"] != "packed"} != expected:
+            raise ValueError("its weights are not this model's")
+        for entry in manifest["entries"]:
+            tensor = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+            if tensor.numel():
+                file.seek(start + entry["offset"])
+                file.readinto(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
+            tensor = tensor.to(device)
+            module = modules[entry["module"]]
+            if entry["attribute"] == "packed":
+                module.packed = Panels(tensor, *entry["panels"]) if "panels" in entry else tensor
+            else:
+                module._parameters[entry["attribute"].removeprefix("param:")].data = tensor
+
+
+def load_or_build(config, dtype: torch.dtype, device: torch.device, rank: int, build) -> torch.nn.Module:
+    """The model from the cache in `config.weight_cache_dir` when it holds it, else `build()` (then saved there).
+    `build(load=False)`: the model with its weights allocated, not loaded."""
+    if config.weight_cache_dir is None or config.load_format == "dummy":
+        return build()
+    path = Path(config.weight_cache_dir) / f"{cache_key(config, dtype, device, rank, world_size(), layout())}.weights"
+    if path.is_file():
+        started = time.monotonic()
+        model = build(load=False)
+        try:
+            load(model, path, device)
+            logger.info("weights from the node's cache %s in %.2f s", path, time.monotonic() - started)
+            return model
+        except (OSError, ValueError, KeyError) as error:
+            logger.warning("the weight cache %s is not usable (%s): loading the checkpoint and writing it again",
+                           path, error)
+            del model
+    model = build()
+    started = time.monotonic()
+    try:
+        written = save(model, path)
+    except OSError as error:
+        logger.warning("could not write the weight cache %s: %s", path, error)
+        return model
+    if written is None:
+        logger.info("weight cache off: oneDNN's packed weights cannot be saved (KUBEINFER_CPU_LINEAR=onednn?)")
+    else:
+        logger.info("weights written to the node's cache %s (%.0f MiB in %.2f s)", path, written / 2**20,
+                    time.monotonic() - started)
+    return model

@@ -1,0 +1,80 @@
+"""The node's weight cache (runtime/models/weight_cache.py): the first engine writes the model as it holds it; the next
+one on the node loads it from there without reading the checkpoint (the loader is made to fail if it is read) and
+answers as transformers does; a changed checkpoint gets a file of its own; a damaged file is ignored and written
+again; a level-2 wake builds from the cache too."""
+import logging
+import os
+
+import pytest
+import torch
+
+from kubeinfer.runtime.engine.sleep import weight_slots
+from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.models import loader
+from kubeinfer.runtime.sampling_params import SamplingParams
+from support.reference import assert_same_outputs, hf_greedy
+
+PROMPTS = ["Kubernetes runs containers", "Numbers: 0 1 2 3 4 5"]
+TOKENS = 8
+
+
+def greedy():
+    return SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True, logprobs=5)
+
+
+def weights_of(llm) -> list[torch.Tensor]:
+    return [s.get().clone() for s in weight_slots([llm.engine.model_runner.model])]
+
+
+@pytest.fixture
+def no_checkpoint_reads(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+    return lambda: monkeypatch.setattr(loader, "load_weights", refuse)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])   # an untied head; a tied one with its packed copy
+def test_a_second_engine_loads_from_the_cache_without_the_checkpoint(model_dirs, tmp_path, arch, no_checkpoint_reads):
+    model = model_dirs[arch]
+    first = LLM(str(model), weight_cache_dir=str(tmp_path))
+    [cached] = list(tmp_path.glob("*.weights"))
+    prompt_ids = [first.tokenizer.encode(p) for p in PROMPTS]
+    reference = hf_greedy(model, prompt_ids, TOKENS)
+    assert_same_outputs(first.generate(prompt_ids, greedy()), reference)
+    no_checkpoint_reads()
+    second = LLM(str(model), weight_cache_dir=str(tmp_path))
+    assert list(tmp_path.glob("*.weights")) == [cached] and not list(tmp_path.glob(".*partial"))
+    assert second.engine.model_runner.weight_bytes == first.engine.model_runner.weight_bytes
+    assert all(torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+               for a, b in zip(weights_of(second), weights_of(first), strict=True))
+    assert_same_outputs(second.generate(prompt_ids, greedy()), reference)
+    second.sleep(2)   # a level-2 wake builds from the cache as well
+    assert_same_outputs(second.generate(prompt_ids, greedy()), reference)
+
+
+def test_a_changed_checkpoint_gets_its_own_file(model_dirs, tmp_path):
+    model = model_dirs["llama"]
+    LLM(str(model), weight_cache_dir=str(tmp_path))
+    checkpoint = model / "model.safetensors"
+    stat = checkpoint.stat()
+    os.utime(checkpoint, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    try:
+        LLM(str(model), weight_cache_dir=str(tmp_path))
+        assert len(list(tmp_path.glob("*.weights"))) == 2
+    finally:
+        os.utime(checkpoint, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign"])
+def test_a_damaged_file_is_ignored_and_written_again(model_dirs, tmp_path, damage, caplog):
+    model = model_dirs["llama"]
+    LLM(str(model), weight_cache_dir=str(tmp_path))
+    [cached] = list(tmp_path.glob("*.weights"))
+    intact = cached.read_bytes()
+    cached.write_bytes(intact[:-4096] if damage == "truncated" else b"not ours" + intact[8:])
+    with caplog.at_level(logging.WARNING, logger="kubeinfer.runtime.models.weight_cache"):
+        llm = LLM(str(model), weight_cache_dir=str(tmp_path))
+    assert "is not usable" in caplog.text
+    assert cached.read_bytes() == intact
+    prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    assert_same_outputs(llm.generate(prompt_ids, greedy()), hf_greedy(model, prompt_ids, TOKENS))
