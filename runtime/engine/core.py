@@ -154,7 +154,7 @@ class EngineCore:
             self.sleeping = engine_sleep.put_to_sleep(self.model_runner, level, engine_sleep.sleep_directory())
             self.block_manager.forget_cached()   # the pool's contents are gone
         elif level > self.sleeping.level:
-            engine_sleep.deepen(self.sleeping)
+            engine_sleep.deepen(self.sleeping, self.model_runner)
         done = {"level": self.sleeping.level, "seconds": time.monotonic() - started,
                 "freed_bytes": self.sleeping.freed_bytes}
         logger.info("asleep: %s", done)

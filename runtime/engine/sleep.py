@@ -167,8 +167,8 @@ def check_level(level) -> None:
 def put_to_sleep(runner, level: int, directory: str | None = None) -> Sleep:
     """Frees the runner's KV cache and moves (level 1) or drops (level 2) its weights (`runner`: a ModelRunner)."""
     check_level(level)
-    if runner.workers is not None:
-        raise InvalidRequestError("sleep is not supported yet with tensor or expert parallelism", "level")
+    if runner.workers is not None:   # the other ranks sleep with this one
+        runner.workers.control({"sleep": level})
     models = [runner.model] + ([runner.draft.model] if runner.draft is not None else [])
     slots = weight_slots(models)
     stash = WeightStash(slots, runner.device, directory) if level == 1 else None
@@ -196,8 +196,11 @@ def memory_in_use(device: torch.device) -> int:
     return int(status.split("VmRSS:")[1].split()[0]) * 1024
 
 
-def deepen(sleep: Sleep) -> None:
-    """Level 1 to level 2: the stash is dropped, and the opaque packed weights left in memory with it."""
+def deepen(sleep: Sleep, runner=None) -> None:
+    """Level 1 to level 2: the stash is dropped, and the opaque packed weights left in memory with it (on the other
+    ranks too, given rank 0's `runner`)."""
+    if runner is not None and runner.workers is not None:
+        runner.workers.control({"sleep": 2})
     if sleep.stash is not None:
         sleep.stash.close()
         sleep.stash = None
@@ -210,6 +213,8 @@ def deepen(sleep: Sleep) -> None:
 def wake(runner, sleep: Sleep) -> None:
     """Gives the runner back its weights (from the stash, or built again: `runner.build_models()`) and its KV pools,
     and captures its CUDA graphs again if it had them."""
+    if runner.workers is not None:
+        runner.workers.control({"wake": True})
     for pool, nbytes in sleep.kv_bytes:
         restore_kv(pool, nbytes)
     if sleep.stash is not None:

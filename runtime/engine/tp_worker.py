@@ -164,6 +164,11 @@ class WorkerGroup:
     def send(self, step: StepInputs) -> None:
         self.channel.send(pack(step))
 
+    def control(self, message: dict) -> None:
+        """Sends every worker `{"sleep": level}` or `{"wake": True}` (engine/sleep.py); each does it before its next
+        step message, and the step's collectives wait for all."""
+        self.channel.send(message)
+
     @contextmanager
     def guard(self) -> Iterator[None]:
         """Wraps rank 0's part of a step: a collective that fails because a worker died ends the process
@@ -240,6 +245,7 @@ def _describe_exit(exitcode: int) -> str:
 def worker_main(config: EngineConfig, rank: int, store_port: int, channel: StepChannel, num_threads: int,
                 log_level: int) -> None:
     """Entry point of rank `rank` (>= 1): join the group, build this rank's shard, run steps until told to stop."""
+    from kubeinfer.runtime.engine import sleep as engine_sleep
     from kubeinfer.runtime.engine.model_runner import ModelRunner
 
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s tp-rank{rank} %(name)s: %(message)s")
@@ -255,8 +261,17 @@ def worker_main(config: EngineConfig, rank: int, store_port: int, channel: StepC
                               timeout=TIMEOUT)
         _init_process_group(config, rank, store)
         runner = ModelRunner(config, rank)
+        sleeping = None
         while (message := channel.receive(rank)) is not None:
-            runner.execute(unpack(message))
+            if not isinstance(message, dict):
+                runner.execute(unpack(message))
+            elif "sleep" in message and sleeping is None:
+                sleeping = engine_sleep.put_to_sleep(runner, message["sleep"], engine_sleep.sleep_directory())
+            elif "sleep" in message and message["sleep"] > sleeping.level:
+                engine_sleep.deepen(sleeping)
+            elif "wake" in message and sleeping is not None:
+                engine_sleep.wake(runner, sleeping)
+                sleeping = None
     except Exception:
         logger.exception("tensor-parallel rank %d failed", rank)
         raise SystemExit(EXIT_STATUS)

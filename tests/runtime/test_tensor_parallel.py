@@ -5,6 +5,7 @@ to be reused by tests that drive a TP engine through another front end (the HTTP
 outputs with `tp_outputs(model_dir, 1)` and compare whatever the front end returns with `assert_same_outputs`.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import ConfigError
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
+from support import wait_for
 from support.reference import assert_same_outputs, hf_greedy
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
@@ -205,3 +207,33 @@ def test_tp_size_must_not_exceed_the_gpus(llama_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match="needs 4 GPUs; this machine has 1"):
         EngineConfig(model=str(llama_dir), tensor_parallel_size=4, device="cuda").resolve_device()
+
+
+def test_tp2_sleeps_and_wakes_with_every_rank(model_dirs, tmp_path, monkeypatch):
+    """Rank 0 tells the workers to sleep and wake with it, each freeing and restoring its own shard: asleep at level
+    1, the worker holds its weights' sleep file (unlinked, seen in /proc); after a level-1 and a level-2 sleep the
+    sharded forward's greedy outputs are transformers' again."""
+    monkeypatch.setenv("KUBEINFER_SLEEP_DIR", str(tmp_path))   # the workers inherit it
+
+    def sleep_files(pid: int) -> list[str]:
+        targets = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if fd.is_symlink()]
+        return [t for t in targets if t.startswith(f"{tmp_path}/")]   # O_TMPFILE: "DIR/#inode (deleted)"
+
+    model = model_dirs["qwen2"]
+    ids = prompt_ids_of(model)
+    reference = hf_greedy(model, ids, MAX_TOKENS)
+    with LLM(str(model), tensor_parallel_size=2, max_num_batched_tokens=64, num_kvcache_blocks=64) as llm:
+        [worker] = llm.engine.model_runner.workers.processes
+        assert_same_outputs(llm.generate(ids, PARAMS), reference)
+        for level in (1, 2):
+            assert llm.sleep(level)["level"] == level
+            if level == 1:
+                wait_for(lambda: sleep_files(worker.pid), 60, "the worker's level-1 sleep file")
+            assert_same_outputs(llm.generate(ids, PARAMS), reference)
+            assert sleep_files(worker.pid) == [], "the worker kept its sleep file after waking"
+        llm.sleep(1)
+        wait_for(lambda: sleep_files(worker.pid), 60, "the worker's level-1 sleep file")
+        llm.sleep(2)   # deepened on every rank: the worker drops its copy
+        wait_for(lambda: not sleep_files(worker.pid), 60, "the worker to drop its copy at level 2")
+        assert_same_outputs(llm.generate(ids, PARAMS), reference)
+    assert worker.exitcode == 0
