@@ -137,6 +137,7 @@ def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
         unfinished, reads, step_tenant_tokens = 0, [], {}
         idle_wait_s = None   # no KV source to poll for
         kv_importer = None   # no KV pulls (decode role) either
+        request_wakes = []   # never asleep (engine/sleep.py)
 
         def add(self, *_):
             self.unfinished = 3   # three steps to run
