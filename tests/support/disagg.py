@@ -23,12 +23,18 @@ def prefill_replica(model_dir, **settings):
     steps = llm.engine
 
     def loop():
+        progress = steps.core.transfer_progress   # set by a pull's arrival or a transfer's progress
         try:
             while not stop.is_set():
                 if steps.has_unfinished_requests():
-                    steps.step()
-                else:
-                    steps.core.transfer_progress.wait(steps.core.idle_wait_s)
+                    steps.step()   # clears it
+                    continue
+                # Cleared, then checked again, then waited on: a progress left set by the last transfer would make
+                # every wait return at once, a spinning thread that took the GIL from the decode engine beside it
+                # (a 24-token test ran 16 s instead of 0.1 s, depending on that race).
+                progress.clear()
+                if not steps.has_unfinished_requests():
+                    progress.wait(steps.core.idle_wait_s)
         except BaseException as error:   # surfaced by the test, not lost on a thread
             failure.append(error)
 
