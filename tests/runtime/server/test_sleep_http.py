@@ -108,3 +108,15 @@ def test_no_stream_is_lost_across_sleeps_asked_while_streams_run(server, expecte
                      - metric_value(before, "kubeinfer_engine_wakeups_total", **MODEL, cause="request"))
     assert request_wakes >= 5, "each round but the last ends asleep or was woken by a stream"
     assert metric_value(after, "kubeinfer_request_success_total", **MODEL, finished_reason="length") >= 96
+
+
+def test_with_api_keys_only_a_key_may_put_the_engine_to_sleep(llama_dir, start_server, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("good-key\n")
+    with start_server(llama_dir, str(keys), max_model_len=256) as (url, _):
+        for method, route in (("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping")):
+            refused = httpx.request(method, url + route)
+            assert refused.status_code == 401 and refused.json()["error"]["message"], route
+        good = {"Authorization": "Bearer good-key"}
+        assert httpx.post(url + "/sleep", headers=good, timeout=60).json()["is_sleeping"] is True
+        assert httpx.get(url + "/is_sleeping", headers=good).json() == {"is_sleeping": True, "level": 1}
