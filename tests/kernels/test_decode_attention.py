@@ -11,9 +11,17 @@ from kubeinfer.kernels.decode_attention import decode_attention  # noqa: E402
 SEQ_LENS = [1, 16, 33, 80, 47]
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1), (10, 2)], ids=["mha", "gqa4", "gqa8", "gqa5"])
-@pytest.mark.parametrize("head_dim", [64, 80, 128])
-@pytest.mark.parametrize("block_size", [16, 32])
+HEADS = {"mha": (4, 4), "gqa4": (8, 2), "gqa8": (8, 1), "gqa5": (10, 2)}
+# Every layout at every head size and block size with -m slow; the default run keeps each layout at head size 64 and
+# block 16, each head size and block 32 at least once (as test_extend_attention.py does): 8 of the 24.
+DEFAULT_CASES = {(16, 64, "mha"), (16, 64, "gqa4"), (16, 64, "gqa8"), (16, 64, "gqa5"), (16, 80, "gqa5"),
+                 (16, 128, "mha"), (32, 80, "gqa4"), (32, 128, "gqa8")}
+CASES = [pytest.param(*HEADS[layout], head_dim, block_size, id=f"{block_size}-{head_dim}-{layout}",
+                      marks=() if (block_size, head_dim, layout) in DEFAULT_CASES else pytest.mark.slow)
+         for block_size in (16, 32) for head_dim in (64, 80, 128) for layout in HEADS]
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", CASES)
 def test_decode_matches_reference(device, dtype, tol, make_paged, num_heads, num_kv_heads, head_dim, block_size):
     q, k_cache, v_cache, meta, _, _ = make_paged(SEQ_LENS, [1] * len(SEQ_LENS), num_heads, num_kv_heads,
                                                  head_dim, block_size, dtype, device, seed=head_dim + block_size)
