@@ -6,19 +6,16 @@ pytest.importorskip("triton")
 
 from kubeinfer.kernels import references  # noqa: E402
 from kubeinfer.kernels.decode_attention import decode_attention  # noqa: E402
+from support.kernel_cases import attention_cases  # noqa: E402
 
 # One token, block edges of 16 and 32 (16, 33, 64), past BLOCK_N=64 (80), and odd lengths.
 SEQ_LENS = [1, 16, 33, 80, 47]
 
 
-HEADS = {"mha": (4, 4), "gqa4": (8, 2), "gqa8": (8, 1), "gqa5": (10, 2)}
-# Every layout at every head size and block size with -m slow; the default run keeps each layout at head size 64 and
-# block 16, each head size and block 32 at least once (as test_extend_attention.py does): 8 of the 24.
-DEFAULT_CASES = {(16, 64, "mha"), (16, 64, "gqa4"), (16, 64, "gqa8"), (16, 64, "gqa5"), (16, 80, "gqa5"),
-                 (16, 128, "mha"), (32, 80, "gqa4"), (32, 128, "gqa8")}
-CASES = [pytest.param(*HEADS[layout], head_dim, block_size, id=f"{block_size}-{head_dim}-{layout}",
-                      marks=() if (block_size, head_dim, layout) in DEFAULT_CASES else pytest.mark.slow)
-         for block_size in (16, 32) for head_dim in (64, 80, 128) for layout in HEADS]
+# The default run keeps each layout at head size 64 and block 16, each head size and block 32 at least once (as
+# test_extend_attention.py does): 8 of the 24 cases; -m slow runs all.
+CASES = attention_cases({(16, 64, "mha"), (16, 64, "gqa4"), (16, 64, "gqa8"), (16, 64, "gqa5"), (16, 80, "gqa5"),
+                         (16, 128, "mha"), (32, 80, "gqa4"), (32, 128, "gqa8")})
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", CASES)

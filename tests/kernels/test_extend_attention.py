@@ -6,6 +6,7 @@ pytest.importorskip("triton")
 
 from kubeinfer.kernels import references  # noqa: E402
 from kubeinfer.kernels.extend_attention import extend_attention  # noqa: E402
+from support.kernel_cases import attention_cases  # noqa: E402
 
 # (seq_len, query chunk) pairs: a one-token prompt, a full prefill past BLOCK_M=64 and block edges,
 # a prefix-cache hit (chunk after 32 cached tokens), a decode row, a chunked-prefill middle piece, and a
@@ -13,16 +14,13 @@ from kubeinfer.kernels.extend_attention import extend_attention  # noqa: E402
 MIXED = [(1, 1), (80, 80), (47, 15), (33, 1), (70, 5), (200, 140)]
 
 
-# Head layouts: each query-group size with as few heads as shows it (the interpreter's time grows with the heads).
+# Head layouts with the extend kernel's own head counts (5 heads of one KV head for an odd group).
 HEADS = {"mha": (2, 2), "gqa4": (4, 1), "gqa8": (8, 1), "gqa5": (5, 1)}
-# Every layout at every head size and block size with -m slow. The default run keeps each layout at head size 64
-# (fills the tile), each head size with at least one layout (80: masked along the head; 128: two tiles' worth), and
-# block 32 (the block size changes the paging, which does not depend on the head size) once: 8 of the 24.
-DEFAULT_CASES = {(16, 64, "mha"), (16, 64, "gqa4"), (16, 64, "gqa8"), (16, 64, "gqa5"), (16, 80, "gqa5"),
-                 (16, 80, "gqa8"), (16, 128, "mha"), (32, 80, "gqa4")}
-CASES = [pytest.param(*HEADS[layout], head_dim, block_size, id=f"{block_size}-{head_dim}-{layout}",
-                      marks=() if (block_size, head_dim, layout) in DEFAULT_CASES else pytest.mark.slow)
-         for block_size in (16, 32) for head_dim in (64, 80, 128) for layout in HEADS]
+# The default run keeps each layout at head size 64 (fills the tile), each head size with at least one layout (80:
+# masked along the head; 128: two tiles' worth), and block 32 (the block size changes the paging, which does not
+# depend on the head size) once: 8 of the 24 cases; -m slow runs all.
+CASES = attention_cases({(16, 64, "mha"), (16, 64, "gqa4"), (16, 64, "gqa8"), (16, 64, "gqa5"), (16, 80, "gqa5"),
+                         (16, 80, "gqa8"), (16, 128, "mha"), (32, 80, "gqa4")}, HEADS)
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", CASES)
