@@ -149,12 +149,10 @@ class EngineCore:
         engine_sleep.check_level(level)
         if self.has_unfinished():
             raise InvalidRequestError("the engine has requests in flight: it sleeps once they have finished", "level")
-        started = time.monotonic()
-        if self.sleeping is None:
-            self.sleeping = engine_sleep.put_to_sleep(self.model_runner, level, engine_sleep.sleep_directory())
+        started, was_awake = time.monotonic(), self.sleeping is None
+        self.sleeping = engine_sleep.sleep_at(self.model_runner, self.sleeping, level)
+        if was_awake:
             self.block_manager.forget_cached()   # the pool's contents are gone
-        elif level > self.sleeping.level:
-            engine_sleep.deepen(self.sleeping, self.model_runner)
         done = {"level": self.sleeping.level, "seconds": time.monotonic() - started,
                 "freed_bytes": self.sleeping.freed_bytes}
         logger.info("asleep: %s", done)

@@ -15,6 +15,7 @@ level 1 and are rebuilt at level 2. The KV cache's contents are gone after a wak
 """
 import ctypes
 import dataclasses
+import math
 import mmap
 import os
 import tempfile
@@ -26,6 +27,7 @@ from kubeinfer.kernels.cpu_linear import Panels
 from kubeinfer.runtime.cpu_allocator import release_freed_memory
 from kubeinfer.runtime.engine.messages import SLEEP_LEVELS
 from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, named_weights, tensor_of
 
 
 @dataclass
@@ -39,46 +41,26 @@ class WeightSlot:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.opaque else dtype_bytes(self.shape, self.dtype)
+        return 0 if self.opaque else math.prod(self.shape) * self.dtype.itemsize
 
     def get(self) -> torch.Tensor:
-        value = getattr(self.owner, self.name)
-        return value.data if isinstance(value, Panels) else value
+        return tensor_of(getattr(self.owner, self.name))
 
     def set(self, tensor: torch.Tensor) -> None:
         value = getattr(self.owner, self.name)
         setattr(self.owner, self.name, dataclasses.replace(value, data=tensor) if isinstance(value, Panels) else tensor)
 
 
-def dtype_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    numel = 1
-    for size in shape:
-        numel *= size
-    return numel * dtype.itemsize
-
-
 def weight_slots(models: list[torch.nn.Module]) -> list[WeightSlot]:
-    """The weights of `models`, each once, in the modules' order (the same for two builds of one model)."""
-    slots, seen = [], set()
+    """The weights of `models` (models/weights.py) that hold memory, in the modules' order."""
+    slots = []
     for model in models:
-        for module in model.modules():
-            owners = [(p, "data") for p in module._parameters.values() if p is not None]
-            if getattr(module, "packed", None) is not None:
-                owners.append((module, "packed"))
-            for owner, name in owners:
-                if id(owner) in seen:
-                    continue
-                seen.add(id(owner))
-                value = getattr(owner, name)
-                tensor = value.data if isinstance(value, Panels) else value
-                opaque = tensor.layout != torch.strided or tensor.is_mkldnn
-                if opaque or tensor.numel():
-                    slots.append(WeightSlot(owner, name, tuple(tensor.shape), tensor.dtype, opaque))
+        for _, module, attribute, value in named_weights(model):
+            owner, name = (module, "packed") if attribute == "packed" else (value, "data")
+            tensor = tensor_of(value)
+            if is_opaque(tensor) or tensor.numel():
+                slots.append(WeightSlot(owner, name, tuple(tensor.shape), tensor.dtype, is_opaque(tensor)))
     return slots
-
-
-def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous().view(-1).view(torch.uint8)
 
 
 class WeightStash:
@@ -164,9 +146,19 @@ def check_level(level) -> None:
         raise InvalidRequestError(f"sleep level must be 1 or 2, got {level!r}", "level")
 
 
+def sleep_at(runner, sleeping: Sleep | None, level: int) -> Sleep:
+    """Puts the awake runner (`sleeping` None) to sleep at `level`, or deepens its sleep to it; a lighter level than
+    its own changes nothing (`level`: checked by the engine, check_level). Rank 0's runner takes the other ranks
+    with it."""
+    if sleeping is None:
+        return put_to_sleep(runner, level, sleep_directory())
+    if level > sleeping.level:
+        deepen(sleeping, runner)
+    return sleeping
+
+
 def put_to_sleep(runner, level: int, directory: str | None = None) -> Sleep:
     """Frees the runner's KV cache and moves (level 1) or drops (level 2) its weights (`runner`: a ModelRunner)."""
-    check_level(level)
     if runner.workers is not None:   # the other ranks sleep with this one
         runner.workers.control({"sleep": level})
     models = [runner.model] + ([runner.draft.model] if runner.draft is not None else [])
@@ -196,10 +188,10 @@ def memory_in_use(device: torch.device) -> int:
     return int(status.split("VmRSS:")[1].split()[0]) * 1024
 
 
-def deepen(sleep: Sleep, runner=None) -> None:
+def deepen(sleep: Sleep, runner) -> None:
     """Level 1 to level 2: the stash is dropped, and the opaque packed weights left in memory with it (on the other
-    ranks too, given rank 0's `runner`)."""
-    if runner is not None and runner.workers is not None:
+    ranks too, from rank 0's `runner`)."""
+    if runner.workers is not None:
         runner.workers.control({"sleep": 2})
     if sleep.stash is not None:
         sleep.stash.close()

@@ -265,11 +265,9 @@ def worker_main(config: EngineConfig, rank: int, store_port: int, channel: StepC
         while (message := channel.receive(rank)) is not None:
             if not isinstance(message, dict):
                 runner.execute(unpack(message))
-            elif "sleep" in message and sleeping is None:
-                sleeping = engine_sleep.put_to_sleep(runner, message["sleep"], engine_sleep.sleep_directory())
-            elif "sleep" in message and message["sleep"] > sleeping.level:
-                engine_sleep.deepen(sleeping)
-            elif "wake" in message and sleeping is not None:
+            elif "sleep" in message:
+                sleeping = engine_sleep.sleep_at(runner, sleeping, message["sleep"])
+            elif sleeping is not None:   # {"wake": True}
                 engine_sleep.wake(runner, sleeping)
                 sleeping = None
     except Exception:

@@ -132,10 +132,8 @@ def build_model(model_config, model_dir: str, max_model_len: int, dtype: torch.d
             model = MODEL_CLASSES[model_config.architecture](model_config, max_model_len)
     finally:
         torch.set_default_dtype(default_dtype)
-    if not load:
-        pass
-    elif dummy_seed is not None:
+    if load and dummy_seed is not None:
         init_dummy_weights(model, dummy_seed)
-    else:
+    elif load:
         load_weights(model, model_dir)
     return model.eval()

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from kubeinfer.kernels.cpu_linear import Panels, layout
+from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, named_weights, tensor_of
 from kubeinfer.runtime.parallel import world_size
 
 logger = logging.getLogger(__name__)
@@ -39,24 +40,12 @@ def cache_key(config, dtype: torch.dtype, device: torch.device, rank: int, world
     return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _weights(model: torch.nn.Module):
-    """(module name, attribute, holder) of every parameter (once: a tied head's is the embedding's) and packed copy."""
-    seen = set()
-    for name, module in model.named_modules():
-        for param_name, param in module._parameters.items():
-            if param is not None and id(param) not in seen:
-                seen.add(id(param))
-                yield name, f"param:{param_name}", param.data
-        if getattr(module, "packed", None) is not None:
-            yield name, "packed", module.packed
-
-
 def save(model: torch.nn.Module, path: Path) -> int | None:
     """Writes `model`'s weights to `path`; their bytes, or None where one cannot be (oneDNN's opaque layout)."""
     entries, tensors, offset = [], [], 0
-    for module, attribute, value in _weights(model):
-        tensor = value.data if isinstance(value, Panels) else value
-        if tensor.layout != torch.strided or tensor.is_mkldnn:
+    for module, _, attribute, value in named_weights(model):
+        tensor = tensor_of(value)
+        if is_opaque(tensor):
             return None
         entry = {"module": module, "attribute": attribute, "shape": list(tensor.shape),
                  "dtype": str(tensor.dtype).removeprefix("torch."), "offset": offset}
@@ -75,7 +64,7 @@ def save(model: torch.nn.Module, path: Path) -> int | None:
         for entry, tensor in zip(entries, tensors):
             file.seek(start + entry["offset"])
             if tensor.numel():
-                file.write(memoryview(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()))
+                file.write(memoryview(flat_bytes(tensor).cpu().numpy()))
         file.truncate(start + offset)
     partial.rename(path)
     return offset
@@ -84,7 +73,7 @@ def save(model: torch.nn.Module, path: Path) -> int | None:
 def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
     """Puts the weights saved at `path` into `model` (built, its weights not loaded); ValueError if they do not fit."""
     modules = dict(model.named_modules())
-    expected = {(module, attribute) for module, attribute, _ in _weights(model) if attribute != "packed"}
+    expected = {(module, attribute) for module, _, attribute, _ in named_weights(model) if attribute != "packed"}
     with open(path, "rb") as file:
         if file.read(len(MAGIC)) != MAGIC:
             raise ValueError("not a kubeinfer weight file")
@@ -98,7 +87,7 @@ def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
             tensor = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
             if tensor.numel():
                 file.seek(start + entry["offset"])
-                file.readinto(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
+                file.readinto(memoryview(flat_bytes(tensor).numpy()))
             tensor = tensor.to(device)
             module = modules[entry["module"]]
             if entry["attribute"] == "packed":

@@ -1,0 +1,38 @@
+"""The weights of a built model as the engine holds them: each parameter once (a tied head's is its embedding's) and
+each packed copy of one (a module's `packed`: kernels/cpu_linear.py's panels, or oneDNN's opaque layout). The node's
+weight cache (weight_cache.py) writes and reads them; a sleeping engine (engine/sleep.py) moves them out and back.
+"""
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from kubeinfer.kernels.cpu_linear import Panels
+
+
+def named_weights(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, object]]:
+    """(module name, module, attribute, value) in the modules' order (the same for two builds of one model):
+    attribute "param:NAME" with the Parameter, or "packed" with a tensor or Panels."""
+    seen = set()
+    for name, module in model.named_modules():
+        for param_name, param in module._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                yield name, module, f"param:{param_name}", param
+        if getattr(module, "packed", None) is not None:
+            yield name, module, "packed", module.packed
+
+
+def tensor_of(value) -> torch.Tensor:
+    """The tensor of a weight `named_weights` yields (a Parameter's data, a Panels' data, or the tensor itself)."""
+    return value.data if isinstance(value, (nn.Parameter, Panels)) else value
+
+
+def is_opaque(tensor: torch.Tensor) -> bool:
+    """oneDNN's packed layout: no bytes to copy out or in."""
+    return tensor.layout != torch.strided or tensor.is_mkldnn
+
+
+def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s bytes as one flat uint8 tensor (a view where it is contiguous)."""
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
