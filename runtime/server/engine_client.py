@@ -240,8 +240,8 @@ class EngineClient:
                 self._answer(message[1], message[2])
             elif kind == "slept":   # (number, error, figures)
                 if message[3] is not None:
+                    self.metrics.sleep.slept(self.sleep_level, message[3]["level"])
                     self.sleep_level = message[3]["level"]
-                    self.metrics.sleep.slept(self.sleep_level)
                 self._answer(message[1], message[2:])
             elif kind == "woke":   # (number, or None where a request woke it; figures)
                 self.sleep_level = 0

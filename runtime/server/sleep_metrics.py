@@ -9,7 +9,6 @@ WAKE_CAUSES = ("request", "api")
 class SleepMetrics:
     def __init__(self, registry, model_name: str):
         labels = ["model_name"]
-        self.model_name = model_name
         self.level = Gauge("kubeinfer_engine_sleep_level", "0 awake; 1 or 2: asleep at that level", labels,
                            registry=registry).labels(model_name)
         self.sleeps = Counter("kubeinfer_engine_sleeps", "Times the engine went to sleep", labels,
@@ -22,9 +21,12 @@ class SleepMetrics:
         self.waited = Counter("kubeinfer_requests_waited_for_wake", "Requests that arrived while the engine slept",
                               labels, registry=registry).labels(model_name)
 
-    def slept(self, level: int) -> None:
+    def slept(self, was: int, level: int) -> None:
+        """The engine sleeps at `level`, from `was` (0: awake): a sleep that found it asleep (several asked at once,
+        a deeper one) is not another one."""
         self.level.set(level)
-        self.sleeps.inc()
+        if not was:
+            self.sleeps.inc()
 
     def woke(self, cause: str, figures: dict) -> None:
         self.level.set(0)
