@@ -5,13 +5,14 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from kubeinfer.runtime.engine.sleep import weight_slots
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.models.weights import is_opaque, named_weights, tensor_of
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.reference import assert_same_outputs, hf_greedy
+from support.weights import same_bytes, weights_of
 
 PROMPTS = ["Kubernetes runs containers", "The key and value cache keeps the attention state of every token",
            "Numbers: 0 1 2 3 4 5"]
@@ -20,10 +21,6 @@ TOKENS = 8
 
 def greedy(max_tokens=TOKENS):
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
-
-
-def weights_of(llm) -> list[torch.Tensor]:
-    return [s.get().clone() for s in weight_slots([llm.engine.model_runner.model])]
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -36,13 +33,14 @@ def test_outputs_after_a_wake_are_transformers(model_dirs, arch, level):
     weights = weights_of(llm)
     slept = llm.sleep(level)
     assert slept["level"] == level
-    assert all(s.get().numel() == 0 for s in weight_slots([llm.engine.model_runner.model])), "a weight stayed"
+    held = [attribute for _, _, attribute, value in named_weights(llm.engine.model_runner.model)
+            if tensor_of(value).numel() and not is_opaque(tensor_of(value))]
+    assert held == [], f"weights that kept their memory while asleep: {held}"
     outputs = llm.generate(prompt_ids, greedy())   # the requests wake it
     assert llm.engine.core.sleeping is None
     assert_same_outputs(outputs, reference)
     assert [o.num_cached_tokens for o in outputs] == [0] * len(PROMPTS), "a prefix served from a freed cache"
-    assert all(torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
-               for a, b in zip(weights_of(llm), weights, strict=True))
+    assert same_bytes(weights_of(llm), weights)
 
 
 def test_a_moe_model_wakes_from_level_two_with_its_expert_counts(moe_dirs):

@@ -6,13 +6,12 @@ import logging
 import os
 
 import pytest
-import torch
 
-from kubeinfer.runtime.engine.sleep import weight_slots
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.models import loader
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.reference import assert_same_outputs, hf_greedy
+from support.weights import same_bytes, weights_of
 
 PROMPTS = ["Kubernetes runs containers", "Numbers: 0 1 2 3 4 5"]
 TOKENS = 8
@@ -20,10 +19,6 @@ TOKENS = 8
 
 def greedy():
     return SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True, logprobs=5)
-
-
-def weights_of(llm) -> list[torch.Tensor]:
-    return [s.get().clone() for s in weight_slots([llm.engine.model_runner.model])]
 
 
 @pytest.fixture
@@ -45,8 +40,7 @@ def test_a_second_engine_loads_from_the_cache_without_the_checkpoint(model_dirs,
     second = LLM(str(model), weight_cache_dir=str(tmp_path))
     assert list(tmp_path.glob("*.weights")) == [cached] and not list(tmp_path.glob(".*partial"))
     assert second.engine.model_runner.weight_bytes == first.engine.model_runner.weight_bytes
-    assert all(torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
-               for a, b in zip(weights_of(second), weights_of(first), strict=True))
+    assert same_bytes(weights_of(second), weights_of(first))
     assert_same_outputs(second.generate(prompt_ids, greedy()), reference)
     second.sleep(2)   # a level-2 wake builds from the cache as well
     assert_same_outputs(second.generate(prompt_ids, greedy()), reference)
