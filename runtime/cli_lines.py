@@ -35,6 +35,19 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
     return modules
 
 
+def parse_pool_models(items: list[str]) -> dict[str, int]:
+    """`NAME=PORT ...` (`kubeinfer router --pool-model`) -> {name: port}."""
+    models = {}
+    for item in items:
+        name, sep, port = item.rpartition("=")
+        if not sep or not name.strip() or not port.strip().isdigit():
+            raise ConfigError(f"--pool-model {item!r}: expected NAME=PORT")
+        if name in models:
+            raise ConfigError(f"--pool-model: model {name!r} is given twice")
+        models[name] = int(port)
+    return models
+
+
 def port_number(text: str) -> int:
     port = int(text)
     if not 1 <= port <= 65535:

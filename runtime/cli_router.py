@@ -53,6 +53,12 @@ def add_router_parser(commands) -> None:
                    "prefix-cache-sharing": ("tenant", "shared")}.get(flag)
         router.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=default, choices=choices,
                             help=f"{help_text} [default {default}]")
+    router.add_argument("--pool-model", action="append", default=[], metavar="NAME=PORT",
+                        help="a model pool (docs/router.md): each replica above is a pod serving this model on this "
+                             "port (repeat for each model); the router wakes the model a request names")
+    router.add_argument("--pool-max-awake", type=int, default=1, help="a pool pod's models awake at once [default 1]")
+    router.add_argument("--pool-sleep-level", type=int, default=1, choices=(1, 2),
+                        help="the sleep level of a pool's idle models [default 1]")
     add_trusted_header_args(router)
     add_tracing_args(router)
     router.add_argument("--kv-source-key-file", metavar="PATH",
@@ -65,6 +71,7 @@ def _router(args: argparse.Namespace) -> int:
     from kubeinfer.runtime.router.affinity import Weights
     from kubeinfer.runtime.router.discovery import default_namespace
     from kubeinfer.runtime.router.main import serve as serve_router
+    from kubeinfer.runtime.cli_lines import parse_pool_models
     from kubeinfer.runtime.router.settings import RouterSettings, parse_lora_modules
 
     try:
@@ -85,7 +92,9 @@ def _router(args: argparse.Namespace) -> int:
                               lora_modules=parse_lora_modules(args.lora_modules),
                               prefill_upstreams=args.prefill_upstream, prefill_service=args.prefill_service,
                               prefill_endpoints_file=args.prefill_endpoints_file,
-                              kv_source_key_file=args.kv_source_key_file)
+                              kv_source_key_file=args.kv_source_key_file,
+                              pool_models=parse_pool_models(args.pool_model), pool_max_awake=args.pool_max_awake,
+                              pool_sleep_level=args.pool_sleep_level)
     if not args.drain_timeout_seconds >= 0:
         raise ConfigError(f"--drain-timeout-seconds must be >= 0, got {args.drain_timeout_seconds}")
     start_tracing("kubeinfer-router", args.otlp_traces_endpoint)

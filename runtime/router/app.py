@@ -16,7 +16,9 @@ from kubeinfer.runtime.router.discovery import EndpointSliceWatch, EndpointsFile
 from kubeinfer.runtime.router.disagg import PATHS as DISAGGREGATION_PATHS, PrefillPool
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
-from kubeinfer.runtime.router.proxy import REPLICA_HEADER, Proxy, UpstreamFailed
+from kubeinfer.runtime.router.pool_routes import PoolRoutes
+from kubeinfer.runtime.router.proxy import Proxy, UpstreamFailed
+from kubeinfer.runtime.router.relayed import REPLICA_HEADER
 from kubeinfer.runtime.router.replicas import ReplicaSet
 from kubeinfer.runtime.router.settings import RouterSettings
 from kubeinfer.runtime.router import route_trace
@@ -48,14 +50,16 @@ class Router:
     def __init__(self, settings: RouterSettings):
         self.settings = settings
         self.metrics = RouterMetrics()
-        self.replicas = ReplicaSet(settings.upstreams, settings.scrape_interval, settings.stale_after,
-                                   settings.connect_timeout)
+        # A model pool: one route per model (pool_routes.py), which stands for the replica set here
+        self.pool = PoolRoutes(settings, self.metrics) if settings.pool_models else None
+        self.replicas = self.pool or ReplicaSet(settings.upstreams, settings.scrape_interval, settings.stale_after,
+                                                settings.connect_timeout)
         self.room = WaitingRoom(self.replicas, settings.max_queued_requests, settings.max_queued_bytes,
                                 settings.queue_timeout)
         self.adapters = Adapters(settings, self.replicas, self.metrics)
         self.prefill = PrefillPool(settings, self.metrics) if settings.disaggregated else None
-        self.proxy = Proxy(self.replicas, Chooser(settings), self.room, self.metrics, settings.queue_timeout,
-                           self.adapters, self.prefill)
+        self.proxy = self.pool or Proxy(self.replicas, Chooser(settings), self.room, self.metrics,
+                                        settings.queue_timeout, self.adapters, self.prefill)
         if self.prefill is not None:
             for path in DISAGGREGATION_PATHS:
                 self.metrics.disaggregated.labels(path)
@@ -205,6 +209,9 @@ class Router:
         """The base model, then each adapter with its parent, as a replica lists them (docs/lora.md)."""
         name = self.settings.served_model_name or self.replicas.model_name
         created = int(time.time())
+        if self.pool is not None:
+            return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                                "owned_by": "kubeinfer"} for model in self.pool.models]}
         data = [] if name is None else [{"id": name, "object": "model", "created": created, "owned_by": "kubeinfer"}]
         for adapter in self.adapters.names():
             data.append({"id": adapter, "object": "model", "created": created, "owned_by": "kubeinfer",
@@ -223,6 +230,8 @@ class Router:
         m.lora_load_waiting.set(self.adapters.num_waiting)
         for adapter in self.adapters.names():
             m.lora_replicas.labels(adapter).set(len(self.adapters.holders(adapter)))
+        if self.pool is not None:
+            self.pool.update_metrics()
         return generate_latest(m.registry)
 
 

@@ -57,6 +57,20 @@ class RouterMetrics:
                                      "eligible, or no prefill replica up)", ["path"], registry=r)
         self.prefill_up = Gauge("kubeinfer_router_prefill_replicas_up", "Prefill replicas that can be picked (with "
                                 "a KV endpoint)", registry=r)
+        self.pool_wakeups = Counter("kubeinfer_router_pool_wakeups", "A model pool's models this router woke (after "
+                                    "putting the least recently used to sleep where the pod had no room)", ["model"],
+                                    registry=r)
+        self.pool_sleeps = Counter("kubeinfer_router_pool_sleeps", "A model pool's models this router put to sleep "
+                                   "to make room", ["model"], registry=r)
+        self.pool_wake_seconds = Histogram("kubeinfer_router_pool_wake_seconds", "Seconds from a request finding its "
+                                           "model asleep to the model awake (the sleep that made room included)",
+                                           ["model"], buckets=WAIT_BUCKETS, registry=r)
+        self.pool_waited = Counter("kubeinfer_router_pool_waited_requests", "Requests that waited for their model "
+                                   "to be woken", ["model"], registry=r)
+        self.pool_waiting = Gauge("kubeinfer_router_pool_waiting_requests", "Requests waiting now for a wake-up",
+                                  registry=r)
+        self.pool_awake = Gauge("kubeinfer_router_pool_model_awake", "1 where a model is awake (and up) on a pod",
+                                ["model", "pod"], registry=r)
         for outcome in LORA_LOAD_OUTCOMES:
             self.lora_loads.labels(outcome)
         for kind in ("connect", "draining", "disconnect", "engine_dead", "timeout"):

@@ -28,9 +28,11 @@ import time
 
 from kubeinfer.runtime.router.adapters import Adapters, LoadFailed, LoadUnreachable
 from kubeinfer.runtime.router.affinity import cache_scope, prompt_text
+from kubeinfer.runtime.router.relayed import REPLICA_HEADER, request_headers, response_headers, sse_error
 from kubeinfer.runtime.router.disagg import PrefillPool, decoders, pick_decode, strip_source
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
+from kubeinfer.runtime.router.pool import Pool
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
 from kubeinfer.runtime.router.route_trace import UNTRACED, RouteTrace
 from kubeinfer.runtime.router.resume import MAX_RESUMES, RESUMABLE_HEADER, StreamProgress, is_resumable
@@ -40,10 +42,6 @@ from kubeinfer.runtime.router.waiting_room import Refused, WaitingRoom
 from kubeinfer.runtime.server.auth import ANONYMOUS, Tenant
 
 logger = logging.getLogger(__name__)
-HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
-              b"proxy-authenticate", b"trailer", b"host", b"content-length",
-              b"expect"}   # uvicorn answered the client's `Expect: 100-continue`; the replica gets the whole body
-REPLICA_HEADER = "x-kubeinfer-replica"
 DRAINING_HOLD_SECONDS = 5.0
 FAILED_HOLD_SECONDS = 5.0   # a replica that failed a request stays out of the pick this long, even if it scrapes
 MAX_NOT_LOADED = 2          # placements again of a request whose replica had dropped its adapter
@@ -58,25 +56,11 @@ class UpstreamFailed(Exception):
     """The replica failed after the request reached it, before its response started."""
 
 
-def request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-
-
-def response_headers(response: Response, replica_url: str) -> list[tuple[bytes, bytes]]:
-    headers = [(k, v) for k, v in response.headers if k not in HOP_BY_HOP - {b"content-length"}]
-    return headers + [(REPLICA_HEADER.encode(), replica_url.encode())]
-
-
-def sse_error(message: str) -> bytes:
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
 class Proxy:
     def __init__(self, replicas: ReplicaSet, chooser: Chooser, room: WaitingRoom, metrics: RouterMetrics,
-                 queue_timeout: float, adapters: Adapters, prefill: PrefillPool | None = None):
+                 queue_timeout: float, adapters: Adapters, prefill: PrefillPool | None = None, pool: Pool | None = None):
         self.replicas, self.chooser, self.room, self.metrics = replicas, chooser, room, metrics
-        self.prefill, self.adapters, self.queue_timeout = prefill, adapters, queue_timeout
+        self.prefill, self.adapters, self.queue_timeout, self.pool = prefill, adapters, queue_timeout, pool
         self.response_owners = ResponseOwners()
 
     async def forward(self, scope: dict, body: bytes, send, received_at: float, tenant: Tenant = ANONYMOUS,
@@ -159,11 +143,7 @@ class Proxy:
                 try:
                     await self.adapters.place(adapter, headers, deadline)
                 except LoadUnreachable as unreachable:
-                    self.replicas.mark_down(unreachable.replica, str(unreachable), FAILED_HOLD_SECONDS)
-                    self.chooser.forget(unreachable.replica)
-                    if time.monotonic() >= deadline:
-                        raise Refused(503, f"no replica could load adapter {adapter!r}; retry later", "no_replica",
-                                      self.queue_timeout) from None
+                    self._unreachable(unreachable, deadline, f"no replica could load adapter {adapter!r}")
                 loading += time.monotonic() - started
                 continue   # look again: the replica that loaded it may have gone down meanwhile
             replica, reason = (pick_decode(decoders(self.replicas.available()) or self.replicas.available(),
@@ -171,7 +151,14 @@ class Proxy:
                                if decode else self._choose(path, parsed, text, adapter, tenant))
             if received_at is not None:
                 self.metrics.added.observe(time.perf_counter() - received_at - waited - loading)
-            replica.in_flight += 1
+            if self.pool is None:
+                replica.in_flight += 1
+            else:   # counted there once its model is awake
+                try:
+                    loading += await self.pool.admit(replica, headers, deadline)
+                except LoadUnreachable as unreachable:
+                    self._unreachable(unreachable, deadline, f"no pod could wake model {replica.model_name!r}")
+                    continue
             sent = trace.sending(headers, replica.url, reason, waited, loading)
             try:
                 response = await replica.upstream.request("POST", path, sent, body)
@@ -240,6 +227,7 @@ class Proxy:
         for an adapter goes to a replica that has it loaded. Prefix affinity keys prefixes as the replicas do: by
         adapter, the tenant's sharing scope and the request's cache_salt."""
         available = self.replicas.available() if adapter is None else self.adapters.holders(adapter)
+        available = available if self.pool is None else self.pool.candidates(available)
         if path == RESPONSES_PATH and isinstance(parsed, dict):
             owner = self.response_owners.owner(parsed.get("previous_response_id"))
             for replica in available:
@@ -247,6 +235,14 @@ class Proxy:
                     return replica, "response"
         scope = cache_scope(tenant, parsed, self.chooser.settings.prefix_cache_sharing)
         return self.chooser.choose(available, text, adapter, scope)
+
+    def _unreachable(self, unreachable: LoadUnreachable, deadline: float, what: str) -> None:
+        """A replica did not answer the router's own request (a load, a sleep, a wake): out of the pick for a while;
+        `Refused` (503) past the deadline."""
+        self.replicas.mark_down(unreachable.replica, str(unreachable), FAILED_HOLD_SECONDS)
+        self.chooser.forget(unreachable.replica)
+        if time.monotonic() >= deadline:
+            raise Refused(503, f"{what}; retry later", "no_replica", self.queue_timeout) from None
 
     async def _relay(self, response: Response, replica: Replica, send, prefetched: bytes | None, learn,
                      progress: StreamProgress | None, started: bool) -> UpstreamError | None:

@@ -17,7 +17,8 @@ from kubeinfer.runtime.router.upstream import ConnectFailed, Upstream, UpstreamE
 
 logger = logging.getLogger(__name__)
 GAUGES = {"kubeinfer_num_requests_waiting": "waiting", "kubeinfer_num_requests_running": "running",
-          "kubeinfer_kv_cache_usage_ratio": "kv_usage"}
+          "kubeinfer_kv_cache_usage_ratio": "kv_usage",
+          "kubeinfer_engine_sleep_level": "sleep_level"}   # a model pool's (pool.py)
 ADAPTER_LOADED = "kubeinfer_lora_adapter_loaded"
 KV_ROLE = "kubeinfer_kv_role"   # a prefill replica's, with the port of its KV endpoint (docs/disaggregation.md)
 KV_PORT_LABEL = re.compile(r'kv_port="(\d+)"')
@@ -90,6 +91,8 @@ class Replica:
     kv_port: int | None = None  # a prefill replica's KV endpoint port, from its last scrape
     kv_role: str | None = None  # its role in disaggregated serving, from its last scrape
     unreachable_logged: bool = False   # a replica never up: its first failed scrape was logged
+    sleep_level: float = 0.0    # its engine's: 0 awake; from its last scrape and this router's sleeps and wakes
+    sleep_noted_at: float = -1e9   # time.monotonic() this router last slept or woke it
 
     @property
     def kv_endpoint(self) -> str | None:
@@ -108,6 +111,10 @@ class Replica:
         """It answered as if `adapter` were not loaded there (dropped since its last scrape)."""
         self.adapters.discard(adapter)
         self.loaded_at.pop(adapter, None)
+
+    def note_sleep_level(self, level: int) -> None:
+        """This router just put it to sleep or woke it: a scrape that started before does not undo that."""
+        self.sleep_level, self.sleep_noted_at = level, time.monotonic()
 
     def note_scraped_adapters(self, adapters: set[str], scrape_started: float) -> None:
         """The adapters a scrape begun at `scrape_started` saw, plus those this router loaded since it began."""
@@ -189,7 +196,8 @@ class ReplicaSet:
             self.mark_down(replica, why)
             return
         for field, value in values.items():
-            setattr(replica, field, value)
+            if field != "sleep_level" or started > replica.sleep_noted_at:
+                setattr(replica, field, value)
         replica.model_name = model_name or replica.model_name
         replica.kv_port, replica.kv_role = kv_port, kv_role
         replica.note_scraped_adapters(adapters, started)

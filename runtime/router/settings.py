@@ -42,6 +42,11 @@ class RouterSettings:
     prefill_service: str | None = None
     prefill_endpoints_file: str | None = None
     kv_source_key_file: str | None = None   # signs each KV-source hint for the decode replicas (same file there)
+    # A model pool (router/pool.py): the replicas above are the pool's pods, each running one engine per model on
+    # that model's port; at most pool_max_awake awake per pod, the others asleep at pool_sleep_level.
+    pool_models: dict[str, int] = field(default_factory=dict)   # model name -> port (`--pool-model NAME=PORT`)
+    pool_max_awake: int = 1
+    pool_sleep_level: int = 1
 
     @property
     def disaggregated(self) -> bool:
@@ -70,12 +75,27 @@ class RouterSettings:
             raise ConfigError(f"--max-in-flight-per-tenant must be >= 1, got {self.max_in_flight_per_tenant}")
         if self.served_model_name is not None and self.served_model_name in self.lora_modules:
             raise ConfigError(f"--lora-modules: {self.served_model_name!r} is the base model's served name")
+        if self.pool_models:
+            self._check_pool()
         for name in ("chunk_chars", "max_chunks", "max_queued_requests", "max_queued_bytes", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("scrape_interval", "stale_after", "queue_timeout", "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+    def _check_pool(self) -> None:
+        if self.lora_modules or self.disaggregated:
+            raise ConfigError("--pool-model does not go with --lora-modules or a prefill pool")
+        if self.served_model_name is not None:
+            raise ConfigError("--served-model-name does not go with --pool-model: the pool serves its models' names")
+        ports = list(self.pool_models.values())
+        if len(set(ports)) != len(ports) or not all(0 < port < 65536 for port in ports):
+            raise ConfigError(f"--pool-model: each model needs a port of its own in 1-65535, got {self.pool_models}")
+        if not 1 <= self.pool_max_awake:
+            raise ConfigError(f"--pool-max-awake must be >= 1, got {self.pool_max_awake}")
+        if self.pool_sleep_level not in (1, 2):
+            raise ConfigError(f"--pool-sleep-level must be 1 or 2, got {self.pool_sleep_level}")
 
 
 def _clean_urls(urls: list[str], flag: str) -> list[str]:
