@@ -9,6 +9,7 @@ import time
 from kubeinfer.runtime.cli_lines import (add_tracing_args, add_trusted_header_args, comma_list,
                                          log_level as _log_level, os_error_line, parse_lora_modules, port_number,
                                          start_tracing)
+from kubeinfer.runtime.cli_pool import add_pool_parser
 from kubeinfer.runtime.cli_router import add_router_parser
 from kubeinfer.runtime.errors import ConfigError, KubeinferError
 
@@ -189,7 +190,8 @@ def _serve(args: argparse.Namespace) -> int:
                           **engine_settings(args), **kv_settings(args))
     start_tracing("kubeinfer-server", args.otlp_traces_endpoint)
     return serve(config, args.host, args.port, args.api_keys_file, args.default_tokens_per_minute,
-                 args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT)
+                 args.drain_timeout_seconds, args.log_level, args.engine_mode, args.vllm_metrics, STARTED_AT,
+                 args.sleep_at_start)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,13 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("json-layout", str, "model", "structured output's whitespace: model (the model's own, bounded) or compact"),
         ("lora-modules-file", str, None, "a file holding `--lora-modules NAME=PATH ...`, watched: adapters are "
                                           "loaded and unloaded as it changes (docs/lora.md)"),
+        ("sleep-at-start", int, 0, "1 or 2: go to sleep at that level once serving (a model pool's members, "
+                                   "docs/router.md); 0: stay awake"),
         ("prefix-cache-sharing", str, "tenant", "whose prefix cache blocks a request may reuse: tenant (its API key's "
                                                 "tenant's, or its cache_group's) or shared (everyone's)"),
     ]:
         name = flag.replace("-", "_")
         kind = port_number if flag == "port" else kind
         choices = {"engine-mode": ("process", "thread"), "tool-call-parser": ("hermes", "llama3_json"),
-                   "json-layout": ("model", "compact"), "prefix-cache-sharing": ("tenant", "shared")}.get(flag)
+                   "json-layout": ("model", "compact"), "prefix-cache-sharing": ("tenant", "shared"),
+                   "sleep-at-start": (0, 1, 2)}.get(flag)
         serve.add_argument("--" + flag, dest=name, type=kind, default=_typed_env(name, kind, default),
                            choices=choices, help=f"{help_text} [env KUBEINFER_{name.upper()}; default {default}]")
     add_kv_args(serve)
@@ -241,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "that gateways read [env KUBEINFER_VLLM_METRICS]")
     serve.set_defaults(run=_serve)
     add_router_parser(commands)
+    add_pool_parser(commands)
     commands.add_parser("operator", help="run the InferenceService operator (flags: kubeinfer operator --help)",
                         add_help=False)
     commands.add_parser("manifests", help="print the install as plain YAML (flags: kubeinfer manifests --help)",

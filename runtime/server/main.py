@@ -132,12 +132,19 @@ def build_state(config: EngineConfig, api_keys_file: str | None = None,
     return state
 
 
+async def sleep_now(state: ServerState, level: int) -> None:
+    figures = await state.engine.sleep(level)
+    logger.info("asleep at level %d from the start: %.2f s, %.0f MiB freed", level, figures["seconds"],
+                figures["freed_bytes"] / 2**20)
+
+
 def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None = None,
           default_tokens_per_minute: int | None = None, drain_timeout: float = 30.0,
           log_level: str = "info", engine_mode: str = "process", vllm_metrics: bool = True,
-          started_at: float | None = None) -> int:
+          started_at: float | None = None, sleep_at_start: int = 0) -> int:
     """Serves until SIGTERM; returns the exit code. `started_at`: the process's start (monotonic clock), for
-    the start-up phases (`imports` is the time before this call)."""
+    the start-up phases (`imports` is the time before this call). `sleep_at_start`: the level to sleep at once
+    serving (0: none): `kubeinfer_engine_sleep_level` says when it is asleep."""
     entered = time.monotonic()
     started_at = entered if started_at is None else started_at
     ensure_writable_caches()   # before the engine process, which inherits the environment
@@ -164,6 +171,8 @@ def serve(config: EngineConfig, host: str, port: int, api_keys_file: str | None 
                     ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items() if name != "ready"))
         if startup_signals.pending:   # asked to stop before uvicorn could hear it: drain (nothing in flight)
             server.handle_exit(startup_signals.pending[0], None)
+        elif sleep_at_start:
+            asyncio.ensure_future(sleep_now(state, sleep_at_start))
 
     def engine_died() -> None:   # exit non-zero, so that Kubernetes restarts the pod
         server.should_exit = True

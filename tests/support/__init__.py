@@ -50,6 +50,22 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port below {low}")
 
 
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive free loopback ports (free_port's rules for each)."""
+    for _ in range(100):
+        first = free_port()
+        for port in range(first + 1, first + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    break
+        else:
+            _handed_out.update(range(first, first + count))
+            return first
+    raise RuntimeError(f"no {count} consecutive free loopback ports")
+
+
 def spawned_children(parent: int) -> list[int]:
     """Processes `parent` started with multiprocessing's spawn (not its resource tracker)."""
     pids = []

@@ -1,0 +1,110 @@
+"""`kubeinfer pool`: one `kubeinfer serve` per model of a model pool's pod (docs/router.md, "Model pool"), model i on
+port PORT + i, started one after the other so that the pod never holds more models awake than it may.
+
+- Every model but the last `max_awake` starts with `--sleep-at-start LEVEL`; the next one starts only once the one
+  before is asleep (its `kubeinfer_engine_sleep_level`) or, for the last ones, ready. So at start, as later, at most
+  `max_awake` models are awake (plus the one loading, which is the next awake one or goes to sleep before the next).
+  The router then wakes the model each request needs (router/pool.py).
+- SIGTERM (or SIGINT) goes to every engine, which drains as `kubeinfer serve` does; the launcher exits once all
+  have, 0 if they all did. An engine that exits on its own ends the pool: the others are stopped and the launcher
+  exits non-zero, so that Kubernetes restarts the container (a half pool would answer 503s for good).
+- The engines' output is the launcher's (the container's log), each line as `kubeinfer serve` writes it.
+"""
+import logging
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+logger = logging.getLogger(__name__)
+POLL_SECONDS = 0.2
+STOP_SECONDS = 120.0   # an engine still running this long after SIGTERM (its drain included) is killed
+SLEEP_LEVEL_QUERY = "/metrics?name[]=kubeinfer_engine_sleep_level"
+
+
+def sleep_level(port: int) -> float | None:
+    """The engine's sleep level from its /metrics; None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{SLEEP_LEVEL_QUERY}", timeout=5) as answer:
+            text = answer.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    for line in text.splitlines():
+        if line.startswith("kubeinfer_engine_sleep_level{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+class PoolLauncher:
+    def __init__(self, members: dict[str, str], max_awake: int, sleep_level: int, host: str, port: int,
+                 serve_args: list[str], log_level: str = "INFO"):
+        self.members, self.max_awake, self.level = members, max_awake, sleep_level
+        self.host, self.port, self.serve_args, self.log_level = host, port, serve_args, log_level
+        self.engines: list[tuple[str, subprocess.Popen]] = []
+        self.stopping = False
+
+    def command(self, index: int, name: str, model: str) -> list[str]:
+        asleep = index < len(self.members) - self.max_awake
+        return [sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", self.log_level, "serve",
+                "--model", model, "--served-model-name", name, "--host", self.host, "--port", str(self.port + index),
+                *(["--sleep-at-start", str(self.level)] if asleep else []), *self.serve_args]
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._stop)
+        for index, (name, model) in enumerate(self.members.items()):
+            if self.stopping:
+                break
+            self.engines.append((name, subprocess.Popen(self.command(index, name, model))))
+            if not self._wait_started(index, name):
+                break
+        return self._supervise()
+
+    def _wait_started(self, index: int, name: str) -> bool:
+        """Waits until model `index` is asleep (or awake, for the last ones); False if an engine exited or the
+        pool is stopping."""
+        asleep = index < len(self.members) - self.max_awake
+        started = time.monotonic()
+        while not self.stopping and self._exited() is None:
+            level = sleep_level(self.port + index)
+            if level is not None and (level > 0) == asleep:
+                logger.info("pool: model %r on port %d %s after %.1f s (%d of %d)", name, self.port + index,
+                            f"asleep at level {self.level}" if asleep else "awake", time.monotonic() - started,
+                            index + 1, len(self.members))
+                return True
+            time.sleep(POLL_SECONDS)
+        return False
+
+    def _exited(self) -> tuple[str, int] | None:
+        for name, engine in self.engines:
+            if engine.poll() is not None:
+                return name, engine.returncode
+        return None
+
+    def _supervise(self) -> int:
+        while not self.stopping:
+            if (exited := self._exited()) is not None:
+                logger.error("pool: the engine of model %r exited (%d): stopping the pool", *exited)
+                self._terminate()
+                return exited[1] or 1
+            time.sleep(POLL_SECONDS)
+        self._terminate()
+        return max((engine.returncode or 0 for _, engine in self.engines), default=0)
+
+    def _stop(self, signum, frame) -> None:
+        self.stopping = True
+
+    def _terminate(self) -> None:
+        for _, engine in self.engines:
+            if engine.poll() is None:
+                engine.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        for name, engine in self.engines:
+            try:
+                engine.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("pool: the engine of model %r did not stop: killed", name)
+                engine.kill()
+                engine.wait()
