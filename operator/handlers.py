@@ -9,8 +9,9 @@
 
 - autoscaler: one kopf daemon per InferenceService with `spec.autoscaling` (a timer whose interval is
   the operator setting `autoscale_interval_seconds`), running `autoscaler.run`.
-- adapters: one kopf daemon per InferenceService with `spec.adapters`, a reconcile pass every
-  `adapter_sync_seconds`: it loads adapters the pods have fetched since, and retries refused ones.
+- adapters: one kopf daemon per InferenceService with `spec.adapters` or `spec.modelPool`, a reconcile pass every
+  `adapter_sync_seconds`: it loads adapters the pods have fetched since, and retries refused ones; it refreshes
+  which of a pool's models are awake where (reconcile.model_pool).
 
 No deletion handlers. kopf puts its finalizer (`kubeinfer.dev/finalizer`) only on objects with a daemon
 (autoscaled, or with adapters), so that it stops their daemon before they go; it removes it when the field
@@ -124,7 +125,7 @@ async def autoscale(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.Da
 
 
 def _has_adapters(spec: kopf.Spec, **_: Any) -> bool:
-    return bool(spec.get("adapters"))
+    return bool(spec.get("adapters")) or spec.get("modelPool") is not None
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="adapters", when=_has_adapters,

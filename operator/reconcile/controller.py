@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.events import EventRecorder, condition_events
 from kubeinfer.operator.kube import Kube, resource_path
-from kubeinfer.operator.reconcile import builders, inference_pool, pool_status, pools, router, status
+from kubeinfer.operator.reconcile import builders, inference_pool, model_pool_status, pod, pool_status, pools, router
+from kubeinfer.operator.reconcile import status
 from kubeinfer.operator.reconcile.apply import delete_owned, ensure
 from kubeinfer.operator.reconcile.child_view import ChildView
 from kubeinfer.operator.reconcile.lora import fetch as lora_fetch, status as lora_status, sync as lora_sync
@@ -155,6 +156,10 @@ def _observe_colocated(ctx: Context, spec: InferenceServiceSpec | None, owner: b
         autoscaled=None if spec is None else spec.autoscaling is not None, adapters=adapters)
     if spec is not None and not errors and current.get("disaggregation") is not None:
         observed["disaggregation"] = None   # turned off: a merge patch's null removes the pools' status
+    if spec is not None and not errors and spec.model_pool is not None:
+        observed["modelPool"] = model_pool_status.observe(spec, builders.served_name(spec, owner), pod.PORT, pods)
+    elif current.get("modelPool") is not None:
+        observed["modelPool"] = None
     return observed
 
 

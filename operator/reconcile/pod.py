@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from kubeinfer.operator.config import OperatorConfig
+from kubeinfer.operator.reconcile import model_pool
 from kubeinfer.operator.reconcile.lora import fetch as lora_fetch
 from kubeinfer.operator.reconcile.model_cache import MODEL_MOUNT, download_init_container, model_dir, model_volume
 from kubeinfer.operator.reconcile.security import container_security_context, pod_security_context
@@ -54,12 +55,15 @@ CPU_KV_CACHE_SHARE = 0.25
 
 
 def runtime_args(spec: InferenceServiceSpec, served_name: str) -> list[str]:
+    if spec.model_pool is not None:   # `kubeinfer pool`: these flags for each model's `kubeinfer serve`
+        return model_pool.launcher_args(spec, served_name, PORT) + engine_args(spec)
+    return ["--model", model_dir(spec.model), "--served-model-name", served_name, "--host", "0.0.0.0",
+            "--port", str(PORT), *engine_args(spec)]
+
+
+def engine_args(spec: InferenceServiceSpec) -> list[str]:
     rt = spec.runtime
     args = [
-        "--model", model_dir(spec.model),
-        "--served-model-name", served_name,
-        "--host", "0.0.0.0",
-        "--port", str(PORT),
         "--tensor-parallel-size", str(spec.parallelism.tensor),
         *(["--expert-parallel-size", str(spec.parallelism.expert)] if spec.parallelism.expert > 1 else []),
         "--dtype", rt.dtype,
@@ -108,9 +112,10 @@ def kv_cache_memory_gib(spec: InferenceServiceSpec) -> float | None:
     """The KV cache budget of each runtime process; None leaves the sizing to the runtime (GPU: free memory)."""
     if spec.runtime.kv_cache_memory_gib is not None:
         return spec.runtime.kv_cache_memory_gib
-    if spec.on_cpu and spec.resources.memory is not None:
+    if spec.on_cpu and spec.resources.memory is not None:   # a pool: shared by the models awake at once
         memory = float(parse_quantity(spec.resources.memory))
-        return round(memory * CPU_KV_CACHE_SHARE / spec.parallelism.processes / 2**30, 3)
+        awake = spec.model_pool.max_awake if spec.model_pool is not None else 1
+        return round(memory * CPU_KV_CACHE_SHARE / spec.parallelism.processes / awake / 2**30, 3)
     return None
 
 
@@ -211,9 +216,10 @@ def runtime_container(spec: InferenceServiceSpec, served_name: str, config: Oper
     container: dict[str, Any] = {
         "name": RUNTIME_CONTAINER,
         "image": spec.runtime.image or config.runtime_image,
-        "command": lora_fetch.runtime_command() if spec.runtime.lora is not None else ["kubeinfer", "serve"],
+        "command": (lora_fetch.runtime_command() if spec.runtime.lora is not None
+                    else ["kubeinfer", "pool" if spec.model_pool is not None else "serve"]),
         "args": runtime_args(spec, served_name),
-        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}, *model_pool.ports(spec, PORT)],
         "env": env,
         "resources": resources(spec),
         **probes(spec),

@@ -26,7 +26,7 @@ from typing import Any
 
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, resource_path
-from kubeinfer.operator.reconcile import builders, pod, pools, security
+from kubeinfer.operator.reconcile import builders, model_pool, pod, pools, security
 from kubeinfer.operator.reconcile.apply import delete_owned
 from kubeinfer.operator.spec import GROUP, InferenceServiceSpec
 from kubeinfer.operator.spec.observability import tracing_env
@@ -72,7 +72,9 @@ def router_args(spec: InferenceServiceSpec, owner: builders.Owner) -> list[str]:
         "--endpoints-file", ENDPOINTS_FILE,
         "--host", "0.0.0.0",
         "--port", str(PORT),
-        "--served-model-name", builders.served_name(spec, owner),
+        # a pool serves its models' names (reconcile.model_pool)
+        *(["--served-model-name", builders.served_name(spec, owner)] if spec.model_pool is None
+          else model_pool.router_args(spec, builders.served_name(spec, owner), pod.PORT)),
         "--policy", r.policy,
         "--prefix-weight", str(r.prefix_weight),
         "--load-weight", str(r.load_weight),

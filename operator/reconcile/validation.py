@@ -12,6 +12,7 @@ from kubernetes.utils import parse_quantity
 
 from kubeinfer.operator.reconcile import pools
 from kubeinfer.operator.spec import POOLS, InferenceServiceSpec, Resources
+from kubeinfer.operator.spec.model_pool import member_errors
 
 MAX_NAME_WITH_ROUTER = 63 - len("-router")   # a Service name is a DNS label
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -32,6 +33,7 @@ def semantic_errors(spec: InferenceServiceSpec, name: str = "") -> list[str]:
             if (own := spec.disaggregation.pool(role).resources) is not None:
                 errors += [f"disaggregation.{role}.{e}" for e in _quantity_errors(own)]
     errors += _adapter_errors(spec, name)
+    errors += member_errors(spec, spec.model.served_name or name)
     if spec.router_enabled:
         errors += _router_errors(spec, name)
     if not errors and spec.disaggregation is None:

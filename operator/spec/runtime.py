@@ -15,7 +15,7 @@ MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor
                  "--expert-parallel-size", "--enable-expert-parallel", "--api-keys-file", "--device",
                  "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules", "--kv-role", "--kv-host",
                  "--kv-port", "--kv-source-networks", "--kv-source-key-file", "--prefix-cache-sharing",
-                 "--trusted-tenant-header")
+                 "--trusted-tenant-header", "--sleep-at-start")
 MANAGED_ENV = tuple("KUBEINFER_" + flag.lstrip("-").replace("-", "_").upper() for flag in MANAGED_FLAGS)
 
 
@@ -30,7 +30,7 @@ def _words(items: tuple[str, ...]) -> str:
 EXTRA_ARGS_UNMANAGED = cel(
     f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
     f"runtime.extraArgs must not set {_words(MANAGED_FLAGS)}: the operator sets them from model, parallelism, "
-    "resources.gpus, apiKeySecretRef, tenants, runtime.lora, adapters and disaggregation; any other `kubeinfer serve` flag "
+    "resources.gpus, apiKeySecretRef, tenants, runtime.lora, adapters, disaggregation and modelPool; any other `kubeinfer serve` flag "
     "is allowed",
 )
 ENV_UNMANAGED = cel(

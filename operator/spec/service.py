@@ -13,6 +13,8 @@ from kubeinfer.operator.spec.autoscaling import Autoscaling, desired_replicas
 from kubeinfer.operator.spec.disaggregation import RULES as DISAGGREGATION_RULES
 from kubeinfer.operator.spec.disaggregation import Disaggregation, disaggregation_errors
 from kubeinfer.operator.spec.model import ModelSource
+from kubeinfer.operator.spec.model_pool import RULES as MODEL_POOL_RULES
+from kubeinfer.operator.spec.model_pool import ModelPool, model_pool_errors
 from kubeinfer.operator.spec.observability import Observability
 from kubeinfer.operator.spec.placement import Parallelism, Resources, Rollout, Scheduling
 from kubeinfer.operator.spec.routing import InferencePoolSpec, RouterSpec
@@ -60,7 +62,7 @@ REPLICAS_IN_BOUNDS = cel(
 class InferenceServiceSpec(SpecModel):
     model_config = checked_by(REPLICAS_IN_BOUNDS, GPUS_MATCH_SHARDS, CPU_HAS_NO_GPU_PRODUCT, CPU_HAS_NO_GPU_MEMORY,
                               DRAFT_WITHOUT_TENSOR_PARALLELISM, ADAPTERS_NEED_LORA, ADAPTER_NOT_SERVED_NAME,
-                              *TENANT_RULES, *DISAGGREGATION_RULES)
+                              *TENANT_RULES, *DISAGGREGATION_RULES, *MODEL_POOL_RULES)
 
     model: ModelSource
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
@@ -99,6 +101,9 @@ class InferenceServiceSpec(SpecModel):
         description="LoRA adapters served beside the model (needs runtime.lora). Adding or removing one loads or "
                     "unloads it in the running replicas, without a rollout (docs/lora.md).",
         json_schema_extra={"x-kubernetes-validations": [ADAPTER_NAMES_UNIQUE]})
+    model_pool: ModelPool | None = Field(
+        default=None, description="More models in every replica, at most modelPool.maxAwake awake at a time; the "
+                                  "router wakes the one each request names (needs spec.router; docs/router.md).")
     observability: Observability | None = Field(
         default=None, description="Where the replicas and the router send each request's trace (OpenTelemetry, "
                                   "OTLP/HTTP; docs/tracing.md).")
@@ -143,8 +148,8 @@ class InferenceServiceSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
-    def _disaggregation(self) -> InferenceServiceSpec:
-        errors = disaggregation_errors(self)
+    def _layouts(self) -> InferenceServiceSpec:
+        errors = disaggregation_errors(self) + model_pool_errors(self)
         if errors:
             raise ValueError("; ".join(errors))
         return self

@@ -71,6 +71,8 @@ class PoolStatus(SpecModel):
     updated_replicas: int | None = None
     desired_replicas: int | None = Field(default=None, description="The pool's replicas in the spec (the "
                                                                    "autoscaler's last decision when autoscaled).")
+    model_pool: ModelPoolStatus | None = Field(
+        default=None, description="With spec.modelPool: each ready replica's awake and asleep models, and its wake-ups.")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
     ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds",
                                            description="Written by the autoscaler.")
@@ -87,6 +89,25 @@ class DisaggregationStatus(SpecModel):
 
     prefill: PoolStatus | None = None
     decode: PoolStatus | None = None
+
+
+class PoolReplicaStatus(SpecModel):
+    """One ready replica of spec.modelPool (reconcile.model_pool)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    pod: str
+    awake: list[str] = Field(default_factory=list)
+    asleep: list[str] = Field(default_factory=list)
+    wakeups: int = Field(default=0, description="Wake-ups its engines have had since they started.")
+    unreachable: list[str] | None = Field(default=None, description="Models whose engine did not answer.")
+
+
+class ModelPoolStatus(SpecModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    max_awake: int | None = None
+    replicas: list[PoolReplicaStatus] | None = None
 
 
 class InferenceServiceStatus(SpecModel):
@@ -109,6 +130,8 @@ class InferenceServiceStatus(SpecModel):
     disaggregation: DisaggregationStatus | None = Field(
         default=None, description="Each pool of spec.disaggregation: replicas, readyReplicas, desiredReplicas and "
                                   "the autoscaler's state for it. The top-level counts are the sums of both pools.")
+    model_pool: ModelPoolStatus | None = Field(
+        default=None, description="With spec.modelPool: each ready replica's awake and asleep models, and its wake-ups.")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
     ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
     tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")

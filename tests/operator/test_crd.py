@@ -248,6 +248,23 @@ BAD_SPECS = {
         "two GPUs in a pool": ({}, {"decode": {"resources": {"gpus": 2}}}, "must be 0 (run on CPU) or 1"),
         "KV port on the HTTP port": ({}, {"kvPort": 8000}, "disaggregation.kvPort must not be 8000"),
     }.items()},
+    **{f"model pool: {name}": ({"router": {}, **patch, "modelPool": {"models": [{"servedName": "b",
+                                                                                "uri": "file:///m/b"}], **pool}},
+                               message) for name, (patch, pool, message) in {
+        "without a router": ({"router": None}, {}, "spec.modelPool needs spec.router"),
+        "router off": ({"router": {"enabled": False}}, {}, "spec.modelPool needs spec.router"),
+        "with autoscaling": ({"autoscaling": {"maxReplicas": 2}}, {}, "does not go with spec.disaggregation, "
+                                                                      "spec.autoscaling or runtime.lora yet"),
+        "with LoRA": ({"runtime": {"lora": {}}}, {}, "does not go with spec.disaggregation"),
+        "tensor parallel": ({"parallelism": {"tensor": 2}}, {}, "spec.modelPool runs with parallelism.tensor 1"),
+        "a name twice": ({}, {"models": [{"servedName": "b", "uri": "file:///m/b"},
+                                         {"servedName": "b", "uri": "file:///m/c"}]}, "servedName must be unique"),
+        "the first model's name": ({"model": {"uri": "hf://org/model", "servedName": "b"}}, {},
+                                   "must differ from model.servedName"),
+        "a download": ({}, {"models": [{"servedName": "b", "uri": "hf://org/b"}]},
+                       "modelPool.models[].uri must start with file:// or pvc://"),
+        "level 3": ({}, {"sleepLevel": 3}, "Input should be 1 or 2"),
+    }.items()},
 }
 
 
@@ -281,7 +298,8 @@ def test_wire_names_are_camel_case() -> None:
     props = _schema()["properties"]["spec"]["properties"]
     assert {"model", "runtime", "parallelism", "resources", "replicas", "autoscaling", "router", "inferencePool",
             "scheduling", "rollout", "apiKeySecretRef", "tenants", "adapters", "disaggregation",
-            "observability"} == set(props)
+            "observability", "modelPool"} == set(props)
+    assert {"models", "maxAwake", "sleepLevel"} == set(props["modelPool"]["properties"])
     assert "queueTimeoutSeconds" in props["router"]["properties"]
     assert "maxNumBatchedTokens" in props["runtime"]["properties"]
     assert props["rollout"]["properties"]["maxSurge"]["x-kubernetes-int-or-string"] is True
@@ -306,6 +324,21 @@ def test_each_disaggregation_refusal_is_also_a_cel_rule(name: str) -> None:
     server in tests/e2e/test_kubectl.py)."""
     _, message = BAD_SPECS[name]
     assert any(message in r["message"] for r in _rules(_schema())), message
+
+
+@pytest.mark.parametrize("name", sorted(n for n in BAD_SPECS if n.startswith("model pool: ") and "level" not in n))
+def test_each_model_pool_refusal_is_also_a_cel_rule(name: str) -> None:
+    _, message = BAD_SPECS[name]
+    assert any(message in r["message"] for r in _rules(_schema())), message
+
+
+def test_a_model_pool_that_is_accepted() -> None:
+    raw = {"model": {"uri": "pvc://models/a"}, "router": {}, "modelPool": {
+        "models": [{"servedName": "b", "uri": "pvc://models/b"}, {"servedName": "c", "uri": "file:///opt/c"}],
+        "maxAwake": 2, "sleepLevel": 2}}
+    jsonschema.Draft4Validator(_schema()).validate({"apiVersion": spec.API_VERSION, "kind": spec.KIND, "spec": raw})
+    parsed = spec.parse_spec(raw)
+    assert parsed.model_pool is not None and parsed.model_pool.max_awake == 2
 
 
 @pytest.mark.parametrize("disaggregation", [
