@@ -19,6 +19,7 @@ import math
 import mmap
 import os
 import tempfile
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,11 @@ class WeightStash:
             self.file.write(memoryview(flat_bytes(slot.get()).numpy()))
         self.file.flush()
 
+    def holds(self, slots: list[WeightSlot]) -> bool:
+        """Whether this copy is of these weights (their places, shapes and types)."""
+        kept = [(id(s.owner), s.name, s.shape, s.dtype) for s in self.slots]
+        return kept == [(id(s.owner), s.name, s.shape, s.dtype) for s in slots if not s.opaque]
+
     def restore(self, device: torch.device) -> None:
         """Puts every weight back in place, in new memory on `device`."""
         if self.file is not None:
@@ -125,6 +131,10 @@ def restore_kv(kv_cache: torch.Tensor, nbytes: int) -> None:
         torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).zero_()
 
 
+# A CPU runner's level-1 file after its wake, by runner (put_to_sleep)
+_kept_files: "weakref.WeakKeyDictionary[object, WeightStash]" = weakref.WeakKeyDictionary()
+
+
 @dataclass
 class Sleep:
     """What a sleeping runner needs to wake: its level, the weights' slots and stash, the KV pools' sizes."""
@@ -158,12 +168,19 @@ def sleep_at(runner, sleeping: Sleep | None, level: int) -> Sleep:
 
 
 def put_to_sleep(runner, level: int, directory: str | None = None) -> Sleep:
-    """Frees the runner's KV cache and moves (level 1) or drops (level 2) its weights (`runner`: a ModelRunner)."""
+    """Frees the runner's KV cache and moves (level 1) or drops (level 2) its weights (`runner`: a ModelRunner).
+    A CPU runner's level-1 file is kept after its wake (weights do not change while serving: the file still holds
+    them) and taken again at its next level-1 sleep, which then writes nothing: the second and later sleeps only
+    free memory. The kept file's pages are the page cache's, which the kernel reclaims under pressure."""
     if runner.workers is not None:   # the other ranks sleep with this one
         runner.workers.control({"sleep": level})
     models = [runner.model] + ([runner.draft.model] if runner.draft is not None else [])
     slots = weight_slots(models)
-    stash = WeightStash(slots, runner.device, directory) if level == 1 else None
+    kept = _kept_files.pop(runner, None)
+    if kept is not None and (level != 1 or not kept.holds(slots)):
+        kept.close()
+        kept = None
+    stash = (kept or WeightStash(slots, runner.device, directory)) if level == 1 else None
     graphs = runner.cuda_graphs is not None
     runner.cuda_graphs = runner.verify_graphs = None   # they hold the old addresses
     if runner.draft is not None:
@@ -211,7 +228,10 @@ def wake(runner, sleep: Sleep) -> None:
         restore_kv(pool, nbytes)
     if sleep.stash is not None:
         sleep.stash.restore(runner.device)
-        sleep.stash.close()
+        if sleep.stash.file is not None:
+            _kept_files[runner] = sleep.stash   # for the next sleep (put_to_sleep)
+        else:
+            sleep.stash.close()   # pinned host memory: given back
     else:
         take_from(sleep.slots, weight_slots(runner.build_models()))
     if sleep.graphs:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeinfer.runtime.engine.sleep import weight_slots
+from kubeinfer.runtime.engine.sleep import WeightStash, weight_slots
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.models.weights import is_opaque, named_weights, tensor_of
@@ -67,6 +67,23 @@ def test_sleeping_twice_deepens_and_waking_an_awake_engine_does_nothing(llama_di
     assert llm.engine.core.sleeping.stash is None, "level 2 kept level 1's copy of the weights"
     assert llm.wake_up()["level"] == 2
     assert_same_outputs(llm.generate(prompt_ids, greedy()), reference)
+
+
+def test_a_second_level_one_sleep_takes_the_file_kept_since_the_first_and_writes_nothing(llama_dir, monkeypatch):
+    llm = LLM(str(llama_dir))
+    prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    reference = hf_greedy(llama_dir, prompt_ids, TOKENS)
+    weights = weights_of(llm)
+    llm.sleep(1)
+    first = llm.engine.core.sleeping.stash
+    assert llm.wake_up()["level"] == 1
+    monkeypatch.setattr(WeightStash, "__init__", lambda *_: pytest.fail("a second sleep wrote the weights again"))
+    llm.sleep(1)
+    assert llm.engine.core.sleeping.stash is first
+    assert_same_outputs(llm.generate(prompt_ids, greedy()), reference)   # woken from the kept file
+    assert same_bytes(weights_of(llm), weights)
+    llm.sleep(2)   # level 2 drops the file with the weights
+    assert llm.engine.core.sleeping.stash is None and first.file is None
 
 
 def test_bad_levels_and_a_busy_engine_are_refused(llama_dir):
