@@ -8,6 +8,7 @@ port PORT + i, started one after the other so that the pod never holds more mode
 - SIGTERM (or SIGINT) goes to every engine, which drains as `kubeinfer serve` does; the launcher exits once all
   have, 0 if they all did. An engine that exits on its own ends the pool: the others are stopped and the launcher
   exits non-zero, so that Kubernetes restarts the container (a half pool would answer 503s for good).
+- On a GPU the models share its memory: each gets a 1/K part of `--gpu-memory-utilization` (`gpu_share`).
 - The engines' output is the launcher's (the container's log), each line as `kubeinfer serve` writes it.
 """
 import logging
@@ -49,7 +50,27 @@ class PoolLauncher:
         asleep = index < len(self.members) - self.max_awake
         return [sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", self.log_level, "serve",
                 "--model", model, "--served-model-name", name, "--host", self.host, "--port", str(self.port + index),
-                *(["--sleep-at-start", str(self.level)] if asleep else []), *self.serve_args]
+                *(["--sleep-at-start", str(self.level)] if asleep else []), *self.serve_args,
+                "--gpu-memory-utilization", f"{self.gpu_share(index):.4f}"]
+
+    def gpu_share(self, index: int) -> float:
+        """Model `index`'s `--gpu-memory-utilization` (the last flag wins: this one). A GPU engine sizes its KV cache
+        to leave memory in use by every process below that share of the GPU, so with K models awake each must have
+        a 1/K part of the pool's share: one that starts while the others sleep gets share / K; the j-th of the last
+        K, which start awake beside j - 1 others, share * j / K. Each gets the same KV cache, and one waking after
+        another's sleep finds its part free. (On a CPU the flag is unused.)"""
+        share = float(self._flag("--gpu-memory-utilization") or 0.9)
+        awake_rank = index - (len(self.members) - self.max_awake) + 1   # 1..K for the last K, else <= 0
+        return share * max(1, awake_rank) / self.max_awake
+
+    def _flag(self, name: str) -> str | None:
+        value = None
+        for i, arg in enumerate(self.serve_args):
+            if arg == name and i + 1 < len(self.serve_args):
+                value = self.serve_args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+        return value
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):

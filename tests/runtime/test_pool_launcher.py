@@ -13,7 +13,8 @@ import pytest
 
 from kubeinfer.runtime.cli_pool import parse_members
 from kubeinfer.runtime.errors import ConfigError
-from kubeinfer.runtime.pool_launcher import sleep_level
+from kubeinfer.runtime.cli import build_parser
+from kubeinfer.runtime.pool_launcher import PoolLauncher, sleep_level
 from support import free_port_run, run_kubeinfer, wait_for
 
 STOP_WITHIN = 30   # the engines' drain (nothing in flight) and exit
@@ -79,6 +80,17 @@ def test_an_engine_that_dies_ends_the_pool_non_zero(start_pool):
 def test_bad_pool_flags_are_one_line_errors(args, message):
     result = run_kubeinfer("pool", *args, timeout_s=60)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_each_model_gets_its_part_of_the_gpu_share():
+    members = {f"m{i}": "/x" for i in range(5)}
+    launcher = PoolLauncher(members, 2, 1, "127.0.0.1", 8000, ["--gpu-memory-utilization", "0.8"])
+    assert [launcher.gpu_share(i) for i in range(5)] == [0.4, 0.4, 0.4, 0.4, 0.8]
+    commands = [launcher.command(i, name, "/x") for i, name in enumerate(members)]
+    assert [c[c.index("--gpu-memory-utilization", c.index("0.8") + 1) + 1] for c in commands] == \
+        ["0.4000"] * 4 + ["0.8000"]
+    assert build_parser().parse_args(commands[0][3:]).gpu_memory_utilization == 0.4   # the last flag wins
+    assert PoolLauncher(members, 1, 1, "h", 1, []).gpu_share(4) == 0.9
 
 
 def test_parse_members_keeps_the_order():
