@@ -22,30 +22,32 @@ def log_level(name: str) -> str:
     return level
 
 
+def named_values(items: list[str], flag: str, value: str, kind: str) -> dict[str, str]:
+    """`NAME=VALUE ...` of `flag` -> {name: value}, in order; a bad item or a name given twice is a ConfigError
+    (`value`: what VALUE is, e.g. PATH; `kind`: what NAME names, e.g. adapter)."""
+    named = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise ConfigError(f"{flag} {item!r}: expected NAME={value}")
+        if name in named:
+            raise ConfigError(f"{flag}: {kind} {name!r} is given twice")
+        named[name] = text
+    return named
+
+
 def parse_lora_modules(items: list[str]) -> dict[str, str]:
     """`NAME=PATH ...` (vLLM's --lora-modules form) -> {name: path}."""
-    modules = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise ConfigError(f"--lora-modules {item!r}: expected NAME=PATH")
-        if name in modules:
-            raise ConfigError(f"--lora-modules: adapter {name!r} is given twice")
-        modules[name] = path
-    return modules
+    return named_values(items, "--lora-modules", "PATH", "adapter")
 
 
 def parse_pool_models(items: list[str]) -> dict[str, int]:
     """`NAME=PORT ...` (`kubeinfer router --pool-model`) -> {name: port}."""
-    models = {}
-    for item in items:
-        name, sep, port = item.rpartition("=")
-        if not sep or not name.strip() or not port.strip().isdigit():
-            raise ConfigError(f"--pool-model {item!r}: expected NAME=PORT")
-        if name in models:
-            raise ConfigError(f"--pool-model: model {name!r} is given twice")
-        models[name] = int(port)
-    return models
+    models = named_values(items, "--pool-model", "PORT", "model")
+    bad = [f"{name}={port}" for name, port in models.items() if not port.strip().isdigit()]
+    if bad:
+        raise ConfigError(f"--pool-model {bad[0]!r}: expected NAME=PORT")
+    return {name: int(port) for name, port in models.items()}
 
 
 def port_number(text: str) -> int:

@@ -1,7 +1,7 @@
 """`kubeinfer pool`: a model pool's pod, one `kubeinfer serve` per model (runtime/pool_launcher.py)."""
 import argparse
 
-from kubeinfer.runtime.cli_lines import port_number
+from kubeinfer.runtime.cli_lines import named_values, port_number
 from kubeinfer.runtime.errors import ConfigError
 
 
@@ -24,15 +24,7 @@ def add_pool_parser(commands) -> None:
 
 
 def parse_members(items: list[str]) -> dict[str, str]:
-    members = {}
-    for item in items:
-        name, sep, model = item.partition("=")
-        if not sep or not name.strip() or not model.strip():
-            raise ConfigError(f"--member {item!r}: expected NAME=MODEL")
-        if name in members:
-            raise ConfigError(f"--member: model {name!r} is given twice")
-        members[name] = model
-    return members
+    return named_values(items, "--member", "MODEL", "model")
 
 
 def _pool(args: argparse.Namespace) -> int:

@@ -28,7 +28,8 @@ def launcher_args(spec: InferenceServiceSpec, served_name: str, port: int) -> li
     """`kubeinfer pool` flags; `kubeinfer serve`'s for every model follow them."""
     pool = spec.model_pool
     assert pool is not None
-    members = [f"{served_name}={model_dir(spec.model)}", *(f"{m.served_name}={model_dir(ModelSource(uri=m.uri))}" for m in pool.models)]
+    members = [f"{served_name}={model_dir(spec.model)}",
+               *(f"{m.served_name}={model_dir(ModelSource(uri=m.uri))}" for m in pool.models)]
     return [*(arg for member in members for arg in ("--member", member)), "--max-awake", str(pool.max_awake),
             "--sleep-level", str(pool.sleep_level), "--host", "0.0.0.0", "--port", str(port), "--"]
 

@@ -30,8 +30,8 @@ def _words(items: tuple[str, ...]) -> str:
 EXTRA_ARGS_UNMANAGED = cel(
     f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
     f"runtime.extraArgs must not set {_words(MANAGED_FLAGS)}: the operator sets them from model, parallelism, "
-    "resources.gpus, apiKeySecretRef, tenants, runtime.lora, adapters, disaggregation and modelPool; any other `kubeinfer serve` flag "
-    "is allowed",
+    "resources.gpus, apiKeySecretRef, tenants, runtime.lora, adapters, disaggregation and modelPool; any other "
+    "`kubeinfer serve` flag is allowed",
 )
 ENV_UNMANAGED = cel(
     f"self.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",

@@ -72,7 +72,8 @@ class PoolStatus(SpecModel):
     desired_replicas: int | None = Field(default=None, description="The pool's replicas in the spec (the "
                                                                    "autoscaler's last decision when autoscaled).")
     model_pool: ModelPoolStatus | None = Field(
-        default=None, description="With spec.modelPool: each ready replica's awake and asleep models, and its wake-ups.")
+        default=None,
+        description="With spec.modelPool: each ready replica's awake and asleep models, and its wake-ups.")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
     ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds",
                                            description="Written by the autoscaler.")
@@ -131,7 +132,8 @@ class InferenceServiceStatus(SpecModel):
         default=None, description="Each pool of spec.disaggregation: replicas, readyReplicas, desiredReplicas and "
                                   "the autoscaler's state for it. The top-level counts are the sums of both pools.")
     model_pool: ModelPoolStatus | None = Field(
-        default=None, description="With spec.modelPool: each ready replica's awake and asleep models, and its wake-ups.")
+        default=None,
+        description="With spec.modelPool: each ready replica's awake and asleep models, and its wake-ups.")
     queue_depth: float | None = Field(default=None, description="Written by the autoscaler.")
     ttft_p95_seconds: float | None = Field(default=None, alias="ttftP95Seconds", description="Written by the autoscaler.")
     tokens_per_second: float | None = Field(default=None, description="Written by the autoscaler.")

@@ -28,7 +28,7 @@ import time
 
 from kubeinfer.runtime.router.adapters import Adapters, LoadFailed, LoadUnreachable
 from kubeinfer.runtime.router.affinity import cache_scope, prompt_text
-from kubeinfer.runtime.router.relayed import REPLICA_HEADER, request_headers, response_headers, sse_error
+from kubeinfer.runtime.router.relayed import request_headers, response_headers, sse_error
 from kubeinfer.runtime.router.disagg import PrefillPool, decoders, pick_decode, strip_source
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser

@@ -195,9 +195,9 @@ class ReplicaSet:
                 replica.unreachable_logged = True
             self.mark_down(replica, why)
             return
-        for field, value in values.items():
-            if field != "sleep_level" or started > replica.sleep_noted_at:
-                setattr(replica, field, value)
+        for attribute, value in values.items():
+            if attribute != "sleep_level" or started > replica.sleep_noted_at:
+                setattr(replica, attribute, value)
         replica.model_name = model_name or replica.model_name
         replica.kv_port, replica.kv_role = kv_port, kv_role
         replica.note_scraped_adapters(adapters, started)
