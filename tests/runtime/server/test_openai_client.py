@@ -150,7 +150,7 @@ def test_models_and_probes(client, server):
     restricted = httpx.get(url + SCRAPE_PATH).text
     assert {line.split("{")[0] for line in restricted.splitlines() if not line.startswith("#")} == {
         "kubeinfer_num_requests_waiting", "kubeinfer_num_requests_running", "kubeinfer_kv_cache_usage_ratio",
-        "kubeinfer_kv_role"}
+        "kubeinfer_kv_role", "kubeinfer_engine_sleep_level"}
     assert parse_gauges(restricted) == parse_gauges(metrics) and parse_gauges(restricted)[1] == "tiny"
 
 
