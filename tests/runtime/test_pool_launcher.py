@@ -1,7 +1,7 @@
 """`kubeinfer pool` (runtime/pool_launcher.py) on real processes: it starts one `kubeinfer serve` per model, one
-after the other, all but the last asleep once started; a request to a sleeping model is answered (it wakes);
-SIGTERM stops every engine and the launcher exits 0; an engine that dies ends the pool with a non-zero exit and
-stops the others."""
+after the other, all but the last asleep once started; a request to a sleeping model is answered (it wakes); an
+engine that dies ends the pool with a non-zero exit and stops the others. Its flags, and each model's part of the
+GPU. (Behind the router, and stopped by SIGTERM: tests/runtime/router/test_pool.py.)"""
 import os
 import signal
 import subprocess
@@ -49,23 +49,15 @@ def start_pool(model_dirs, tmp_path):
             proc.wait()
 
 
-def test_all_but_the_last_start_asleep_and_sigterm_stops_them_all(start_pool):
+def test_all_but_the_last_start_asleep_and_an_engine_that_dies_ends_the_pool_non_zero(start_pool):
+    """(SIGTERM, which stops every engine and exits 0: tests/runtime/router/test_pool.py.)"""
     launcher, port = start_pool()
     assert sleep_level(port) == 1 and sleep_level(port + 1) == 0
-    engines = engine_pids(launcher.pid)
-    assert len(engines) == 2
+    first, second = engine_pids(launcher.pid)
     answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                         json={"model": "first", "prompt": "A pod is", "max_tokens": 4, "ignore_eos": True})
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
     assert sleep_level(port) == 0   # the request woke it (the router would have put the other to sleep first)
-    launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(STOP_WITHIN) == 0
-    assert not any(Path(f"/proc/{pid}").exists() for pid in engines)   # each stopped, and waited for
-
-
-def test_an_engine_that_dies_ends_the_pool_non_zero(start_pool):
-    launcher, port = start_pool()
-    first, second = engine_pids(launcher.pid)
     os.kill(second, signal.SIGKILL)
     assert launcher.wait(STOP_WITHIN) != 0
     assert not Path(f"/proc/{first}").exists()   # stopped, and waited for, before the launcher exited

@@ -43,8 +43,10 @@ class RouterProcess:
         self._log_file.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def replicas(llama_dir, tmp_path_factory):
+    """Two replicas of the tiny Llama, shared by every module that needs healthy replicas (none stops them: tests
+    that kill a replica start their own victim beside these)."""
     logs = tmp_path_factory.mktemp("replicas")
     servers = [RuntimeServer(llama_dir, logs / f"replica{i}.log", "--max-model-len", "512", "--cpu-threads", "1")
                for i in range(2)]

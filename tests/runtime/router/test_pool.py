@@ -1,12 +1,17 @@
 """A model pool through the router (docs/router.md, "Model pool"), on real processes: one "pod" (this host) runs
-two `kubeinfer serve` engines of two different random models, and at most one may be awake. Requests that
+`kubeinfer pool` with two different random models, at most one awake. Requests that
 alternate between the models, and concurrent streams that pick either, are all answered whole with each model's own
 answer; while they run, an observer reading both engines' sleep level every few milliseconds never sees both
 awake, and the two processes' memory together stays below halfway from one model awake (the other asleep) to
-both awake."""
+both awake. SIGTERM then stops the pool: every engine, and the launcher with exit 0."""
 import asyncio
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,12 +25,14 @@ from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.pool import PodState, Pool
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
 from kubeinfer.runtime.router.settings import RouterSettings
-from support import RuntimeServer, metric_value, scrape_metrics, spawned_children, wait_for
+from kubeinfer.runtime.pool_launcher import sleep_level
+from support import free_port_run, metric_value, scrape_metrics, spawned_children, stop_process, wait_for
 
 MODELS = ("alpha", "beta")
 PROMPTS = ["Kubernetes runs containers", "The key and value cache keeps", "Numbers: 0 1 2 3 4 5", "A pod is"]
 TOKENS = 8
 KV_GIB = "0.0625"
+STOP_WITHIN = 60        # the engines' drain (nothing in flight) and exit
 QUEUE_TIMEOUT = "120"   # a swap is two engine calls of well under a second each here: the bound is for a busy box
 
 
@@ -54,17 +61,46 @@ def tree_rss(pid: int) -> int:
     return rss_bytes(pid) + sum(rss_bytes(child) for child in spawned_children(pid))
 
 
+@dataclass
+class PoolEngine:
+    """One model's `kubeinfer serve`, a child of the `kubeinfer pool` launcher."""
+    url: str
+    port: int
+    pid: int
+
+
+def engine_of(launcher: int, name: str) -> int:
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if f"--served-model-name\0{name}\0" in Path(f"/proc/{child}/cmdline").read_text():
+                return int(child)
+    raise AssertionError(f"no engine of {name} under the launcher")
+
+
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def launched(tmp_path_factory):
+    """`kubeinfer pool` with both models, one awake (the last: beta), as a pool pod runs them."""
     root = tmp_path_factory.mktemp("pool")
-    servers = {name: RuntimeServer(big_llama(root / name, seed), root / f"{name}.log", "--max-model-len", "256",
-                                   "--cpu-threads", "1", "--kv-cache-memory-gib", KV_GIB, served_model_name=name)
-               for seed, name in enumerate(MODELS)}
+    port = free_port_run(len(MODELS))
+    members = [arg for seed, name in enumerate(MODELS) for arg in ("--member", f"{name}={big_llama(root / name, seed)}")]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KUBEINFER_")}
+    log = root / "pool.log"
+    launcher = subprocess.Popen(
+        [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "pool", *members, "--max-awake", "1", "--host",
+         "127.0.0.1", "--port", str(port), "--", "--max-model-len", "256", "--cpu-threads", "1",
+         "--kv-cache-memory-gib", KV_GIB], env=environment, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
-        yield {name: server.wait_ready() for name, server in servers.items()}
+        wait_for(lambda: launcher.poll() is not None or sleep_level(port + 1) == 0, 180, "the pool's last model")
+        assert launcher.poll() is None, log.read_text()[-3000:]
+        yield launcher, {name: PoolEngine(f"http://127.0.0.1:{port + i}", port + i, engine_of(launcher.pid, name))
+                         for i, name in enumerate(MODELS)}
     finally:
-        for server in servers.values():
-            server.stop()
+        stop_process(launcher, timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def engines(launched) -> dict[str, PoolEngine]:
+    return launched[1]
 
 
 def complete(client: openai.OpenAI, model: str, prompt: str) -> str:
@@ -85,20 +121,20 @@ def expected(engines) -> dict[tuple[str, str], str]:
 def memory_bound(engines, expected) -> int:
     """Halfway between both models awake and one awake with the other asleep (the larger of the two ways round),
     measured; then `alpha` awake and `beta` asleep, as the pool starts."""
-    both_awake = sum(tree_rss(s.proc.pid) for s in engines.values())
+    both_awake = sum(tree_rss(s.pid) for s in engines.values())
     one_awake = 0
     for name, server in engines.items():
         httpx.post(server.url + "/wake_up", timeout=60).raise_for_status()
         other = next(s for n, s in engines.items() if n != name)
         httpx.post(other.url + "/sleep?level=1", timeout=60).raise_for_status()
-        one_awake = max(one_awake, sum(tree_rss(s.proc.pid) for s in engines.values()))
+        one_awake = max(one_awake, sum(tree_rss(s.pid) for s in engines.values()))
     httpx.post(engines["beta"].url + "/sleep?level=1", timeout=60).raise_for_status()
     httpx.post(engines["alpha"].url + "/wake_up", timeout=60).raise_for_status()
     assert both_awake - one_awake > 80 << 20   # a model's weights: what the bound tells apart
     return (both_awake + one_awake) // 2
 
 
-def sleep_state(server: RuntimeServer, name: str) -> tuple[float, float]:
+def sleep_state(server: PoolEngine, name: str) -> tuple[float, float]:
     """(sleep level, sleeps since start) from the engine's /metrics."""
     text = httpx.get(server.url + "/metrics?name[]=kubeinfer_engine_sleep_level&name[]=kubeinfer_engine_sleeps_total",
                      timeout=60).text
@@ -113,7 +149,7 @@ class Observer:
     proven: the first engine awake before and after the second was seen awake, and no sleep of it completed
     between (two answers in turn could otherwise straddle a swap)."""
 
-    def __init__(self, engines: dict[str, RuntimeServer]):
+    def __init__(self, engines: dict[str, PoolEngine]):
         self.engines, self.both_awake, self.rss_peak, self.samples = engines, 0, 0, 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -126,7 +162,7 @@ class Observer:
             after = sleep_state(one, first)
             if before[0] == after[0] == between[0] == 0 and before[1] == after[1]:
                 self.both_awake += 1
-            self.rss_peak = max(self.rss_peak, sum(tree_rss(s.proc.pid) for s in self.engines.values()))
+            self.rss_peak = max(self.rss_peak, sum(tree_rss(s.pid) for s in self.engines.values()))
             self.samples += 1
 
     def __enter__(self) -> "Observer":
@@ -192,6 +228,14 @@ def test_a_model_the_pool_does_not_serve_is_a_404_naming_those_it_does(engines, 
     assert [model["id"] for model in listed] == list(MODELS)
     wait_for(lambda: metric_value(scrape_metrics(pool_router.url), "kubeinfer_router_replicas_up") == 2, 10,
              "both engines up")
+
+
+def test_sigterm_stops_every_engine_of_the_pool_and_the_launcher_exits_zero(launched):
+    """Last of the module's tests on the pool: it stops it."""
+    launcher, engines = launched
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(STOP_WITHIN) == 0
+    assert not any(Path(f"/proc/{engine.pid}").exists() for engine in engines.values())   # stopped and waited for
 
 
 @pytest.mark.parametrize("items, message", [
