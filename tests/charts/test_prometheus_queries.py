@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from kubeinfer.operator.install import dashboard, monitoring
+from kubeinfer.runtime.demo import build_demo_model
 from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, free_port, static_targets, stop_process, wait_for
 
 NAMESPACE, SERVICE = "ns1", "svc-a"
@@ -67,13 +68,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     runtimes: list[RuntimeServer] = []
     ksm = prometheus = router = None
     try:
-        first = RuntimeServer("demo", tmp / "runtime-0.log", "--device", "cpu", cache=tmp / "cache",
-                              served_model_name=MODEL)
+        model = tmp / "demo"
+        build_demo_model(model)   # here, once: both runtimes then start at the same time
+        first = RuntimeServer(model, tmp / "runtime-0.log", "--device", "cpu", served_model_name=MODEL)
         runtimes.append(first)
-        first.wait_ready()  # builds the demo model once; the second reuses it
-        second = RuntimeServer("demo", tmp / "runtime-1.log", "--device", "cpu", "--num-kvcache-blocks", "12",
-                               cache=tmp / "cache", served_model_name=MODEL)
+        second = RuntimeServer(model, tmp / "runtime-1.log", "--device", "cpu", "--num-kvcache-blocks", "12",
+                               served_model_name=MODEL)
         runtimes.append(second)
+        first.wait_ready()
         ksm = subprocess.Popen([sys.executable, "-c", KSM_STAND_IN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True)
         ksm_port = int(ksm.stdout.readline())
