@@ -58,8 +58,10 @@ def test_startup_phases_and_the_gateway_metric_names(llama_dir, tmp_path):
     API process (about a second of start-up and hundreds of MB); it exposes the gauges that
     llm-d's router and KServe read under vLLM's names, equal to ours; --no-vllm-metrics turns those off."""
     from support import RuntimeServer
-    server = RuntimeServer(llama_dir, tmp_path / "serve.log", "--num-kvcache-blocks", "40", cache=tmp_path).wait_ready()
+    server = RuntimeServer(llama_dir, tmp_path / "serve.log", "--num-kvcache-blocks", "40", cache=tmp_path)
+    plain = RuntimeServer(llama_dir, tmp_path / "plain.log", "--no-vllm-metrics", cache=tmp_path)   # started at once
     try:
+        server.wait_ready()
         assert server.complete("hello", 8).status_code == 200
         samples = scrape(server.url)
         phases = {dict(labels)["phase"]: v for (name, labels), v in samples.items()
@@ -77,10 +79,7 @@ def test_startup_phases_and_the_gateway_metric_names(llama_dir, tmp_path):
                              ("kubeinfer_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc")):
             assert ((theirs, (("model_name", "tiny"),)) in samples) and value(samples, theirs) == value(samples, ours)
         assert value(samples, "vllm:cache_config_info", block_size="16", num_gpu_blocks="40") == 1
+        assert not any(name.startswith("vllm:") for name, _ in scrape(plain.wait_ready().url))
     finally:
         server.stop()
-    plain = RuntimeServer(llama_dir, tmp_path / "plain.log", "--no-vllm-metrics", cache=tmp_path).wait_ready()
-    try:
-        assert not any(name.startswith("vllm:") for name, _ in scrape(plain.url))
-    finally:
         plain.stop()
