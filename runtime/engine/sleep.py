@@ -3,7 +3,8 @@ cold start (pod, image, interpreter, checkpoint, KV pool, graphs). vLLM's names 
 
 - level 1: the KV cache is freed and the weights leave the device: to pinned host memory on a GPU; on the CPU, to a
   file (the page cache keeps it while memory allows, and the kernel may drop it under pressure), so the process's
-  own memory falls to its code and buffers. Waking copies them back.
+  own memory falls to its code and buffers. Waking copies them back on a GPU; on the CPU it maps the file, each
+  weight a view of the mapping (near free; pages come in from the page cache as they are first read).
 - level 2: the weights are dropped too. Waking builds the model again from its checkpoint (read, converted, packed)
   and takes the new tensors as they are.
 
@@ -78,9 +79,13 @@ class WeightStash:
             torch.cuda.synchronize(device)
             return
         self.file = tempfile.TemporaryFile(dir=directory, prefix="kubeinfer-sleep-")   # unlinked: gone with us
-        for slot in self.slots:
+        self.offsets = []
+        for slot in self.slots:   # each at a page boundary, so that a mapping of the file can hold it in place
+            self.offsets.append(-(-self.file.tell() // mmap.PAGESIZE) * mmap.PAGESIZE)
+            self.file.seek(self.offsets[-1])
             self.file.write(memoryview(flat_bytes(slot.get()).numpy()))
         self.file.flush()
+        self.size = self.file.tell()
 
     def holds(self, slots: list[WeightSlot]) -> bool:
         """Whether this copy is of these weights (their places, shapes and types)."""
@@ -88,16 +93,29 @@ class WeightStash:
         return kept == [(id(s.owner), s.name, s.shape, s.dtype) for s in slots if not s.opaque]
 
     def restore(self, device: torch.device) -> None:
-        """Puts every weight back in place, in new memory on `device`."""
-        if self.file is not None:
-            self.file.seek(0)
+        """Puts every weight back in place: on a GPU in new device memory; on a CPU as views of a private mapping of
+        the file (no copy: a page comes in when first read, from the page cache), unless KUBEINFER_SLEEP_WAKE=copy
+        asks for a copy into new memory."""
+        if self.file is not None and os.environ.get("KUBEINFER_SLEEP_WAKE") != "copy":
+            return self._map()
         for index, slot in enumerate(self.slots):
             tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device)
             if self.file is None:
                 flat_bytes(tensor).copy_(self.host[index], non_blocking=True)
-            elif self.file.readinto(memoryview(flat_bytes(tensor).numpy())) != slot.nbytes:
-                raise OSError("the weights' sleep file is shorter than what was written to it")
+            else:
+                self.file.seek(self.offsets[index])
+                if self.file.readinto(memoryview(flat_bytes(tensor).numpy())) != slot.nbytes:
+                    raise OSError("the weights' sleep file is shorter than what was written to it")
             slot.set(tensor)
+
+    def _map(self) -> None:
+        """Each weight becomes a view of one private mapping of the file (copy-on-write: nothing reaches the file);
+        the mapping lives as long as those views, so the next sleep, which swaps them for empty tensors, unmaps it."""
+        mapping = mmap.mmap(self.file.fileno(), self.size, flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        for offset, slot in zip(self.offsets, self.slots):
+            flat = torch.frombuffer(mapping, dtype=torch.uint8, count=slot.nbytes, offset=offset)
+            slot.set(flat.view(slot.dtype).view(slot.shape))
 
     def close(self) -> None:
         self.host = []

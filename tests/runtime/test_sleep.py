@@ -86,6 +86,23 @@ def test_a_second_level_one_sleep_takes_the_file_kept_since_the_first_and_writes
     assert llm.engine.core.sleeping.stash is None and first.file is None
 
 
+@pytest.mark.parametrize("wake", ["map", "copy"])
+def test_a_level_one_wake_maps_the_file_or_copies_it_when_asked(llama_dir, monkeypatch, tmp_path, wake):
+    """By default the weights come back as views of a mapping of the sleep file (no copy); KUBEINFER_SLEEP_WAKE=copy
+    copies them into new memory. Either way: the same bytes, transformers' outputs."""
+    monkeypatch.setenv("KUBEINFER_SLEEP_WAKE", wake)
+    monkeypatch.setenv("KUBEINFER_SLEEP_DIR", str(tmp_path))
+    llm = LLM(str(llama_dir))
+    prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    weights = weights_of(llm)
+    llm.sleep(1)
+    llm.wake_up()
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if f"{tmp_path}/#" in line]
+    assert bool(mapped) == (wake == "map"), mapped   # O_TMPFILE: "DIR/#inode (deleted)"
+    assert same_bytes(weights_of(llm), weights)
+    assert_same_outputs(llm.generate(prompt_ids, greedy()), hf_greedy(llama_dir, prompt_ids, TOKENS))
+
+
 def test_bad_levels_and_a_busy_engine_are_refused(llama_dir):
     llm = LLM(str(llama_dir))
     for level in (0, 3, "1"):
@@ -121,3 +138,7 @@ def test_the_process_gives_back_the_weights_and_the_touched_kv_cache(tmp_path, l
     assert abs(slept["freed_bytes"] - (awake - asleep)) < 0.05 * (weights + touched)
     llm.generate([[5] * 1000] * 3, greedy(max_tokens=1))
     assert rss_bytes() - asleep >= 0.9 * (weights + touched)
+    if level == 1:   # woken onto a mapping of the file: a second sleep gives its pages back too (no view kept it)
+        again = rss_bytes()
+        llm.sleep(1)
+        assert again - rss_bytes() >= 0.9 * (weights + touched), (again, rss_bytes(), weights, touched)
