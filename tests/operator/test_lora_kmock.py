@@ -18,15 +18,14 @@ from typing import Any
 
 import pytest
 
-from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile.builders import HASH_ANNOTATION, INSTANCE_LABEL
 from kubeinfer.operator.reconcile.lora import fetch, sync
 from kubeinfer.operator.spec import parse_spec
 
 from support.manifests import condition
 from support.lora_runtime import LoraRuntime, serve
-from support.operator_harness import (NAMESPACE, child_path, isvc_path, kopf_rewrote_its_record, rbac_checked_requests,
-                                      running_operator, settle, write_requests)
+from support.operator_harness import (NAMESPACE, child_path, isvc_path, kopf_rewrote_its_record,
+                                      operator_with_periodic_pass, rbac_checked_requests, write_requests)
 
 NAME = "qwen"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -80,20 +79,8 @@ async def runtimes(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[LoraRu
 
 @pytest.fixture()
 async def operator(cluster: Any) -> AsyncIterator[Any]:
-    config = OperatorConfig(scanning=False, namespaces=(NAMESPACE,), standalone=True, service_monitor="never",
-                            adapter_sync_seconds=0.3)
-    async with running_operator(cluster, config):
+    async with operator_with_periodic_pass(cluster, ISVC):
         yield cluster
-        await quiesce(cluster)
-
-
-async def quiesce(cluster: Any) -> None:
-    """Delete the InferenceService while the operator runs: kopf stops the adapters' daemon and drops its finalizer
-    (else stopping the operator waits on the daemon)."""
-    from support.operator_harness import KApi
-    kapi = KApi(str(cluster.url))
-    await kapi.call("DELETE", ISVC)
-    await kapi.gone(ISVC, "the finalizer was never removed")
 
 
 async def deliver(kapi: Any, runtimes: list[LoraRuntime]) -> dict[str, str]:

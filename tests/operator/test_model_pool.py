@@ -5,8 +5,6 @@ cluster in tests/e2e/test_model_pool_cluster.py)."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from typing import Any
 
 import pytest
@@ -16,7 +14,7 @@ from kubeinfer.operator.reconcile import builders, model_pool_status, router
 from kubeinfer.operator.reconcile.validation import semantic_errors
 from kubeinfer.operator.spec import parse_spec
 from kubeinfer.runtime.cli import build_parser
-from support import free_port_run
+from support.pool_engines import stand_in_engines
 
 OWNER = builders.Owner(name="qwen", namespace="ml", uid="0000-1111")
 POOL = {"models": [{"servedName": "sql", "uri": "pvc://models/sql"}, {"servedName": "demo", "uri": "file:///opt/d"}]}
@@ -70,38 +68,12 @@ def test_what_the_api_server_cannot_check_is_a_spec_error(pool, model, message):
     assert any(message in error for error in errors), errors
 
 
-class StandInEngine(http.server.BaseHTTPRequestHandler):
-    """An engine's /metrics: the sleep level and wake-ups of the engine on this port."""
-    levels: dict[int, tuple[int, int]] = {}
-
-    def do_GET(self):
-        level, wakeups = self.levels[self.server.server_port]
-        body = (f'kubeinfer_engine_sleep_level{{model_name="m"}} {float(level)}\n'
-                f'kubeinfer_engine_wakeups_total{{cause="request",model_name="m"}} {float(wakeups)}\n'
-                f'kubeinfer_engine_wakeups_total{{cause="api",model_name="m"}} 1.0\n').encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_status_says_which_models_are_awake_on_each_ready_replica():
-    port = free_port_run(3)
-    StandInEngine.levels = {port: (1, 2), port + 1: (0, 5)}   # the third engine does not answer
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", p), StandInEngine) for p in (port, port + 1)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
     pods = [{"metadata": {"name": "qwen-1"}, "status": {"podIP": "127.0.0.1",
                                                         "conditions": [{"type": "Ready", "status": "True"}]}},
             {"metadata": {"name": "qwen-2"}, "status": {"podIP": "127.0.0.2",
                                                         "conditions": [{"type": "Ready", "status": "False"}]}}]
-    try:
+    with stand_in_engines([(1, 2), (0, 5)]) as (port, _):   # the pool's third engine does not answer
         status = model_pool_status.observe(pool_spec(), "qwen", port, pods)
-    finally:
-        for server in servers:
-            server.shutdown()
     assert status == {"maxAwake": 1, "replicas": [{"pod": "qwen-1", "awake": ["sql"], "asleep": ["qwen"],
-                                                   "wakeups": 3 + 6, "unreachable": ["demo"]}]}
+                                                   "wakeups": 2 + 5, "unreachable": ["demo"]}]}

@@ -7,18 +7,15 @@ shows; kmock keeps no resourceVersion, so kopf makes passes of its own here and 
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
-from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.reconcile import pod as pod_builder
 from kubeinfer.operator.reconcile.builders import INSTANCE_LABEL
-from support import free_port_run
-from support.operator_harness import NAMESPACE, KApi, child_path, isvc_path, running_operator
+from support.pool_engines import stand_in_engines
+from support.operator_harness import NAMESPACE, child_path, isvc_path, operator_with_periodic_pass
 
 NAME = "pool"
 ISVC = isvc_path(NAMESPACE, NAME)
@@ -27,45 +24,17 @@ SPEC = {"model": {"uri": "file:///opt/demo"}, "router": {},
         "modelPool": {"models": [{"servedName": "moe", "uri": "file:///opt/demo-moe"}]}}
 
 
-class Engines(http.server.BaseHTTPRequestHandler):
-    """Each port's engine: `levels[port]` = (sleep level, wake-ups)."""
-    levels: dict[int, tuple[int, int]] = {}
-
-    def do_GET(self):
-        level, wakeups = self.levels[self.server.server_port]
-        body = (f'kubeinfer_engine_sleep_level{{model_name="m"}} {float(level)}\n'
-                f'kubeinfer_engine_wakeups_total{{cause="api",model_name="m"}} {float(wakeups)}\n').encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture()
-def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    port = free_port_run(2)
-    Engines.levels = {port: (1, 0), port + 1: (0, 0)}   # as `kubeinfer pool` starts them: the last one awake
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", p), Engines) for p in (port, port + 1)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(pod_builder, "PORT", port)   # the first model's port, in the pods and in the status pass
-    yield port
-    for server in servers:
-        server.shutdown()
+def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, dict[int, tuple[int, int]]]]:
+    with stand_in_engines([(1, 0), (0, 0)]) as (port, states):   # as `kubeinfer pool` starts them: the last awake
+        monkeypatch.setattr(pod_builder, "PORT", port)   # the first model's port, in the pods and in the status pass
+        yield port, states
 
 
 @pytest.fixture()
 async def operator(cluster: Any) -> AsyncIterator[Any]:
-    config = OperatorConfig(scanning=False, namespaces=(NAMESPACE,), standalone=True, service_monitor="never",
-                            adapter_sync_seconds=0.3)
-    async with running_operator(cluster, config):
+    async with operator_with_periodic_pass(cluster, ISVC):
         yield cluster
-        kapi = KApi(str(cluster.url))
-        await kapi.call("DELETE", ISVC)   # kopf stops the pool's periodic pass and drops its finalizer
-        await kapi.gone(ISVC, "the finalizer was never removed")
 
 
 def replica_pod() -> dict[str, Any]:
@@ -79,7 +48,9 @@ def replicas(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return ((obj.get("status") or {}).get("modelPool") or {}).get("replicas") or []
 
 
-async def test_the_replicas_run_the_pool_and_the_status_follows_the_swaps(operator: Any, kapi: Any, engines: int) -> None:
+async def test_the_replicas_run_the_pool_and_the_status_follows_the_swaps(operator: Any, kapi: Any,
+                                                                          engines: tuple) -> None:
+    port, states = engines
     await kapi.create(isvc_path(NAMESPACE), {
         "apiVersion": "kubeinfer.dev/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-pool", "generation": 1, "resourceVersion": "1"},
@@ -90,13 +61,12 @@ async def test_the_replicas_run_the_pool_and_the_status_follows_the_swaps(operat
     assert container["args"][:4] == ["--member", "pool=/opt/demo", "--member", "moe=/opt/demo-moe"]
     router = await kapi.eventually(child_path("Deployment", NAMESPACE, f"{NAME}-router"), lambda d: True)
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--pool-model"] == [f"pool={engines}",
-                                                                               f"moe={engines + 1}"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--pool-model"] == [f"pool={port}", f"moe={port + 1}"]
 
     await kapi.create(PODS, replica_pod())
     obj = await kapi.eventually(ISVC, lambda o: replicas(o) and replicas(o)[0]["awake"] == ["moe"])
     assert replicas(obj) == [{"pod": f"{NAME}-0", "awake": ["moe"], "asleep": ["pool"], "wakeups": 0}]
-    Engines.levels = {engines: (0, 1), engines + 1: (1, 0)}   # the router swapped them: nothing in Kubernetes moved
+    states.update({port: (0, 1), port + 1: (1, 0)})   # the router swapped them: nothing in Kubernetes moved
     obj = await kapi.eventually(ISVC, lambda o: replicas(o) and replicas(o)[0]["awake"] == ["pool"])
     assert replicas(obj)[0] == {"pod": f"{NAME}-0", "awake": ["pool"], "asleep": ["moe"], "wakeups": 1}
     assert obj["status"]["modelPool"]["maxAwake"] == 1

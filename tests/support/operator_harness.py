@@ -136,6 +136,20 @@ def _watching(server: Any, plural: str) -> bool:
 
 
 @contextlib.asynccontextmanager
+async def operator_with_periodic_pass(server: Any, isvc: str, seconds: float = 0.3) -> AsyncIterator[Any]:
+    """The operator with its periodic pass (adapters, model pools) every `seconds`; on exit the InferenceService `isvc`
+    is deleted while it runs, so that kopf stops that pass's daemon and drops its finalizer (else stopping the
+    operator waits on the daemon)."""
+    config = OperatorConfig(scanning=False, namespaces=(NAMESPACE,), standalone=True, service_monitor="never",
+                            adapter_sync_seconds=seconds)
+    async with running_operator(server, config):
+        yield server
+        kapi = KApi(str(server.url))
+        await kapi.call("DELETE", isvc)
+        await kapi.gone(isvc, "the finalizer was never removed")
+
+
+@contextlib.asynccontextmanager
 async def running_operator(server: Any, config: OperatorConfig | None = None) -> AsyncIterator[None]:
     """Run the real operator (all handlers of kubeinfer.operator.handlers) until the block exits.
 
