@@ -17,6 +17,7 @@ import json
 import logging
 import time
 
+from kubeinfer.runtime.router import relayed
 from kubeinfer.runtime.router.affinity import stable_hash
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
@@ -94,7 +95,7 @@ class Adapters:
         once if no replica is up. `headers`: the request's. Raises `LoadFailed` (the replica's refusal),
         `LoadUnreachable`, or `Refused` (404: an adapter nobody offers and no replica has any more; 503: not
         loaded by `deadline`)."""
-        authorization = next((value for name, value in headers if name.lower() == b"authorization"), None)
+        authorization = relayed.authorization(headers)
         while True:
             flight = self._flights.get(adapter)
             if flight is None:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from kubeinfer.runtime.router import relayed
 from kubeinfer.runtime.router.adapters import LoadFailed, LoadUnreachable
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
@@ -83,12 +84,15 @@ class Pool:
             return awake or available
         return [min(available, key=self._wake_cost)]
 
+    def _awake_beside(self, engine: Replica) -> list[Replica]:
+        """The other engines of its pod that are awake (leaving ones included: they still hold their memory)."""
+        return [e for e in self.on_pod(pod_of(engine.url)) if e is not engine and e.sleep_level == 0]
+
     def _wake_cost(self, engine: Replica) -> tuple:
-        pod = pod_of(engine.url)
-        others = [e for e in self.on_pod(pod) if e is not engine and e.sleep_level == 0]
+        others = self._awake_beside(engine)
         if len(others) < self.max_awake:
             return (0, 0.0, engine.in_flight)
-        state = self.pods.get(pod, PodState())
+        state = self.pods.get(pod_of(engine.url), PodState())
         oldest = min(state.used_at.get(e.url, 0.0) for e in others)
         return (1, oldest, sum(e.in_flight for e in others))
 
@@ -110,8 +114,7 @@ class Pool:
             self.num_waiting -= 1
         try:
             if not self.awake(engine):
-                authorization = next((v for k, v in headers if k.lower() == b"authorization"), None)
-                await self._swap_in(engine, state, authorization, deadline)
+                await self._swap_in(engine, state, relayed.authorization(headers), deadline)
         finally:
             state.lock.release()
         self.metrics.pool_waited.labels(engine.model_name or "").inc()
@@ -125,7 +128,7 @@ class Pool:
     async def _swap_in(self, engine: Replica, state: PodState, authorization: bytes | None, deadline: float) -> None:
         started = time.monotonic()
         while True:
-            awake = [e for e in self.on_pod(pod_of(engine.url)) if e is not engine and e.sleep_level == 0]
+            awake = self._awake_beside(engine)
             if len(awake) < self.max_awake:
                 break
             victim = min(awake, key=lambda e: state.used_at.get(e.url, 0.0))

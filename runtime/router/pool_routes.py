@@ -28,12 +28,15 @@ class PoolRoutes:
                                             settings.max_queued_bytes, settings.queue_timeout)
         self.pool = Pool(self.models, settings.pool_models, settings.pool_max_awake, settings.pool_sleep_level,
                          metrics, settings.queue_timeout)
-        one_model = dataclasses.replace(settings, upstreams=["http://unused"], service=None, endpoints_file=None,
-                                        pool_models={})
         self.proxies = {model: Proxy(replicas, Chooser(settings), self.rooms[model], metrics, settings.queue_timeout,
-                                     Adapters(dataclasses.replace(one_model, served_model_name=model), replicas,
-                                              metrics), pool=self.pool)
+                                     Adapters(self._one_model(settings, model), replicas, metrics), pool=self.pool)
                         for model, replicas in self.models.items()}
+
+    @staticmethod
+    def _one_model(settings: RouterSettings, model: str) -> RouterSettings:
+        """The settings of one model's route: its name served, no pool (its replicas are given, not discovered)."""
+        return dataclasses.replace(settings, upstreams=["http://unused"], service=None, endpoints_file=None,
+                                   pool_models={}, served_model_name=model)
 
     # What the router reads of its replica set (app.py), over every model's engines
     model_name = None

@@ -10,6 +10,11 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgra
 REPLICA_HEADER = "x-kubeinfer-replica"
 
 
+def authorization(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """A request's `Authorization` value (the router holds no key: its own calls to a replica carry the request's)."""
+    return next((value for name, value in headers if name.lower() == b"authorization"), None)
+
+
 def request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
 

@@ -6,6 +6,7 @@ order (router/waiting_room.py)."""
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.server.auth import KeyRing, Tenant, load_api_keys
 from kubeinfer.runtime.server.trusted_header import TrustedTenantHeader, tenant_for
+from kubeinfer.runtime.router import relayed
 from kubeinfer.runtime.router.waiting_room import Refused
 
 RETRY_AFTER_SECONDS = 1.0
@@ -25,8 +26,7 @@ class TenantGate:
         here: the replica answers it with its 400."""
         key = None
         if self.keys.enabled:
-            authorization = next((v for k, v in headers if k.lower() == b"authorization"), b"")
-            key = self.keys.authenticate(authorization.decode(errors="replace"))
+            key = self.keys.authenticate((relayed.authorization(headers) or b"").decode(errors="replace"))
         try:
             named = self.trusted_header.named(headers, peer)
         except InvalidRequestError:
