@@ -19,23 +19,21 @@ import time
 import urllib.error
 import urllib.request
 
+from kubeinfer.runtime.router.replicas import SCRAPE_PATH, parse_gauges
+
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.2
 STOP_SECONDS = 120.0   # an engine still running this long after SIGTERM (its drain included) is killed
-SLEEP_LEVEL_QUERY = "/metrics?name[]=kubeinfer_engine_sleep_level"
 
 
 def sleep_level(port: int) -> float | None:
-    """The engine's sleep level from its /metrics; None while it does not answer."""
+    """The engine's sleep level from its /metrics, read as the router reads it; None while it does not answer."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{SLEEP_LEVEL_QUERY}", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{SCRAPE_PATH}", timeout=5) as answer:
             text = answer.read().decode()
     except (urllib.error.URLError, OSError):
         return None
-    for line in text.splitlines():
-        if line.startswith("kubeinfer_engine_sleep_level{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return parse_gauges(text).values.get("sleep_level")
 
 
 class PoolLauncher:
@@ -46,8 +44,12 @@ class PoolLauncher:
         self.engines: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
 
+    def awake_rank(self, index: int) -> int:
+        """1..K for the last K models, which start awake; 0 or less for the others, which sleep once started."""
+        return index - (len(self.members) - self.max_awake) + 1
+
     def command(self, index: int, name: str, model: str) -> list[str]:
-        asleep = index < len(self.members) - self.max_awake
+        asleep = self.awake_rank(index) <= 0
         return [sys.executable, "-m", "kubeinfer.runtime.cli", "--log-level", self.log_level, "serve",
                 "--model", model, "--served-model-name", name, "--host", self.host, "--port", str(self.port + index),
                 *(["--sleep-at-start", str(self.level)] if asleep else []), *self.serve_args,
@@ -60,8 +62,7 @@ class PoolLauncher:
         K, which start awake beside j - 1 others, share * j / K. Each gets the same KV cache, and one waking after
         another's sleep finds its part free. (On a CPU the flag is unused.)"""
         share = float(self._flag("--gpu-memory-utilization") or 0.9)
-        awake_rank = index - (len(self.members) - self.max_awake) + 1   # 1..K for the last K, else <= 0
-        return share * max(1, awake_rank) / self.max_awake
+        return share * max(1, self.awake_rank(index)) / self.max_awake
 
     def _flag(self, name: str) -> str | None:
         value = None
@@ -86,7 +87,7 @@ class PoolLauncher:
     def _wait_started(self, index: int, name: str) -> bool:
         """Waits until model `index` is asleep (or awake, for the last ones); False if an engine exited or the
         pool is stopping."""
-        asleep = index < len(self.members) - self.max_awake
+        asleep = self.awake_rank(index) <= 0
         started = time.monotonic()
         while not self.stopping and self._exited() is None:
             level = sleep_level(self.port + index)
