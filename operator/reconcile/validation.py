@@ -33,7 +33,7 @@ def semantic_errors(spec: InferenceServiceSpec, name: str = "") -> list[str]:
             if (own := spec.disaggregation.pool(role).resources) is not None:
                 errors += [f"disaggregation.{role}.{e}" for e in _quantity_errors(own)]
     errors += _adapter_errors(spec, name)
-    errors += member_errors(spec, spec.model.served_name or name)
+    errors += member_errors(spec, name)
     if spec.router_enabled:
         errors += _router_errors(spec, name)
     if not errors and spec.disaggregation is None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from kubeinfer.operator.spec.model import SourceUri
 from kubeinfer.operator.spec.schema import SpecModel, cel
 
 MAX_MODELS = 31   # the first model's port and 31 more: ports 8000-8031
@@ -21,7 +22,7 @@ MEMBER_URI_RE = r"^(file|pvc)://.+"
 URI_MESSAGE = "modelPool.models[].uri must start with file:// or pvc://"
 
 
-class PoolMember(SpecModel):
+class PoolMember(SpecModel, SourceUri):
     served_name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
                              description="The name clients send in requests for this model.")
     uri: str = Field(
@@ -93,17 +94,17 @@ def model_pool_errors(spec: Any) -> list[str]:
     return errors
 
 
-def member_errors(spec: Any, first_name: str) -> list[str]:
-    """What the API server cannot check: the first model's name when it is the InferenceService's (`first_name`), and
-    the claim of a pvc:// model (a replica mounts one model volume: spec.model's)."""
+def member_errors(spec: Any, service: str) -> list[str]:
+    """What the API server cannot check: a member named like the first model when that one takes the InferenceService's
+    name (`service`), and the claim of a pvc:// model (a replica mounts one model volume: spec.model's)."""
     pool = spec.model_pool
     if pool is None:
         return []
-    errors = [f"modelPool.models[].servedName {first_name!r} is the first model's name (the InferenceService's)"
-              for m in pool.models if m.served_name == first_name and spec.model.served_name is None]
+    errors = [f"modelPool.models[].servedName {service!r} is the first model's name (the InferenceService's)"
+              for m in pool.models if m.served_name == service and spec.model.served_name is None]
     claim = spec.model.location.split("/", 1)[0] if spec.model.scheme == "pvc" else None
     for member in pool.models:
-        if member.uri.startswith("pvc://") and member.uri[len("pvc://"):].split("/", 1)[0] != claim:
+        if member.scheme == "pvc" and member.location.split("/", 1)[0] != claim:
             errors.append(f"modelPool.models[] {member.served_name!r}: a pvc:// model must be on the claim of "
                           "spec.model's pvc:// URI" + (f" ({claim})" if claim else "") + ": a replica mounts one "
                           "model volume")
