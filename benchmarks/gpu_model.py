@@ -139,7 +139,7 @@ def bench_ours(model_dir: Path, args, bandwidth: float, device: str) -> None:
               f"{replay_ms + head_ms:.3f} ms (the rest of a step is the host: inputs, sampling, detokenizing)")
 
     # -- prefill of one long prompt -------------------------------------------------------------------------
-    length = min(args.prefill_len, config.max_model_len - 1, config.max_num_batched_tokens)
+    length = min(args.prefill_len, runner.max_model_len - 1, config.max_num_batched_tokens)
     prompts = random_prompts(3, length, vocab, seed=2)
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     llm.generate([prompts[0]], params)   # warm-up of this shape

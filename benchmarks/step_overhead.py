@@ -30,8 +30,8 @@ def main() -> None:
     config = EngineConfig(model="demo", max_num_seqs=args.num_seqs, max_num_batched_tokens=args.num_seqs * 600,
                           num_kvcache_blocks=args.num_seqs * 80, scheduling_policy=args.scheduling_policy)
     runner = ModelRunner(config)   # only its input preparation is timed
-    manager = BlockManager(runner.num_blocks, config.block_size, config.max_num_seqs, config.max_blocks_per_seq)
-    scheduler = Scheduler(config, manager, eos_token_ids=(0,))
+    manager = BlockManager(runner.num_blocks, config.block_size, config.max_num_seqs, runner.max_blocks_per_seq)
+    scheduler = Scheduler(config, manager, (0,), runner.max_model_len)
     fair = args.scheduling_policy == "fair"
     for i in range(args.num_seqs):
         scheduler.add(Sequence(str(i), [(i * 7 + j) % 500 + 1 for j in range(args.prompt_len)],

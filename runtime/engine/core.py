@@ -45,10 +45,10 @@ def step_composition(batch) -> tuple[int, int]:
 class EngineCore:
     def __init__(self, config: EngineConfig, eos_token_ids: tuple[int, ...]):
         self.config = config
-        self.model_runner = ModelRunner(config)   # may lower config.max_model_len to what the KV cache holds
-        self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size, config.max_num_seqs,
-                                          config.max_blocks_per_seq, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
+        self.model_runner = runner = ModelRunner(config)   # its max_model_len: at most what the KV cache holds
+        self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.max_num_seqs,
+                                          runner.max_blocks_per_seq, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, eos_token_ids, runner.max_model_len)
         if self.model_runner.lora is not None:   # rank 0 reads an adapter before it takes a slot (slot_table)
             self.scheduler.loras.prepare = self.model_runner.lora.read
         self.failures: list[tuple[str, str]] = []   # (request id, why): ended by the engine with an error
@@ -65,7 +65,7 @@ class EngineCore:
                 self.load_lora(name, path)
             except LoraError as error:
                 logger.error("LoRA adapter %s not loaded at start: %s", name, error)
-        self.info = EngineInfo(config.max_model_len, self.block_manager.num_blocks, config.block_size,
+        self.info = EngineInfo(runner.max_model_len, self.block_manager.num_blocks, config.block_size,
                                config.model_config.vocab_size, eos_token_ids,
                                dict(self.model_runner.startup_phases),
                                config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths),

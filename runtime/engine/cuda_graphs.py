@@ -175,29 +175,31 @@ class DecodeGraphs:
         self.num_replays += 1
 
 
-def step_graphs(config, model: nn.Module, hidden_size: int, dtype: torch.dtype, device: torch.device,
-                tokens_per_seq: int = 1) -> DecodeGraphs:
+def step_graphs(config, max_model_len: int, model: nn.Module, hidden_size: int, dtype: torch.dtype,
+                device: torch.device, tokens_per_seq: int = 1) -> DecodeGraphs:
     """Graphs (not yet captured) for `model`'s steps of `tokens_per_seq` tokens a sequence, sized by the engine's
-    config (an `EngineConfig`)."""
-    return DecodeGraphs(model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), config.max_blocks_per_seq,
-                        config.max_model_len, hidden_size, dtype, device,
+    config (an `EngineConfig`) and the longest sequence it serves (`ModelRunner.max_model_len`)."""
+    max_blocks_per_seq = -(-max_model_len // config.block_size)
+    return DecodeGraphs(model, min(config.cuda_graph_max_batch_size, config.max_num_seqs), max_blocks_per_seq,
+                        max_model_len, hidden_size, dtype, device,
                         config.max_loras if tokens_per_seq == 1 else 0, tokens_per_seq)
 
 
-def capture_engine_graphs(config, model: nn.Module, draft, dtype: torch.dtype,
+def capture_engine_graphs(config, max_model_len: int, model: nn.Module, draft, dtype: torch.dtype,
                           device: torch.device) -> tuple[DecodeGraphs, DecodeGraphs | None]:
     """Captures the engine's graphs: its decode steps; with speculation, its verify steps (the last token and up to
     k drafts a sequence); with a draft model (`draft`, a `DraftModel`, given its own), the draft's one-token forwards
     and its catch-up forwards of up to k + 1 tokens. Returns (decode graphs, verify graphs or None)."""
     started = time.monotonic()
     hidden_size, q = config.model_config.hidden_size, config.speculative_tokens + 1
-    decode = step_graphs(config, model, hidden_size, dtype, device)
-    verify = step_graphs(config, model, hidden_size, dtype, device, q) if config.speculative_method else None
+    decode = step_graphs(config, max_model_len, model, hidden_size, dtype, device)
+    verify = (step_graphs(config, max_model_len, model, hidden_size, dtype, device, q) if config.speculative_method
+              else None)
     captured = [g for g in (decode, verify) if g is not None]
     if draft is not None:
         draft_hidden = config.draft_model_config.hidden_size
-        draft.graphs = step_graphs(config, draft.model, draft_hidden, dtype, device)
-        draft.chunk_graphs = step_graphs(config, draft.model, draft_hidden, dtype, device, q)
+        draft.graphs = step_graphs(config, max_model_len, draft.model, draft_hidden, dtype, device)
+        draft.chunk_graphs = step_graphs(config, max_model_len, draft.model, draft_hidden, dtype, device, q)
         captured += [draft.graphs, draft.chunk_graphs]
     for graphs in captured:
         graphs.capture()

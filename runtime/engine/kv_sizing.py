@@ -99,6 +99,18 @@ def kv_budget(config, device: torch.device, dtype: torch.dtype) -> tuple[float, 
     return budget, source
 
 
+def num_kv_blocks(config, block_bytes: int, device: torch.device, dtype: torch.dtype) -> tuple[int, str]:
+    """KV blocks of `block_bytes` for one engine process, and where their number came from (for the log line)."""
+    if config.num_kvcache_blocks is not None:
+        return config.num_kvcache_blocks, "--num-kvcache-blocks"
+    budget, source = kv_budget(config, device, dtype)
+    most = config.max_num_seqs * config.max_blocks_per_seq + 1   # never more than every sequence at full length uses
+    num_blocks = min(int(budget // block_bytes), most)
+    if num_blocks < 1:
+        raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB, {source})")
+    return num_blocks, source
+
+
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor on anonymous memory: the kernel commits (and zeroes) each page when it is first touched,
     so a pool sized for the whole budget takes memory as it fills, not at start-up."""

@@ -142,14 +142,15 @@ class ModelRunner:
         num_blocks, budget_source = self._num_kv_blocks()
         self.num_blocks = min_over_ranks(num_blocks, self.device)   # one block table fits every rank
         fits = self.num_blocks * config.block_size
+        # A sequence longer than the whole cache could never finish: it would preempt itself forever and hold up
+        # every request behind it. Every sequence must fit alone, so the engine serves the lower of the two limits
+        # (the config keeps the one asked for).
+        self.max_model_len = min(config.max_model_len, fits)
         if fits < config.max_model_len:
-            # A sequence longer than the whole cache could never finish: it would preempt itself forever and
-            # hold up every request behind it. Every sequence must fit alone.
             logger.warning("the KV cache holds %d tokens (%d blocks of %d), fewer than max_model_len %d: "
                            "max_model_len lowered to %d so that one sequence always fits (give the KV cache "
                            "more memory, or set --max-model-len)", fits, self.num_blocks, config.block_size,
                            config.max_model_len, fits)
-            config.max_model_len = fits
         shape = (2, model_config.num_layers, self.num_blocks, config.block_size, self.num_kv_heads, model_config.head_dim)
         self.kv_cache = (kv_sizing.lazy_zeros(shape, self.kv_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
@@ -160,7 +161,12 @@ class ModelRunner:
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s): %d tokens, %.1f sequences of max_model_len %d",
                     self.num_blocks, config.block_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**30,
-                    budget_source, fits, fits / config.max_model_len, config.max_model_len)
+                    budget_source, fits, fits / self.max_model_len, self.max_model_len)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Block table columns of the longest sequence the engine serves (`max_model_len`, the runner's)."""
+        return -(-self.max_model_len // self.config.block_size)
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -168,11 +174,11 @@ class ModelRunner:
         kernels compile (or load from Triton's cache) at start-up rather than inside someone's time to first
         token. Slots are -1: nothing is written to the KV cache."""
         models = [self.model] + ([self.draft.model] if self.draft is not None else [])
-        for model, num_tokens in itertools.product(models, (min(16, self.config.max_model_len), 1)):
+        for model, num_tokens in itertools.product(models, (min(16, self.max_model_len), 1)):
             meta = AttentionMetadata(
                 cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
                 seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
-                block_tables=torch.zeros(1, self.config.max_blocks_per_seq, dtype=torch.int32, device=self.device),
+                block_tables=torch.zeros(1, self.max_blocks_per_seq, dtype=torch.int32, device=self.device),
                 max_seqlen_q=num_tokens, max_seqlen_k=num_tokens,
                 slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device))
             set_context(ForwardContext(meta))
@@ -195,8 +201,8 @@ class ModelRunner:
         return True
 
     def _capture_graphs(self, config: EngineConfig) -> None:
-        self.cuda_graphs, self.verify_graphs = capture_engine_graphs(config, self.model, self.draft, self.dtype,
-                                                                     self.device)
+        self.cuda_graphs, self.verify_graphs = capture_engine_graphs(config, self.max_model_len, self.model, self.draft,
+                                                                     self.dtype, self.device)
 
     def _num_kv_blocks(self) -> tuple[int, str]:
         """Blocks this rank's budget holds, and where the budget came from (for the log line)."""
@@ -205,15 +211,7 @@ class ModelRunner:
                        * model_config.head_dim * self.kv_dtype.itemsize)
         if self.draft is not None:   # a block of the draft's pool comes with each block of ours
             block_bytes += self.draft.block_bytes(self.kv_dtype)
-        if config.num_kvcache_blocks is not None:
-            return config.num_kvcache_blocks, "--num-kvcache-blocks"
-        budget, source = kv_sizing.kv_budget(config, self.device, self.dtype)
-        # Never more than every sequence at full length could use.
-        most = config.max_num_seqs * config.max_blocks_per_seq + 1
-        num_blocks = min(int(budget // block_bytes), most)
-        if num_blocks < 1:
-            raise MemoryError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB, {source})")
-        return num_blocks, source
+        return kv_sizing.num_kv_blocks(config, block_bytes, self.device, self.dtype)
 
     def expert_load(self) -> list[list[int]] | None:
         """Tokens routed to each expert since start-up, per MoE layer (None for a dense model). Rank 0 routes every

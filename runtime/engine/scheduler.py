@@ -68,10 +68,12 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_token_ids: tuple[int, ...]):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_token_ids: tuple[int, ...],
+                 max_model_len: int):
+        """`max_model_len`: the longest sequence the engine serves (`ModelRunner.max_model_len`)."""
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_model_len = config.max_model_len
+        self.max_model_len = max_model_len
         self.block_manager = block_manager
         self.eos_token_ids = frozenset(eos_token_ids)
         self.speculative_method = config.speculative_method

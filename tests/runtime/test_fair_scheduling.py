@@ -15,7 +15,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 def make(llama_dir, num_blocks=512, block_size=4, **settings):
     config = EngineConfig(model=str(llama_dir), block_size=block_size, scheduling_policy="fair", **settings)
     manager = BlockManager(num_blocks, block_size, config.max_num_seqs, config.max_blocks_per_seq, True, 0.0)
-    return Scheduler(config, manager, eos_token_ids=(0,)), manager
+    return Scheduler(config, manager, (0,), config.max_model_len), manager
 
 
 def request(name: str, tenant: str, prompt_len: int, max_tokens: int, weight: float = 1.0, priority: int = 0):

@@ -3,10 +3,12 @@
 Before: a request that fit max_model_len but not the whole cache preempted itself forever, spinning the
 engine and blocking every request behind it.
 """
+import dataclasses
 import random
 
 import pytest
 
+from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.sampling_params import SamplingParams
@@ -30,11 +32,20 @@ def assert_no_block_leaks(llm: LLM) -> None:
 
 
 def test_a_sequence_longer_than_the_cache_no_longer_blocks_the_queue(llama_dir, caplog):
-    """The issue's repro: 2 blocks of 16 tokens, one request of 4 prompt + 40 output tokens, then another."""
+    """The issue's repro: 2 blocks of 16 tokens, one request of 4 prompt + 40 output tokens, then another. The
+    engine serves at most the 32 tokens the cache holds; the config it was given stays as it was."""
+    settings = {"num_kvcache_blocks": 2, "block_size": 16, "device": "cpu"}   # a device given: none to resolve
     with caplog.at_level("WARNING"):
-        llm = LLM(str(llama_dir), num_kvcache_blocks=2, block_size=16)
-    assert llm.engine.config.max_model_len == 32
+        llm = LLM(str(llama_dir), **settings)
     assert "max_model_len lowered to 32" in caplog.text
+    config = llm.engine.config
+    assert dataclasses.asdict(config) == dataclasses.asdict(EngineConfig(str(llama_dir), **settings))
+    assert config.max_model_len == 512   # the model's own limit, as validated
+    core = llm.engine.core
+    assert core.model_runner.max_model_len == core.info.max_model_len == core.scheduler.max_model_len == 32
+    assert core.block_manager.tables.shape[1] == core.model_runner.max_blocks_per_seq == 2
+    with pytest.raises(InvalidRequestError, match="the prompt has 32 tokens; this model serves at most 32 tokens"):
+        llm.engine.add_request("too long", list(range(1, 33)), SamplingParams(max_tokens=1))
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     llm.engine.add_request("long", [5, 6, 7, 8], params)
     llm.engine.add_request("other", [9, 10], SamplingParams(max_tokens=3, ignore_eos=True))
@@ -66,7 +77,7 @@ def test_random_workloads_on_tiny_caches_all_finish(llama_dir, seed):
         try:
             llm.engine.add_request(f"r{i}", prompt, params)
         except InvalidRequestError:
-            assert length >= llm.engine.config.max_model_len
+            assert length >= llm.engine.core.info.max_model_len
             refused += 1
             continue
         admitted.append(f"r{i}")

@@ -38,11 +38,12 @@ def _with_padded_steps(llm):
     """Gives the engine the speculative graphs' static buffers, uncaptured: every step that fits runs padded."""
     runner, config = llm.engine.model_runner, llm.engine.config
     q, dtype, device = config.speculative_tokens + 1, runner.dtype, runner.device
-    runner.verify_graphs = step_graphs(config, runner.model, config.model_config.hidden_size, dtype, device, q)
+    limit = runner.max_model_len
+    runner.verify_graphs = step_graphs(config, limit, runner.model, config.model_config.hidden_size, dtype, device, q)
     if runner.draft is not None:
         hidden = config.draft_model_config.hidden_size
-        runner.draft.graphs = step_graphs(config, runner.draft.model, hidden, dtype, device)
-        runner.draft.chunk_graphs = step_graphs(config, runner.draft.model, hidden, dtype, device, q)
+        runner.draft.graphs = step_graphs(config, limit, runner.draft.model, hidden, dtype, device)
+        runner.draft.chunk_graphs = step_graphs(config, limit, runner.draft.model, hidden, dtype, device, q)
     return llm
 
 
@@ -77,8 +78,8 @@ def test_the_engine_captures_the_graph_sets_its_method_needs(llama_dir, method, 
         settings["speculative_model"] = str(llama_dir)
     llm = generate(llama_dir, [[1, 2, 3]], SamplingParams(max_tokens=1), **settings)[0]
     runner = llm.engine.model_runner
-    decode, verify = cuda_graphs.capture_engine_graphs(llm.engine.config, runner.model, runner.draft, runner.dtype,
-                                                       runner.device)
+    decode, verify = cuda_graphs.capture_engine_graphs(llm.engine.config, runner.max_model_len, runner.model,
+                                                       runner.draft, runner.dtype, runner.device)
     assert decode.tokens_per_seq == 1 and (verify is None) == (method is None)
     expected = [decode] + ([verify] if verify else [])
     if method == "draft":

@@ -25,7 +25,7 @@ def test_a_batchs_tokens_by_tenant_are_what_its_sequences_compute(llama_dir, pol
     config = EngineConfig(model=str(llama_dir), block_size=4, max_num_seqs=6, max_num_batched_tokens=24,
                           scheduling_policy=policy)
     manager = BlockManager(200, 4, config.max_num_seqs, config.max_blocks_per_seq, True, 0.0)
-    scheduler = Scheduler(config, manager, eos_token_ids=(0,))
+    scheduler = Scheduler(config, manager, (0,), config.max_model_len)
     kinds, tenant_tokens = set(), TenantTokens()
     for step in range(300):
         if rng.random() < 0.3:
