@@ -1,9 +1,9 @@
 """The two ends of the link between the API side and the engine core, over a pipe or inside one process.
 
-Messages are tuples; the first item names them (see `core_loop`). Each end has the same two calls:
-`send(message)` and `receive(timeout)` -> every message waiting (after waiting up to `timeout` seconds for
-the first; None waits for ever). The API end also has `watch(loop, callback)`: the event loop calls back when
-a message waits (`fileno()` is the descriptor it watches). A closed peer raises EOFError.
+Messages are the dataclasses of `engine/messages.py` (ToEngine one way, FromEngine the other). Each end has the same
+two calls: `send(message)` and `receive(timeout)` -> every message waiting (after waiting up to `timeout` seconds for
+the first; None waits for ever). The API end also has `watch(loop, callback)`: the event loop calls back when a
+message waits (`fileno()` is the descriptor it watches). A closed peer raises EOFError.
 
 - Process mode: a `multiprocessing` duplex pipe; messages are pickled (one message per engine step).
 - Thread mode: two queues, and an OS pipe that wakes the event loop.
@@ -11,6 +11,8 @@ a message waits (`fileno()` is the descriptor it watches). A closed peer raises 
 import os
 import queue
 from multiprocessing.connection import Connection
+
+from kubeinfer.runtime.engine.messages import FromEngine, ToEngine
 
 
 class PipeEnd:
@@ -28,10 +30,10 @@ class PipeEnd:
         # written would then raise BlockingIOError half-way through it, and the message would be lost.
         os.set_blocking(self.fileno(), True)
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: ToEngine | FromEngine) -> None:
         self.conn.send(message)
 
-    def receive(self, timeout: float | None = 0.0) -> list[tuple]:
+    def receive(self, timeout: float | None = 0.0) -> list[ToEngine | FromEngine]:
         messages = []
         while self.conn.poll(timeout):
             messages.append(self.conn.recv())
@@ -43,7 +45,7 @@ class _QueueEnd:
     def __init__(self, inbox: queue.SimpleQueue, outbox: queue.SimpleQueue, wake_fd: int | None):
         self.inbox, self.outbox, self.wake_fd = inbox, outbox, wake_fd
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: ToEngine | FromEngine) -> None:
         self.outbox.put(message)
         if self.wake_fd is not None:
             try:
@@ -51,7 +53,7 @@ class _QueueEnd:
             except BlockingIOError:   # the pipe is full: a wake-up is pending anyway
                 pass
 
-    def receive(self, timeout: float | None = 0.0) -> list[tuple]:
+    def receive(self, timeout: float | None = 0.0) -> list[ToEngine | FromEngine]:
         messages = []
         try:
             messages.append(self.inbox.get(timeout=timeout) if timeout != 0.0 else self.inbox.get_nowait())
@@ -85,7 +87,7 @@ class _ApiQueueEnd(_QueueEnd):
     def watch(self, loop, callback) -> None:
         loop.add_reader(self.wake_read, callback)   # the wake-up pipe is non-blocking anyway
 
-    def receive(self, timeout: float | None = 0.0) -> list[tuple]:
+    def receive(self, timeout: float | None = 0.0) -> list[ToEngine | FromEngine]:
         try:
             while os.read(self.wake_read, 4096):
                 pass

@@ -20,12 +20,15 @@ from collections.abc import AsyncIterator, Callable
 
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.disagg.errors import TransferError
-from kubeinfer.runtime.engine.messages import EngineInfo
+from kubeinfer.runtime.engine.messages import (AbortRequests, AddRemoteRequest, AddRequest, EngineFailed, EngineInfo,
+                                               LoraDone, LoraOperation, PutToSleep, RequestFailed, Rejected, Shutdown,
+                                               Slept, StepOutput, StepsRead, StopRequest, ToEngine, TransferFailed,
+                                               WakeUp, Woke)
 from kubeinfer.runtime.engine.output_processor import OutputProcessor, RequestOutput
 from kubeinfer.runtime.errors import InvalidRequestError, KubeinferError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.server.errors import APIError
-from kubeinfer.runtime.server.engine_start import spawn_core_process, start_core_thread, wait_until_ready
+from kubeinfer.runtime.server.engine_start import spawn_core_process, start_core_thread, join_core, wait_until_ready
 from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.tokenizer import Tokenizer, eos_token_ids
 
@@ -77,9 +80,7 @@ class EngineClient:
         try:
             return self._start()
         except BaseException:
-            if self._process is not None and self._process.is_alive():
-                self._process.kill()   # it ignores SIGTERM, and is not reading its channel while it loads
-                self._process.join(5)
+            join_core(self._process, timeout=0)   # it ignores SIGTERM, and is not reading its channel while it loads
             raise
 
     def _start(self) -> EngineInfo:
@@ -90,7 +91,7 @@ class EngineClient:
         else:
             self._thread, self._channel = start_core_thread(self.config, eos)
         self.info = wait_until_ready(self._channel, self._process or self._thread, self.mode,
-                                     lambda: self._join(timeout=10))
+                                     lambda: join_core(self._process or self._thread, timeout=10))
         self.metrics.observe_engine(self.info.block_size, self.info.num_blocks, self.info.speculative_tokens,
                                     self.info.num_gpus)
         self.metrics.kv.set_role(self.info.kv_role, self.info.kv_address)
@@ -108,20 +109,10 @@ class EngineClient:
         self._unwatch()
         if self._channel is not None:
             try:
-                self._channel.send(("shutdown",))
+                self._channel.send(Shutdown())
             except (OSError, ValueError):
                 pass
-        self._join(timeout=15)
-
-    def _join(self, timeout: float) -> None:
-        if self._process is not None:
-            self._process.join(timeout)
-            if self._process.is_alive():
-                logger.warning("the engine process did not stop in %.0f s; killing it", timeout)
-                self._process.kill()
-                self._process.join(5)
-        elif self._thread is not None:
-            self._thread.join(timeout)
+        join_core(self._process or self._thread, timeout=15)
 
     def _unwatch(self) -> None:
         loop, self._loop = self._loop, None
@@ -149,9 +140,9 @@ class EngineClient:
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
         if kv_source is None:
-            self._send(("add", request_id, prompt_token_ids, params, arrival, resumed_ids))
+            self._send(AddRequest(request_id, prompt_token_ids, params, arrival, resumed_ids))
         else:
-            self._send(("add_remote", request_id, prompt_token_ids, params, arrival, kv_source))
+            self._send(AddRemoteRequest(request_id, prompt_token_ids, params, arrival, kv_source))
         finished = False
         try:
             while not finished:
@@ -166,13 +157,13 @@ class EngineClient:
             if not finished:
                 self._abort(request_id)
 
-    async def _ask(self, kind: str, *args):
-        """Sends the control message (kind, number, *args) and awaits the engine's answer to that number."""
+    async def _ask(self, kind: type[LoraOperation | PutToSleep | WakeUp], *args) -> LoraDone | Slept | Woke:
+        """Sends the control message kind(number, *args) and awaits the engine's answer to that number."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self.error or 'not started'}")
         number = next(self._numbers)
         reply = self._replies[number] = asyncio.get_running_loop().create_future()
-        self._send((kind, number, *args))
+        self._send(kind(number, *args))
         try:
             return await reply
         finally:
@@ -180,28 +171,28 @@ class EngineClient:
 
     async def lora(self, operation: str, name: str, path: str | None) -> None:
         """Loads ("load", name, folder) or unloads ("unload", name) an adapter; InvalidRequestError: what is wrong."""
-        error = await self._ask("lora", operation, name, path)
-        if error is not None:
-            raise InvalidRequestError(error, "lora_path")
+        done = await self._ask(LoraOperation, operation, name, path)
+        if done.error is not None:
+            raise InvalidRequestError(done.error, "lora_path")
 
     async def sleep(self, level: int) -> dict:
         """Puts the engine to sleep once its requests have finished (engine/sleep.py): its level, seconds, bytes freed."""
-        error, figures = await self._ask("sleep", level)
-        if error is not None:
-            raise InvalidRequestError(error, "level")
-        return figures
+        slept = await self._ask(PutToSleep, level)
+        if slept.error is not None:
+            raise InvalidRequestError(slept.error, "level")
+        return slept.figures
 
     async def wake_up(self) -> dict:
         """Wakes the engine (a no-op when awake); the level it woke from, the seconds it took."""
-        return await self._ask("wake")
+        return (await self._ask(WakeUp)).figures
 
     def _abort(self, request_id: str) -> None:
         output = self.processor.abort(request_id)
         if output is not None:
             self.metrics.record_output(output, time.monotonic())
-        self._send(("abort", [request_id]))
+        self._send(AbortRequests([request_id]))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ToEngine) -> None:
         if self.error is None:
             try:
                 self._channel.send(message)
@@ -220,52 +211,56 @@ class EngineClient:
             return
         steps = 0
         for message in messages:
-            kind = message[0]
-            if kind == "step":
-                steps += 1
-                self._on_step(*message[1:])
-            elif kind == "rejected":
-                _, request_id, text = message
-                self.processor.abort(request_id)
-                self._deliver(request_id, InvalidRequestError(text))
-            elif kind in ("transfer_failed", "failed"):   # the engine ended it: a failed KV pull (502), or an
-                _, request_id, text = message               # adapter it could not read (500), saying why
-                output = self.processor.abort(request_id)
-                if output is not None:
-                    output.finish_reason, output.error = "error", text
-                    self.metrics.record_output(output, time.monotonic())
-                self._deliver(request_id, TransferError(text) if kind == "transfer_failed"
-                              else APIError(500, text, code="request_failed"))
-            elif kind == "lora_done":
-                self._answer(message[1], message[2])
-            elif kind == "slept":   # (number, error, figures)
-                if message[3] is not None:
-                    self.metrics.sleep.slept(self.sleep_level, message[3]["level"])
-                    self.sleep_level = message[3]["level"]
-                self._answer(message[1], message[2:])
-            elif kind == "woke":   # (number, or None where a request woke it; figures)
-                self.sleep_level = 0
-                self.metrics.sleep.woke("request" if message[1] is None else "api", message[2])
-                self._answer(message[1], message[2])
-            elif kind == "error":
-                self._die(message[1])
+            match message:
+                case StepOutput():
+                    steps += 1
+                    self._on_step(message)
+                case Rejected():
+                    self.processor.abort(message.request_id)
+                    self._deliver(message.request_id, InvalidRequestError(message.message))
+                case TransferFailed() | RequestFailed():
+                    self._on_failed(message)
+                case LoraDone():
+                    self._answer(message.number, message)
+                case Slept():
+                    if message.figures is not None:
+                        self.metrics.sleep.slept(self.sleep_level, message.figures["level"])
+                        self.sleep_level = message.figures["level"]
+                    self._answer(message.number, message)
+                case Woke():
+                    self.sleep_level = 0
+                    self.metrics.sleep.woke("request" if message.number is None else "api", message.figures)
+                    self._answer(message.number, message)
+                case EngineFailed():
+                    self._die(message.message)
+                case _:
+                    self._die(f"the engine sent a message this side does not know: {message!r}")
         if steps:
-            self._send(("read", steps))   # lets the core run ahead again (core_loop.MAX_STEPS_AHEAD)
+            self._send(StepsRead(steps))   # lets the core run ahead again (core_loop.MAX_STEPS_AHEAD)
 
-    def _answer(self, number: int | None, answer) -> None:
+    def _answer(self, number: int | None, answer: LoraDone | Slept | Woke) -> None:
         reply = self._replies.get(number)
         if reply is not None and not reply.done():
             reply.set_result(answer)
 
-    def _on_step(self, deltas, stats, step_seconds: float | None, tenant_tokens: dict[str, int]) -> None:
-        outputs, stopped = self.processor.process(deltas)
+    def _on_step(self, step: StepOutput) -> None:
+        outputs, stopped = self.processor.process(step.deltas)
         for request_id, stop in stopped:
-            self._send(("stop", request_id, stop))
+            self._send(StopRequest(request_id, stop))
         now = time.monotonic()
         for output in outputs:
             self.metrics.record_output(output, now)
             self._deliver(output.request_id, output)
-        self.metrics.observe_stats(stats, step_seconds, tenant_tokens)
+        self.metrics.observe_stats(step.stats, step.seconds, step.tenant_tokens)
+
+    def _on_failed(self, message: TransferFailed | RequestFailed) -> None:
+        """The engine ended a request, saying why: a failed KV pull (502), or an adapter it could not read (500)."""
+        output = self.processor.abort(message.request_id)
+        if output is not None:
+            output.finish_reason, output.error = "error", message.message
+            self.metrics.record_output(output, time.monotonic())
+        self._deliver(message.request_id, TransferError(message.message) if isinstance(message, TransferFailed)
+                      else APIError(500, message.message, code="request_failed"))
 
     def _on_process_exit(self) -> None:
         self._loop.remove_reader(self._process.sentinel)

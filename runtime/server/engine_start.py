@@ -1,5 +1,5 @@
 """Starting the engine core for the API process: in a process of its own (spawned) or on a thread, then waiting
-until it has loaded the model and says "ready" (or why it could not)."""
+until it has loaded the model and says Ready (or why it could not); and waiting for it to end."""
 import logging
 import multiprocessing
 import signal
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from kubeinfer.runtime.config import EngineConfig
 from kubeinfer.runtime.engine.channels import PipeEnd, ThreadLink
 from kubeinfer.runtime.engine.core_loop import core_process_main, run_core
-from kubeinfer.runtime.engine.messages import EngineInfo
+from kubeinfer.runtime.engine.messages import EngineFailed, EngineInfo, Ready
 from kubeinfer.runtime.errors import KubeinferError
 
 logger = logging.getLogger(__name__)
@@ -59,11 +59,11 @@ def wait_until_ready(channel, worker, mode: str, join: Callable[[], None]) -> En
         except EOFError:
             messages = []
         for message in messages:
-            if message[0] == "error":
+            if isinstance(message, EngineFailed):
                 join()
-                raise EngineStartError(message[1])
-            if message[0] == "ready":
-                info = message[1]
+                raise EngineStartError(message.message)
+            if isinstance(message, Ready):
+                info = message.info
                 # Before the engine's own phases: spawning its process and importing torch there.
                 spent = time.monotonic() - started - sum(info.startup_phases.values())
                 info.startup_phases = {"engine_spawn": max(spent, 0.0), **info.startup_phases}
@@ -73,3 +73,17 @@ def wait_until_ready(channel, worker, mode: str, join: Callable[[], None]) -> En
                                    f"{getattr(worker, 'exitcode', None)}); see the log above")
         if not messages:
             logger.info("engine still starting (%.0f s): loading the model", time.monotonic() - started)
+
+
+def join_core(worker: multiprocessing.Process | threading.Thread | None, timeout: float) -> None:
+    """Waits up to `timeout` seconds for the core's process or thread to end; kills a process still running then (it
+    ignores SIGTERM). A worker never started, or already ended, is left as it is."""
+    if worker is None or not worker.is_alive():
+        return
+    worker.join(timeout)
+    if isinstance(worker, threading.Thread) or not worker.is_alive():
+        return
+    if timeout:
+        logger.warning("the engine process did not stop in %.0f s; killing it", timeout)
+    worker.kill()
+    worker.join(5)

@@ -11,12 +11,13 @@ import time
 import pytest
 
 from kubeinfer.runtime.engine.channels import PipeEnd
+from kubeinfer.runtime.engine.messages import EngineStats, StepOutput, TokenDelta, TokenLogprobs
 
 uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed (it has no Windows build)")
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
-def write_in_two_pieces(fd: int, message: tuple, pause: float) -> None:
+def write_in_two_pieces(fd: int, message: StepOutput, pause: float) -> None:
     """multiprocessing's framing (a 4-byte length, then the pickle), split mid-message."""
     data = pickle.dumps(message)
     framed = struct.pack("!i", len(data)) + data
@@ -29,10 +30,12 @@ def write_in_two_pieces(fd: int, message: tuple, pause: float) -> None:
 def test_a_message_written_in_pieces_arrives_whole(loop_name):
     api_conn, core_conn = multiprocessing.Pipe(duplex=True)
     api = PipeEnd(api_conn)
-    message = ("step", [("request-%d" % i, list(range(40))) for i in range(200)], None, 0.01)
+    deltas = [TokenDelta(f"request-{i}", i, TokenLogprobs(i, -0.5, [(i, -0.5), (7, -1.5)]), None, None, 0, 1.0)
+              for i in range(400)]
+    message = StepOutput(deltas, EngineStats(400, 0, 0.5, 0, 0, 0), 0.01, {"": 400})
     loop = LOOPS[loop_name]()
     try:
-        async def receive_one() -> list[tuple]:
+        async def receive_one() -> list[StepOutput]:
             arrived: asyncio.Future = loop.create_future()
 
             def readable() -> None:

@@ -132,6 +132,7 @@ def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
     """The load is read at most once a second while steps run; the step that leaves nothing unfinished reads it
     then, so that the exported counts are exact once traffic stops (they stayed up to a second behind, for good)."""
     from kubeinfer.runtime.engine.core_loop import serve_core
+    from kubeinfer.runtime.engine.messages import AddRequest, Shutdown, StepsRead
 
     class Core:
         unfinished, reads, step_tenant_tokens = 0, [], {}
@@ -156,10 +157,10 @@ def test_the_engine_loop_reads_the_load_fresh_on_its_last_step_before_idling():
             return []
 
     class Channel:
-        inbox = [[("add", "r", [1], None, None, [])], [("shutdown",)]]
+        inbox = [[AddRequest("r", [1], None, None, [])], [Shutdown()]]
 
         def receive(self, timeout):   # the API side reads each step as it comes
-            return self.inbox.pop(0) if timeout is None else [("read", 1)]
+            return self.inbox.pop(0) if timeout is None else [StepsRead(1)]
 
         def send(self, message):
             pass
