@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from kubeinfer.operator.autoscaling import autoscaler as autoscaler_module  # noqa: E402
-from kubeinfer.operator.autoscaling.policy_types import Signals  # noqa: E402
+from kubeinfer.operator.autoscaling.signals.measured import Signals  # noqa: E402
 from support.autoscaler_loop import INTERVAL, T0, autoscaler, idle, service  # noqa: E402
 
 INTERVALS, SETTLE = 60, 12

@@ -11,8 +11,8 @@ own lengths; every policy is calibrated, and the limit and the fixed fleet sized
 For each cold start and trace, the same runs as benchmarks/autoscale_sim.py (ours learns the cold start
 from the replicas it creates, with initialDelaySeconds left at 60), printed as one markdown row:
 SLO share / GPU-hours per policy, then ours against the limit (points below its SLO share, share of its
-GPU-hours), then the limit and the operator against the causal limit (benchmarks/autoscale/causal.py: the present
-rate's fleet, no look-ahead), then the clairvoyant frontier (benchmarks/autoscale/frontier.py: the fewest GPU-hours
+GPU-hours), then the limit and the operator against the causal limit (simulator/causal.py: the
+present rate's fleet, no look-ahead), then the clairvoyant frontier (simulator/frontier.py: the fewest GPU-hours
 that reach each SLO share by schedules that know the trace): its top point, ours, the operator's and the reactive
 policy's GPU-hours over the frontier's at their own shares, the policies that land beyond it (none, or the
 frontier is no limit on that trace), and the goal read on the frontier for the operator and the reactive default:
@@ -27,16 +27,13 @@ print "-". A run does not depend on the others, so its cells are the full sweep'
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import autoscale_sim  # noqa: E402
-from autoscale.frontier import Frontier, Point, against, beyond, share_within  # noqa: E402
-from autoscale.scenarios import ALL_TRACES, summarize  # noqa: E402
-from autoscale.sim import ReplicaModel  # noqa: E402
-from autoscale.trace_file import load_trace  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator import roster
+from kubeinfer.operator.autoscaling.simulator.frontier import Frontier, Point, against, beyond, share_within
+from kubeinfer.operator.autoscaling.simulator.scenarios import ALL_TRACES, summarize
+from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel
+from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace
 
 COLUMNS = ("clairvoyant", "causal limit", "causal limit, 20 s drain", "causal limit, no drain",
            "kubeinfer predictive", "kubeinfer predictive (operator)", "kubeinfer, throughputPerReplica given",
@@ -74,8 +71,8 @@ def frontier_cells(results: list, frontier: list[Point]) -> str:
         if r is None or share is None:
             return "-"
         gap, ratio = 100 * (share - r.slo_share), against(r, frontier)
-        missed = [what for what, ok in (("SLO missed", gap <= autoscale_sim.LIMIT_SLO_POINTS),
-                                        ("GPU-hours missed", ratio <= autoscale_sim.LIMIT_GPU_RATIO)) if not ok]
+        missed = [what for what, ok in (("SLO missed", gap <= roster.LIMIT_SLO_POINTS),
+                                        ("GPU-hours missed", ratio <= roster.LIMIT_GPU_RATIO)) if not ok]
         return f"{gap:+.1f}, {ratio:.2f}x: {', '.join(missed) or 'met'}"
     return (f" {100 * top.slo_share:.1f}% / {top.gpu_hours:.2f} | {ratio(ours)} | {ratio(operator)} | "
             f"{ratio(reactive)} | {', '.join(past) or 'none'} | "
@@ -83,11 +80,11 @@ def frontier_cells(results: list, frontier: list[Point]) -> str:
 
 
 def frontier_for(trace, model, seed: int, results: list, progress=lambda line: None) -> list[Point]:
-    """The trace's clairvoyant frontier (autoscale/frontier.py), with the runs of the schedules that read the trace
+    """The trace's clairvoyant frontier (simulator/frontier.py), with the runs of the schedules that read the trace
     (the rate-table limit, the causal limits) among its points, refined where a policy lands beyond it."""
-    frontier = Frontier(trace, model, autoscale_sim.TTFT_TARGET_S, seed)
+    frontier = Frontier(trace, model, roster.TTFT_TARGET_S, seed)
     limits = [Point(r.slo_share, r.gpu_hours, r.policy) for r in results
-              if r is not None and r.policy in autoscale_sim.LIMITS]
+              if r is not None and r.policy in roster.LIMITS]
     points = frontier.build(limits, progress)
     for r in results:
         if r is not None and beyond(r, points):
@@ -96,7 +93,7 @@ def frontier_for(trace, model, seed: int, results: list, progress=lambda line: N
 
 
 def row(results: list, cold_start_s: float) -> str:
-    """One markdown row: results in autoscale_sim.make_policies order (fixed, ours reactive, ours reactive
+    """One markdown row: results in roster.make_policies order (fixed, ours reactive, ours reactive
     learning, KubeAI, KubeAI 60 s, KPA, clairvoyant, ours predictive, ours predictive as the operator runs it, the
     causal limits: draining as fast as it may, in 20 s, not at all); "ours" against the limit is the predictive
     policy with the simulator's table, then the operator's; the last three columns put the causal limit against the
@@ -117,7 +114,7 @@ def row(results: list, cold_start_s: float) -> str:
             return "-", "-"
         gap = 100 * (limit.slo_share - r.slo_share)
         ratio = r.gpu_hours / limit.gpu_hours
-        slo_ok, gpu_ok = gap <= autoscale_sim.LIMIT_SLO_POINTS, ratio <= autoscale_sim.LIMIT_GPU_RATIO
+        slo_ok, gpu_ok = gap <= roster.LIMIT_SLO_POINTS, ratio <= roster.LIMIT_GPU_RATIO
         goal = ", ".join(what for what, ok in (("SLO missed", slo_ok), ("GPU-hours missed", gpu_ok)) if not ok)
         return f"{gap:+.1f}, {100 * ratio:.0f}%", goal or "met"
 
@@ -148,13 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         traces = [t for t in traces if t.name in args.traces]
 
     def only(name: str) -> bool:
-        return args.policies is None or name in autoscale_sim.LIMITS or any(text in name for text in args.policies)
+        return args.policies is None or name in roster.LIMITS or any(text in name for text in args.policies)
     print(header(not args.no_frontier), flush=True)
     for cold_start in args.cold_starts:
         model = ReplicaModel(cold_start_s=cold_start)
         for trace in traces:
-            runs = autoscale_sim.run_trace(trace, model, args.seed, only)
-            results = [None if run is None else summarize(run[0], autoscale_sim.TTFT_TARGET_S) for run in runs]
+            runs = roster.run_trace(trace, model, args.seed, only)
+            results = [None if run is None else summarize(run[0], roster.TTFT_TARGET_S) for run in runs]
             line = row(results, cold_start)
             if not args.no_frontier:
                 line += frontier_cells(results, frontier_for(trace, model, args.seed, results))

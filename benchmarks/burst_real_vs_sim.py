@@ -41,12 +41,12 @@ from kubernetes import client, config as kube_config
 from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from autoscale.policies import KubeInferPolicy, OperatorPredictivePolicy  # noqa: E402
-from autoscale.sim import CPU_DEMO_MODEL, Request, Simulation, Trace  # noqa: E402
-from autoscale.trace_file import load_trace  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.policies import KubeInferPolicy, OperatorPredictivePolicy  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.sim import CPU_DEMO_MODEL, Request, Simulation, Trace  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace  # noqa: E402
 from serve import histogram_sums  # noqa: E402
 
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig  # noqa: E402
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE, NAME = "kubeinfer-burst-bench", "burst"

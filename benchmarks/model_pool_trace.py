@@ -4,7 +4,7 @@
     python -P benchmarks/model_pool_trace.py [--models 20] [--requests-per-hour 600] [--zipf 1.0]
         [--hours 4] [--swap 0.24] [--cold-start 60] [--idle 300] [--pods 2 4 6 8] [--awake 1] [--seeds 0 1 2]
 
-The trace (benchmarks/autoscale/multi_model.py): each model's arrivals are the real bursty conversation trace
+The trace (operator/autoscaling/simulator/multi_model.py): each model's arrivals are the real bursty conversation trace
 (benchmarks/autoscale/traces/bursty_conversation.csv) thinned to its Zipf share of `--requests-per-hour` and started
 at its own random point, so each keeps the trace's bursts and gaps (the 40-minute trace repeated to `--hours`). Time
 to first token counts requests after `--warmup` (every layout starts cold: the pool with no model awake, scale-to-
@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from autoscale.multi_model import MultiModelSim, multi_model_trace  # noqa: E402
-from autoscale.trace_file import read_requests  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.multi_model import MultiModelSim, multi_model_trace
+from kubeinfer.operator.autoscaling.simulator.trace_file import read_requests
 
 TRACE = Path(__file__).resolve().parent / "autoscale" / "traces" / "bursty_conversation.csv"
 

@@ -95,7 +95,7 @@ def like_for_like_medians(client_itl: list[float], before: dict, after: dict) ->
     """Median ITL of the client and of the server (the API process, before HTTP) estimated the same way:
     both binned into the server's histogram buckets and interpolated as PromQL does, so that the bucket
     error cancels in their difference."""
-    from kubeinfer.operator.autoscaling.metrics_histogram import cumulative_counts, histogram_quantile
+    from kubeinfer.operator.autoscaling.signals.metrics_histogram import cumulative_counts, histogram_quantile
     server = [(bound, after[bound] - before.get(bound, 0.0)) for bound in after]
     client = cumulative_counts(client_itl, sorted(after))   # the bounds end with +Inf
     if not server or not client_itl:

@@ -48,7 +48,7 @@ def server_ttft_p95(metrics_text: str) -> dict[str, float]:
     per-tenant histogram, interpolated as PromQL does): beside the client's, it splits the time to first token
     into the server's part and what came before (the client, the connection, the API process reading the body).
     Every request the server saw counts, finished or not."""
-    from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
+    from kubeinfer.operator.autoscaling.signals.metrics_histogram import histogram_quantile
     buckets: dict[str, list[tuple[float, float]]] = {}
     for line in metrics_text.splitlines():
         if line.startswith("kubeinfer_tenant_time_to_first_token_seconds_bucket{"):

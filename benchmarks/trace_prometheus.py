@@ -3,7 +3,7 @@
 Each service has its own arrival curve (`BurstyTrace`: a base rate with bursts of 4-8x at random times) and a
 fluid model of its replicas: every second, the arrivals (Poisson draws) join the queue, and the Ready pods, read
 from the API server by the caller (`set_ready`), serve `RATE_PER_REPLICA` requests per second each. The answers
-are those of the operator's fleet round of queries (operator/autoscaling/prometheus_fleet.py): the queue, the
+are those of the operator's fleet round of queries (operator/autoscaling/signals/prometheus_fleet.py): the queue, the
 running requests, first tokens per second over the metric window and over the recent range, the pods reporting,
 and the time of the sample (`timestamp()`, the operator's signal time): the wall time of the tick whose queue is
 answered, as a scrape's timestamp is that of its values. Every query is answered as of its evaluation time (the
@@ -26,8 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fake_prometheus import FakePrometheus
-from kubeinfer.operator.autoscaling.prometheus_fleet import fleet_queries
-from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_COUNT_SPAN_S
+from kubeinfer.operator.autoscaling.signals.prometheus_fleet import fleet_queries
+from kubeinfer.operator.autoscaling.signals.measured import RECENT_COUNT_SPAN_S
 
 RATE_PER_REPLICA = 2.0      # requests per second one replica serves (4 at a time, 2 s each)
 SLOTS_PER_REPLICA = 4

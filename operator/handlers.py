@@ -30,7 +30,7 @@ import kopf
 import urllib3
 
 from kubeinfer.operator.autoscaling import autoscaler
-from kubeinfer.operator.autoscaling.readers import SharedReaders
+from kubeinfer.operator.autoscaling.signals.readers import SharedReaders
 from kubeinfer.operator.config import OperatorConfig
 from kubeinfer.operator.kube import Kube, connection_info, load_configuration
 from kubeinfer.operator.preflight import unreachable_reason

@@ -5,7 +5,7 @@ writes (a `Plan`); with spec.disaggregation, `pool_pass` plans each pool so and 
 I/O around it and `run()` is the loop of the per-object kopf
 daemon registered in `kubeinfer.operator.handlers`.
 
-Policy of the pass (the scaling rules themselves are in `policy.decide`, and with `autoscaling.policy:
+Policy of the pass (the scaling rules themselves are in `policies.reactive.decide`, and with `autoscaling.policy:
 predictive` in `predictive_pass.decide_predictive`, which takes over from it where a forecast has something to
 say; its state and last forecast are in `status.predictive`):
 - The autoscaler owns `spec.replicas` while `spec.autoscaling` is set, and writes it with a merge patch on
@@ -42,16 +42,15 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kubeinfer.operator.autoscaling import pool_pass, pool_signals
+from kubeinfer.operator.autoscaling import pool_pass
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, router_queue, with_router_queue
-from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource
-from kubeinfer.operator.autoscaling.plan import (  # noqa: F401  (replica_counts, scrape_targets: this module's API)
-    MANUAL_SCALE_OVERRIDDEN, PROMETHEUS_LABELS, Plan, _is_ready, live_pods, plan_pass, replica_counts,
-    scrape_targets,
-)
-from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.readers import SharedReaders
+from kubeinfer.operator.autoscaling.plan import Plan, plan_pass
+from kubeinfer.operator.autoscaling.signals import pool_signals
+from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, router_queue, with_router_queue
+from kubeinfer.operator.autoscaling.signals.pods import PROMETHEUS_LABELS, is_ready, live_pods, scrape_targets
+from kubeinfer.operator.autoscaling.signals.readers import SharedReaders
+from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.reconcile import builders, router, status as status_mod
 from kubeinfer.operator.reconcile.controller import own_pods
@@ -114,7 +113,7 @@ class Autoscaler:
         Ready ones' /metrics at every pass, like `routerMetricsUrl`. None when no router pod answers."""
         pods = await asyncio.to_thread(router.router_pods, self.ctx.kube, builders.Owner.from_body(body))
         urls = [f"http://{p['status']['podIP']}:{router.PORT}/metrics" for p in live_pods(pods)
-                if _is_ready(p) and (p.get("status") or {}).get("podIP")]
+                if is_ready(p) and (p.get("status") or {}).get("podIP")]
         found = [w for w in await asyncio.gather(*(router_queue(self.router_client, u) for u in urls)) if w is not None]
         return sum(found) if found else None
 

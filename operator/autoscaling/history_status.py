@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kubeinfer.operator.autoscaling.policy_types import ScaleHistory
+from kubeinfer.operator.autoscaling.policies.types import ScaleHistory
 from kubeinfer.operator.reconcile.status import merge_patched
 
 TRAFFIC_AT_LAST_PASS = "trafficAtLastPass"
@@ -69,7 +69,7 @@ def history_for(stored: Mapping[str, Any] | None, remembered: RememberedHistory 
         return remembered.history
     history = ScaleHistory.from_dict(stored)
     if stored and stored.get(TRAFFIC_AT_LAST_PASS):
-        history = replace(history, last_traffic_time=previous_pass)  # None: this pass (`policy.decide`)
+        history = replace(history, last_traffic_time=previous_pass)  # None: this pass (`reactive.decide`)
     if previous_pass is None or not history.recommendations:
         return history
     return replace(history, recommended_until=max(previous_pass, history.recommendations[-1][0]))

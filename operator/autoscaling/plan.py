@@ -8,20 +8,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord, parse_time, ready_condition
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory, history_for, history_status
-from kubeinfer.operator.autoscaling.scrape_source import ScrapeTarget
-from kubeinfer.operator.autoscaling.policy import METRICS_STALE, METRICS_UNAVAILABLE, decide
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleDecision, Signals
-from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
+from kubeinfer.operator.autoscaling.policies.predictive_pass import decide_predictive
+from kubeinfer.operator.autoscaling.policies.reactive import METRICS_STALE, METRICS_UNAVAILABLE, decide
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleDecision
+from kubeinfer.operator.autoscaling.signals.cold_start import ColdStartRecord
+from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.pods import replica_counts
 from kubeinfer.operator.events import EventSpec, condition_events
-from kubeinfer.operator.reconcile import pod as pod_builder, status as status_mod
+from kubeinfer.operator.reconcile import status as status_mod
 from kubeinfer.operator.spec import METRICS_AVAILABLE, SCALING_ACTIVE, InferenceServiceSpec
 from kubeinfer.operator.times import rfc3339
 
 MANUAL_SCALE_OVERRIDDEN = "ManualScaleOverridden"
-# Labels that the Prometheus Operator attaches to series scraped through our ServiceMonitor.
-PROMETHEUS_LABELS = ("namespace", "service")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,48 +34,11 @@ class Plan:
     events: tuple[EventSpec, ...]
 
 
-def _is_ready(pod: dict[str, Any]) -> bool:
-    ready = ready_condition(pod)
-    return ready is not None and ready.get("status") == "True"
-
-
-def live_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pods that are not being deleted."""
-    return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-
-
-def replica_counts(current: int, pods: list[dict[str, Any]], initial_delay_s: float, now: float) -> ReplicaCounts:
-    """Ready = Ready condition and created at least initialDelaySeconds ago (a real API server always sets
-    creationTimestamp; without one a pod counts as old). Pending = the rest of the larger of the desired
-    count and the live pods: replicas the Deployment has not created yet are pending too."""
-    live = live_pods(pods)
-    ready = 0
-    for p in live:
-        created = parse_time((p.get("metadata") or {}).get("creationTimestamp"))
-        if _is_ready(p) and (created is None or now - created >= initial_delay_s):
-            ready += 1
-    return ReplicaCounts(current=current, ready=ready, pending=max(current, len(live)) - ready)
-
-
-def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, ScrapeTarget]:
-    """/metrics of the ready pods (a loading pod is not listening yet and runs no requests), each with the time it
-    became Ready (its Ready condition's lastTransitionTime; None if unset), from when it has served requests (the
-    scrape reads a pod from zero only if that was within its window), and its uid (`ScrapeSource`)."""
-    return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics":
-            ScrapeTarget(_ready_since(p), (p.get("metadata") or {}).get("uid"))
-            for p in live_pods(pods) if _is_ready(p) and (p.get("status") or {}).get("podIP")}
-
-
-def _ready_since(pod: dict[str, Any]) -> float | None:
-    ready = ready_condition(pod)
-    return None if ready is None else parse_time(ready.get("lastTransitionTime"))
-
-
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _conditions(signals: Signals, decision: ScaleDecision) -> list[dict[str, Any]]:
+def scaling_conditions(signals: Signals, decision: ScaleDecision) -> list[dict[str, Any]]:
     def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
         return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
 
@@ -128,8 +90,8 @@ def plan_pass(body: dict[str, Any], spec: InferenceServiceSpec, signals: Signals
                                 f"owns it and set it to {desired} ({decision.reason}: {decision.message})"))
     if desired != current:
         events.append(EventSpec("Normal", decision.reason, f"{current} -> {desired} replicas: {decision.message}"))
-    conditions = status_mod.merge_conditions(st.get("conditions") or [], _conditions(signals, decision), rfc3339(now),
-                                             (body.get("metadata") or {}).get("generation"))
+    conditions = status_mod.merge_conditions(st.get("conditions") or [], scaling_conditions(signals, decision),
+                                             rfc3339(now), (body.get("metadata") or {}).get("generation"))
     events += condition_events(st.get("conditions") or [], conditions)
 
     available = decision.reason not in (METRICS_UNAVAILABLE, METRICS_STALE)

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory
-from kubeinfer.operator.autoscaling.plan import MANUAL_SCALE_OVERRIDDEN, Plan, _conditions, plan_pass
-from kubeinfer.operator.autoscaling.policy import SCALE_FROM_ZERO
-from kubeinfer.operator.autoscaling.pool_signals import PoolReaders, pool_signals
-from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.plan import MANUAL_SCALE_OVERRIDDEN, Plan, plan_pass, scaling_conditions
+from kubeinfer.operator.autoscaling.policies.reactive import SCALE_FROM_ZERO
+from kubeinfer.operator.autoscaling.signals.pool_signals import PoolReaders, pool_signals
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH
 from kubeinfer.operator.reconcile import builders, pools, status as status_mod
@@ -84,7 +84,7 @@ def plan_pools(body: dict[str, Any], spec: InferenceServiceSpec, signals: dict[s
         view_body = {"metadata": body.get("metadata") or {}, "status": {**(kept.get(role) or {}), "conditions": []}}
         plans[role] = plan_pass(view_body, view_spec, signals[role], pools.pods_of(pods, role), now,
                                 remembered.get(role), previous_pass)
-        per_pool[role] = _conditions(signals[role], plans[role].decision)
+        per_pool[role] = scaling_conditions(signals[role], plans[role].decision)
     desired = together({role: plan.decision.desired_replicas for role, plan in plans.items()})
 
     events: list[EventSpec] = []

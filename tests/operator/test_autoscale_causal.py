@@ -1,18 +1,15 @@
-"""The simulator's causal limit (benchmarks/autoscale/causal.py): the present rate's fleet, nothing of the future."""
+"""The simulator's causal limit (autoscaling/simulator/causal.py): the present rate's fleet, nothing of the future."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from autoscale.causal import CausalLimitPolicy, present_rate  # noqa: E402
-from autoscale.clairvoyant import ClairvoyantPolicy, fleet_sizing  # noqa: E402
-from autoscale.policies import TableSizing  # noqa: E402
-from autoscale.scenarios import burst, steady, summarize  # noqa: E402
-from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
-from autoscale.trace_file import load_trace  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.causal import CausalLimitPolicy, present_rate
+from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy, fleet_sizing
+from kubeinfer.operator.autoscaling.simulator.policies import TableSizing
+from kubeinfer.operator.autoscaling.simulator.scenarios import burst, steady, summarize
+from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation
+from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace
 
 TARGET = 0.5
 MODEL = ReplicaModel(cold_start_s=30.0)

@@ -5,15 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kubeinfer.operator.autoscaling import policy as ap
-from kubeinfer.operator.autoscaling.drain_sizing import pending_waves
-from kubeinfer.operator.autoscaling.policy_types import (
-    PolicyConfig,
-    ReplicaCounts,
-    ScaleEvent,
-    ScaleHistory,
-    Signals,
-)
+from kubeinfer.operator.autoscaling.policies import reactive as ap
+from kubeinfer.operator.autoscaling.policies.drain_sizing import pending_waves
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleEvent, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 
 T0 = 1_000_000.0
 MU = 4.0   # requests/s one replica serves saturated (spec throughputPerReplica)

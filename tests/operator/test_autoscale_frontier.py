@@ -1,17 +1,15 @@
-"""The clairvoyant frontier (benchmarks/autoscale/frontier.py): the fewest GPU-hours that reach each SLO share, a
+"""The clairvoyant frontier (simulator/frontier.py): the fewest GPU-hours that reach each SLO share, a
 limit no policy lands beyond."""
 
 from __future__ import annotations
 
 import math
 import random
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import autoscale_sim  # noqa: E402
-from autoscale.frontier import (  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator import roster
+from kubeinfer.operator.autoscaling.simulator.frontier import (
     CostClairvoyant,
     Frontier,
     Point,
@@ -23,10 +21,10 @@ from autoscale.frontier import (  # noqa: E402
     request_cost,
     share_within,
 )
-from autoscale.policies import FixedFleet  # noqa: E402
-from autoscale.scenarios import Result, steady, summarize  # noqa: E402
-from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
-from autoscale.trace_file import load_trace  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.policies import FixedFleet
+from kubeinfer.operator.autoscaling.simulator.scenarios import Result, steady, summarize
+from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation
+from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace
 
 TARGET = 0.5
 MODEL = ReplicaModel(cold_start_s=30.0)
@@ -125,15 +123,15 @@ def test_on_clustered_prefill_heavy_traffic_no_policy_lands_beyond_the_frontier(
     runs are among its points, as the sweep puts them)."""
     trace = load_trace(clustered_code_trace(tmp_path / "code.csv"))
     warmup = 60.0
-    results = [summarize(sim, TARGET, warmup_s=warmup) for sim, _ in autoscale_sim.run_trace(trace, MODEL, seed=0)]
-    limit = next(r for r in results if r.policy == autoscale_sim.CLAIRVOYANT)
+    results = [summarize(sim, TARGET, warmup_s=warmup) for sim, _ in roster.run_trace(trace, MODEL, seed=0)]
+    limit = next(r for r in results if r.policy == roster.CLAIRVOYANT)
     fixed = [summarize(Simulation(trace, FixedFleet(n, name=f"fixed {n}"), n, MODEL, seed=0).run(), TARGET,
                        warmup_s=warmup) for n in range(1, 9)]
     # The yardstick of before fails here: fixed fleets hold shares the limit does not reach.
     assert any(f.slo_share > limit.slo_share + 0.02 for f in fixed), (limit, fixed)
 
     frontier = Frontier(trace, MODEL, TARGET, seed=0, warmup_s=warmup)
-    limits = [r for r in results if r.policy in autoscale_sim.LIMITS]   # schedules read off the trace: points too
+    limits = [r for r in results if r.policy in roster.LIMITS]   # schedules read off the trace: points too
     assert len(limits) == 4
     points = frontier.build([Point(r.slo_share, r.gpu_hours, r.policy) for r in limits])
     for r in results:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kubeinfer.operator.autoscaling import policy as ap
-from kubeinfer.operator.autoscaling.observations import saturation_throughput
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
-from kubeinfer.operator.autoscaling.predictive_pass import PREDICTIVE_UP
+from kubeinfer.operator.autoscaling.policies import reactive as ap
+from kubeinfer.operator.autoscaling.policies.observations import saturation_throughput
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
+from kubeinfer.operator.autoscaling.policies.predictive_pass import PREDICTIVE_UP
 from support.autoscale_objects import NOW, body, plan, pod, settled_status
 
 T0 = 1_000_000.0

@@ -10,15 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from kubeinfer.operator.autoscaling import policy as ap
-from kubeinfer.operator.autoscaling.pending_guard import risen
-from kubeinfer.operator.autoscaling.policy_types import (
-    PolicyConfig,
-    ReplicaCounts,
-    ScaleEvent,
-    ScaleHistory,
-    Signals,
-)
+from kubeinfer.operator.autoscaling.policies import reactive as ap
+from kubeinfer.operator.autoscaling.policies.pending_guard import risen
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleEvent, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 
 T0 = 1_000_000.0
 MU = 2.0   # requests/s one replica serves saturated (spec throughputPerReplica)

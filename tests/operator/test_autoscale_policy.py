@@ -8,8 +8,9 @@ from dataclasses import replace
 import pydantic
 import pytest
 
-from kubeinfer.operator.autoscaling import policy as ap
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.policies import reactive as ap
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 
 T0 = 1_000_000.0
 

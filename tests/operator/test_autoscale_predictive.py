@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
-from kubeinfer.operator.autoscaling.predictive import PerReplicaSizing, PredictiveConfig, PredictiveState, decide
-from kubeinfer.operator.autoscaling.return_gap import ReturnGap
+from kubeinfer.operator.autoscaling.policies.forecast import Forecast, ForecastConfig, update
+from kubeinfer.operator.autoscaling.policies.predictive import (
+    PerReplicaSizing, PredictiveConfig, PredictiveState, decide,
+)
+from kubeinfer.operator.autoscaling.policies.return_gap import ReturnGap
 
 
 def feed(rates, step=5.0, forecast=Forecast()):

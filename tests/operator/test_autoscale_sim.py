@@ -3,16 +3,13 @@ benchmarks/autoscale_sim.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from autoscale.clairvoyant import ClairvoyantPolicy, fleet_sizing  # noqa: E402
-from autoscale.policies import FixedFleet, KubeInferPolicy  # noqa: E402
-from autoscale.scenarios import (  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy, fleet_sizing
+from kubeinfer.operator.autoscaling.simulator.policies import FixedFleet, KubeInferPolicy
+from kubeinfer.operator.autoscaling.simulator.scenarios import (
     burst,
     diurnal,
     flash_crowd,
@@ -21,9 +18,9 @@ from autoscale.scenarios import (  # noqa: E402
     steady,
     summarize,
 )
-from autoscale.sim import ReplicaModel, Simulation  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation
 
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig  # noqa: E402
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig
 
 TARGET = 0.5
 MODEL = ReplicaModel(cold_start_s=30.0)
@@ -87,10 +84,10 @@ def test_a_tail_lets_the_policy_scale_down_after_a_burst_that_ends_the_trace():
 def test_goal_on_the_benchmark_traces(make_trace):
     """The benchmark's claim (docs/benchmarks.md), seed 0: with throughputPerReplica, ours holds at
     least the SLO share of the best autoscaling alternative with fewer GPU-hours than the fixed fleet."""
-    import autoscale_sim
+    from kubeinfer.operator.autoscaling.simulator import roster
 
-    runs = autoscale_sim.run_trace(make_trace(), ReplicaModel(), seed=0)
-    line = autoscale_sim.goal_line([summarize(sim, autoscale_sim.TTFT_TARGET_S) for sim, _ in runs])
+    runs = roster.run_trace(make_trace(), ReplicaModel(), seed=0)
+    line = roster.goal_line([summarize(sim, roster.TTFT_TARGET_S) for sim, _ in runs])
     assert "MISSED" not in line, line
 
 
@@ -137,7 +134,7 @@ def test_the_usage_a_policy_reads_covers_exactly_its_window():
     """Each tick reads the replicas' usage over the metric window, as `increase()` gives it: windows of 10 s read every
     5 s count every first token twice, so half their sum is every first token up to the last read (the sample a tick
     reads is a second old: measured from the tick, the windows were 9 s and the calibration counted a tenth too few)."""
-    from kubeinfer.operator.autoscaling.calibration import ReplicaUsage
+    from kubeinfer.operator.autoscaling.sizing.calibration import ReplicaUsage
 
     class Reader(FixedFleet):
         def decide(self, obs):

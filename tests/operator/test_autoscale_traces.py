@@ -4,18 +4,18 @@ fleets sized on a trace's own requests, so that the limit and the peak-sized fle
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
 
-from autoscale.policies import FixedFleet  # noqa: E402
-from autoscale.scenarios import attainable_share, replicas_for_rate, sizing_share, summarize  # noqa: E402
-from autoscale.sim import ReplicaModel, Simulation, generate_requests  # noqa: E402
-from autoscale.trace_file import load_trace, read_requests  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.policies import FixedFleet
+from kubeinfer.operator.autoscaling.simulator.scenarios import (
+    attainable_share, replicas_for_rate, sizing_share, summarize,
+)
+from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation, generate_requests
+from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace, read_requests
 
 MODEL = ReplicaModel(cold_start_s=30.0)
 AZURE_STYLE = """TIMESTAMP,ContextTokens,GeneratedTokens
@@ -69,6 +69,6 @@ def test_fleets_are_sized_on_the_traces_own_requests():
     default = replicas_for_rate(4.0, 0.5, MODEL)
     own = replicas_for_rate(4.0, 0.5, MODEL, share, lengths=trace.lengths)
     assert own > default
-    from autoscale.scenarios import calibration_run
+    from kubeinfer.operator.autoscaling.simulator.scenarios import calibration_run
     sim = Simulation(calibration_run(4.0, trace.lengths), FixedFleet(own), own, MODEL, seed=11).run()
     assert summarize(sim, 0.5, warmup_s=0).slo_share >= share - 0.01

@@ -1,4 +1,4 @@
-"""The autoscaler's pure pass (`autoscaler.plan_pass`): what it writes for a stored object, pods and signals."""
+"""The autoscaler's pure pass (`plan.plan_pass`): what it writes for a stored object, pods and signals."""
 
 from __future__ import annotations
 
@@ -6,31 +6,32 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from kubeinfer.operator.autoscaling import autoscaler
-from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
-from kubeinfer.operator.spec import parse_spec
+from kubeinfer.operator.autoscaling import plan as plan_module
+from kubeinfer.operator.autoscaling.signals import pods as pods_reading
+from kubeinfer.operator.autoscaling.policies.types import ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.times import rfc3339 as iso
 from support.autoscale_objects import NOW, body, plan, pod, settled_status
 
-MANUAL = autoscaler.MANUAL_SCALE_OVERRIDDEN
+MANUAL = plan_module.MANUAL_SCALE_OVERRIDDEN
 
 
 def test_replica_counts_treat_young_unready_missing_and_deleting_pods_as_pending():
     pods = [pod("a"), pod("b", age=10), pod("c", ready=False), pod("d", deleting=True)]
-    counts = autoscaler.replica_counts(4, pods, initial_delay_s=60, now=NOW)
+    counts = pods_reading.replica_counts(4, pods, initial_delay_s=60, now=NOW)
     assert (counts.current, counts.ready, counts.pending) == (4, 1, 3)
     # the Deployment has not created the 5th and 6th pods yet: they are pending too
-    assert autoscaler.replica_counts(6, pods, 60, NOW).pending == 5
+    assert pods_reading.replica_counts(6, pods, 60, NOW).pending == 5
 
 
 def test_scrape_targets_are_the_ready_live_pods():
     pods = [pod("a", ip="10.0.0.1"), pod("b", ready=False, ip="10.0.0.2"), pod("c", ip=None),
             pod("d", deleting=True, ip="10.0.0.4")]
-    assert autoscaler.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": (None, None)}   # neither known
+    assert pods_reading.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": (None, None)}   # neither known
     ready = next(c for c in pods[0]["status"]["conditions"] if c["type"] == "Ready")
     ready["lastTransitionTime"] = "2026-11-27T12:00:00Z"   # Ready since: when it began to serve
     pods[0]["metadata"]["uid"] = "u-1"
-    assert autoscaler.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": (1795780800.0, "u-1")}
+    assert pods_reading.scrape_targets(pods) == {"http://10.0.0.1:8000/metrics": (1795780800.0, "u-1")}
 
 
 def test_scale_up_writes_status_then_replicas_and_one_event():

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.predictive import StaffedSizing
-from kubeinfer.operator.autoscaling.predictive_pass import NO_THROUGHPUT, PREDICTIVE_HOLD, PREDICTIVE_UP
+from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.policies.predictive import StaffedSizing
+from kubeinfer.operator.autoscaling.policies.predictive_pass import NO_THROUGHPUT, PREDICTIVE_HOLD, PREDICTIVE_UP
 from support.autoscale_objects import NOW, body, plan, pod, settled_status
 
 
@@ -91,7 +91,7 @@ def calibrated_usage(seed: int = 0, prompts: tuple[float, float] = (1920.0, 2048
                      outputs: tuple[float, float] = (24.0, 32.0)):
     """A 60 s window of two replicas' steps, timed by the simulator's replica model, and their requests' lengths
     (prompts of 2,000 tokens, outputs of 30: the buckets given): what the runtime's calibration series would show."""
-    from kubeinfer.operator.autoscaling.calibration import ReplicaUsage, StepMoments
+    from kubeinfer.operator.autoscaling.sizing.calibration import ReplicaUsage, StepMoments
     import random
     rng = random.Random(seed)
     m = [0.0] * 9

@@ -18,9 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kubeinfer.operator.autoscaling import policy as ap
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.autoscaling.policies import reactive as ap
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
 from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets
 
 MODEL = "tiny"

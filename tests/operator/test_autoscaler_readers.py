@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from kubeinfer.operator.autoscaling.autoscaler import Autoscaler
-from kubeinfer.operator.autoscaling.readers import SharedReaders
+from kubeinfer.operator.autoscaling.signals.readers import SharedReaders
 from kubeinfer.operator.config import OperatorConfig
 
 NUM_SERVICES = 1000

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from kubeinfer.operator.autoscaling.history_status import history_for, history_status, is_quiet
-from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.policies.types import ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 
 from support.autoscaler_loop import T0, desired, idle, run, service
 

@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from kubeinfer.operator.autoscaling import calibrated_sizing
-from kubeinfer.operator.autoscaling.calibration import (
+from kubeinfer.operator.autoscaling.sizing import calibrated_sizing
+from kubeinfer.operator.autoscaling.sizing.calibration import (
     MIN_REQUESTS, MIN_STEPS, Calibration, ReplicaUsage, StepMoments, quantiles, usage_from,
 )
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
+from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel
 
 BASE, PER_SEQ, PER_TOKEN = 0.021, 0.00075, 0.000118
 INF = float("inf")

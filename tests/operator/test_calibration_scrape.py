@@ -9,8 +9,8 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from kubeinfer.operator.autoscaling.calibration import Calibration
-from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource, ScrapeTarget
+from kubeinfer.operator.autoscaling.sizing.calibration import Calibration
+from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource, ScrapeTarget
 from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.server.metrics import EngineMetrics

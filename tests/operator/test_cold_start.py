@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.operator.autoscaling.cold_start import MAX_SAMPLES, ColdStartRecord, ColdStartSample, observe_pod
+from kubeinfer.operator.autoscaling.signals.cold_start import MAX_SAMPLES, ColdStartRecord, ColdStartSample, observe_pod
 from kubeinfer.operator.times import rfc3339 as iso
 
 T0 = 1_800_000_000.0

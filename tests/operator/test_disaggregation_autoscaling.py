@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from kubeinfer.operator.autoscaling.policy import decide
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.policies.reactive import decide
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 from kubeinfer.operator.autoscaling.pool_pass import plan_pools, together
-from kubeinfer.operator.autoscaling.pool_signals import DecodeExtras, combine
+from kubeinfer.operator.autoscaling.signals.pool_signals import DecodeExtras, combine
 from kubeinfer.operator.reconcile import pools
 from kubeinfer.operator.spec import parse_spec
 

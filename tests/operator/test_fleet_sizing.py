@@ -7,10 +7,12 @@ import math
 
 import pytest
 
-from kubeinfer.operator.autoscaling.fleet_sizing import (
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import (
     ModelSizing, attainable_share, fleet_sizing, serves, sizing_share,
 )
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, steady_requests, steady_share, steady_shares
+from kubeinfer.operator.autoscaling.sizing.replica_model import (
+    ReplicaModel, steady_requests, steady_share, steady_shares,
+)
 
 CODE = tuple((p, o) for p in (800, 1500, 2000, 2600, 3300) for o in (10, 25, 60))   # long prompts, short outputs
 MODEL = ReplicaModel()
@@ -66,7 +68,7 @@ def test_the_capacity_of_a_fleet_not_walked_is_extrapolated_without_walking():
 
 
 def test_a_table_is_the_same_whoever_walked_further_before():
-    from kubeinfer.operator.autoscaling import fleet_sizing as fs
+    from kubeinfer.operator.autoscaling.sizing import fleet_sizing as fs
     share = sizing_share(CODE, 0.5, MODEL)
     fs._walk.cache_clear()
     fresh = [fs.fleet_sizing.__wrapped__(0.5, MODEL, 6, top, share, lengths=CODE) for top in (1.0, 2.6, 6.0)]
@@ -79,7 +81,7 @@ def test_a_table_is_the_same_whoever_walked_further_before():
 def test_a_rate_past_the_walk_gets_the_tables_fleet_from_runs_at_that_rate():
     """A burst asks for a rate far past the walk: the answer is the table's (not the small fleets' rate per
     replica scaled up, which orders more), found without walking the table up to it."""
-    from kubeinfer.operator.autoscaling import fleet_sizing as fs
+    from kubeinfer.operator.autoscaling.sizing import fleet_sizing as fs
     share = sizing_share(CODE, 0.5, MODEL)
     table = fleet_sizing(0.5, MODEL, 12, 10.0, share, lengths=CODE)
     fs._walk.cache_clear()

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource
-from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource
-from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals
+from kubeinfer.operator.autoscaling.signals.metrics_histogram import (
+    TTFT_BUCKETS, bucket_of, cumulative_counts, histogram_quantile,
+)
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
+from kubeinfer.operator.autoscaling.signals.prometheus_fleet import FleetSignals
 from support import Prometheus, free_port, static_targets
 
 MODEL = "tiny-llama"
@@ -190,3 +192,12 @@ async def test_prometheus_and_scrape_sources_agree_with_what_the_pods_were_given
     finally:
         await prom.aclose()
         await scrape.aclose()
+
+
+def test_the_operator_reads_the_bucket_bounds_the_runtime_exports():
+    """The operator names the runtime's histogram bounds again (its image has no runtime): the two must agree."""
+    from kubeinfer.operator.autoscaling.signals import metrics_histogram as operator_side
+    from kubeinfer.runtime.server import metrics as runtime_side
+    for name in ("TTFT_BUCKETS", "PROMPT_TOKEN_BUCKETS", "GENERATION_TOKEN_BUCKETS"):
+        ours, theirs = tuple(getattr(operator_side, name)), tuple(getattr(runtime_side, name))
+        assert [b for b in ours if b != float("inf")] == [b for b in theirs if b != float("inf")], name

@@ -1,4 +1,4 @@
-"""The multi-model simulator of the model pool's yardstick (benchmarks/autoscale/multi_model.py; the table is
+"""The multi-model simulator of the model pool's yardstick (operator/autoscaling/simulator/multi_model.py; the table is
 benchmarks/model_pool_trace.py): every request is answered in every layout, a pool never holds more awake models per
 pod than it may, a pool with a pod per model and free swaps is the always-on fleet, and scale-to-zero bills what it
 keeps up."""
@@ -6,15 +6,13 @@ keeps up."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from autoscale.multi_model import MultiModelSim, multi_model_trace, zipf_weights  # noqa: E402
-from autoscale.trace_file import read_requests  # noqa: E402
+from kubeinfer.operator.autoscaling.simulator.multi_model import MultiModelSim, multi_model_trace, zipf_weights
+from kubeinfer.operator.autoscaling.simulator.trace_file import read_requests
 
 TRACE = Path(__file__).resolve().parents[2] / "benchmarks" / "autoscale" / "traces" / "bursty_conversation.csv"
 MODELS = 6

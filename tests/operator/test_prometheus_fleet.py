@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, PrometheusSource, promql_queries
-from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals, fleet_queries
-from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource, promql_queries
+from kubeinfer.operator.autoscaling.signals.prometheus_fleet import FleetSignals, fleet_queries
+from kubeinfer.operator.autoscaling.signals.measured import RECENT_RANGE_S
 from support.query_endpoint import serve_query_endpoint
 
 NUM_SERVICES = 1000

@@ -9,9 +9,10 @@ from bisect import bisect_right
 
 import pytest
 
-from kubeinfer.operator.autoscaling.observations import arrival_rate, observe_queue
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
-from kubeinfer.operator.autoscaling.recent_arrivals import (
+from kubeinfer.operator.autoscaling.policies.observations import arrival_rate, observe_queue
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
+from kubeinfer.operator.autoscaling.policies.recent_arrivals import (
     RECENT_COUNT_SPAN_S, Z_SIGNIFICANT, arrival_estimate, recent_arrival_rate, significantly_above,
 )
 

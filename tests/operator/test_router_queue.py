@@ -4,9 +4,10 @@ import asyncio
 import httpx
 from prometheus_client import generate_latest
 
-from kubeinfer.operator.autoscaling.metrics_source import router_queue, with_router_queue
-from kubeinfer.operator.autoscaling.policy import decide
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.signals.metrics_source import router_queue, with_router_queue
+from kubeinfer.operator.autoscaling.policies.reactive import decide
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 from kubeinfer.runtime.router.metrics import RouterMetrics
 
 NOW = 1_800_000_000.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator.autoscaling import autoscaler
-from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.policies.types import ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.spec import parse_spec
 from kubeinfer.operator.times import rfc3339 as iso
 

@@ -11,7 +11,7 @@ import types
 from typing import Any
 
 from kubeinfer.operator.autoscaling.autoscaler import Autoscaler, Plan
-from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.times import rfc3339
 
 NAME, NAMESPACE = "x", "ns"

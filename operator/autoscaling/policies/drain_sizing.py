@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
 
 
 def saturated_arrivals(samples, throughput: float) -> float:

@@ -25,7 +25,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.replica_model import Lengths, ReplicaModel, steady_requests, steady_shares
+from kubeinfer.operator.autoscaling.sizing.replica_model import Lengths, ReplicaModel, steady_requests, steady_shares
 
 RATE_STEP = 0.25      # requests/s between the rates at which a fleet is measured (rounded up: conservative)
 DRAIN_CAP_S = 900.0   # a request not served this long after a run's end is a miss

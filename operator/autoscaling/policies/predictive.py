@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from kubeinfer.operator.autoscaling.forecast import Forecast, ForecastConfig, update
-from kubeinfer.operator.autoscaling.return_gap import ReturnGap
+from kubeinfer.operator.autoscaling.policies.forecast import Forecast, ForecastConfig, update
+from kubeinfer.operator.autoscaling.policies.return_gap import ReturnGap
 
 
 class Sizing(Protocol):

@@ -15,14 +15,9 @@ from __future__ import annotations
 
 import math
 
-from kubeinfer.operator.autoscaling.policy_types import ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.policies.types import ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import RECENT_COUNT_SPAN_S, Signals
 
-# The PromQL range of the recent first-token rate (`rate(...[15s])`), and the span its count covers: at the
-# default 5 s scrape interval the range holds three samples 10 s apart and Prometheus' rate is their increase
-# over those 10 s (extrapolated to the range, which leaves the rate as it is). A scrape interval of 15 s or more
-# leaves one sample in the range: no recent rate, so the slow estimate decides.
-RECENT_RANGE_S = 15
-RECENT_COUNT_SPAN_S = 10.0
 # How many standard deviations of a Poisson count above the slow rate's expectation make a rise.
 Z_SIGNIFICANT = 3.0
 

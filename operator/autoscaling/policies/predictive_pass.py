@@ -20,18 +20,19 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kubeinfer.operator.autoscaling import calibrated_sizing
-from kubeinfer.operator.autoscaling.calibration import Calibration
-from kubeinfer.operator.autoscaling.observations import arrival_rate, saturation_throughput
-from kubeinfer.operator.autoscaling.policy import (
+from kubeinfer.operator.autoscaling.sizing import calibrated_sizing
+from kubeinfer.operator.autoscaling.sizing.calibration import Calibration
+from kubeinfer.operator.autoscaling.policies.observations import arrival_rate, saturation_throughput
+from kubeinfer.operator.autoscaling.policies.reactive import (
     ABOVE_MAX, BELOW_MIN, METRICS_STALE, METRICS_UNAVAILABLE, SCALE_FROM_ZERO, SCALE_TO_ZERO,
 )
-from kubeinfer.operator.autoscaling.policy_types import (
-    PolicyConfig, ReplicaCounts, ScaleDecision, ScaleEvent, ScaleHistory, Signals,
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleDecision, ScaleEvent, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
+from kubeinfer.operator.autoscaling.policies.predictive import (
+    PredictiveConfig, PredictiveState, Sizing, StaffedSizing, decide,
 )
-from kubeinfer.operator.autoscaling.predictive import PredictiveConfig, PredictiveState, Sizing, StaffedSizing, decide
-from kubeinfer.operator.autoscaling.recent_arrivals import arrival_estimate
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
+from kubeinfer.operator.autoscaling.policies.recent_arrivals import arrival_estimate
+from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel
 
 REACTIVE_OWNS = frozenset({METRICS_UNAVAILABLE, METRICS_STALE, ABOVE_MAX, BELOW_MIN, SCALE_FROM_ZERO, SCALE_TO_ZERO})
 PREDICTIVE_UP, PREDICTIVE_DOWN, PREDICTIVE_HOLD = "PredictiveScaleUp", "PredictiveScaleDown", "PredictiveHold"

@@ -12,8 +12,8 @@ import dataclasses
 
 import httpx
 
-from kubeinfer.operator.autoscaling.metrics_source import PrometheusSource
-from kubeinfer.operator.autoscaling.prometheus_fleet import FleetSignals
+from kubeinfer.operator.autoscaling.signals.metrics_source import PrometheusSource
+from kubeinfer.operator.autoscaling.signals.prometheus_fleet import FleetSignals
 from kubeinfer.operator.config import OperatorConfig
 
 SCRAPE_TIMEOUT_S = 2.0

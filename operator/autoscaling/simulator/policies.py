@@ -1,4 +1,4 @@
-"""The policies the simulator compares: ours (kubeinfer.operator.autoscaling.policy, fed Prometheus-like
+"""The policies the simulator compares: ours (kubeinfer.operator.autoscaling.policies.reactive, fed Prometheus-like
 signals), a fixed fleet, a KubeAI-style moving average of concurrency, and a Knative-KPA-style
 stable/panic policy. The two baselines are written here from their public descriptions (KubeAI:
 concurrency sampled every `interval`, averaged over `timeWindow`, divided by `targetRequests`, scale-down
@@ -14,12 +14,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from kubeinfer.operator.autoscaling import fleet_sizing
-from kubeinfer.operator.autoscaling import predictive as autoscale_predictive
-from kubeinfer.operator.autoscaling.cold_start import ColdStartRecord
-from kubeinfer.operator.autoscaling.policy import decide
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
-from kubeinfer.operator.autoscaling.predictive_pass import decide_predictive
+from kubeinfer.operator.autoscaling.sizing import fleet_sizing
+from kubeinfer.operator.autoscaling.policies import predictive as autoscale_predictive
+from kubeinfer.operator.autoscaling.signals.cold_start import ColdStartRecord
+from kubeinfer.operator.autoscaling.policies.reactive import decide
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
+from kubeinfer.operator.autoscaling.policies.predictive_pass import decide_predictive
 
 from .observation import Observation
 
@@ -38,7 +39,7 @@ class FixedFleet:
 class KubeInferPolicy:
     """Ours. The history goes through its JSON form at every tick, as it would through the status. With
     `learn_cold_start` it learns the cold start from the replicas it created, as the operator does from
-    its pods (`kubeinfer.operator.autoscaling.cold_start`), and uses it in place of initialDelaySeconds."""
+    its pods (`kubeinfer.operator.autoscaling.signals.cold_start`), and uses it in place of initialDelaySeconds."""
 
     config: PolicyConfig
     tick_s: float = 5.0  # the operator's default KUBEINFER_AUTOSCALE_INTERVAL_SECONDS
@@ -189,7 +190,7 @@ class TableSizing:
 
 @dataclass
 class PredictivePolicy:
-    """Ours, predictive (kubeinfer.operator.autoscaling.predictive): the arrival rate over the last 10 s into the
+    """Ours, predictive (autoscaling.policies.predictive): the arrival rate over the last 10 s into the
     forecaster, the fleet sized by the calibrated replica model (the table that sizes the limit), the cold start
     learned from the replicas it creates."""
 

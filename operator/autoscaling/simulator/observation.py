@@ -8,17 +8,23 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from kubeinfer.operator.autoscaling.cold_start import ColdStartSample
-from kubeinfer.operator.autoscaling.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
-from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.signals.cold_start import ColdStartSample
+from kubeinfer.operator.autoscaling.signals.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
+from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.measured import RECENT_RANGE_S
 
 from .replica_metrics import usage_between
 
-if TYPE_CHECKING:
-    from .sim import Simulation
+
+class SimulationView(Protocol):
+    """What an observation reads of a running `sim.Simulation` (typed here: sim.py imports this module)."""
+    samples: Any            # per-second samples: t, concurrency, waiting, running, usage
+    replicas: list[Any]     # every replica made, in order: created, ready_at, terminated, rid
+    num_initial: int        # the replicas there at the start
+    ttft_times: list[float]
+    ttft_values: list[float]
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Observation:
     current: int  # replicas asked for (spec.replicas)
     ready: int
     pending: int
-    sim: Simulation
+    sim: SimulationView
 
     def concurrency(self, seconds: float) -> list[float]:
         """Per-second samples of requests in the system (waiting + running) over the last `seconds`."""

@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
-from kubeinfer.operator.autoscaling.metrics_source import PodSelector, with_router_queue
-from kubeinfer.operator.autoscaling.scrape_source import ScrapeSource
-from kubeinfer.operator.autoscaling.plan import PROMETHEUS_LABELS, scrape_targets
-from kubeinfer.operator.autoscaling.policy_types import Signals
+from kubeinfer.operator.autoscaling.signals.metrics_histogram import histogram_quantile
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, with_router_queue
+from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
+from kubeinfer.operator.autoscaling.signals.pods import PROMETHEUS_LABELS, scrape_targets
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.metric_names import ITL, KV_USAGE
 from kubeinfer.operator.reconcile import pools
 from kubeinfer.operator.spec import POOLS, InferenceServiceSpec

@@ -7,7 +7,7 @@ policy can do that for a step. This one is the same policy without the look-ahea
   (`FleetSizing`, on the trace's own requests), with no measurement noise and no lag: it reads the trace's rate
   curve at `now` itself, not an estimate from arrivals.
 - With `drain` (the default) it also orders for the backlog a step leaves, read exactly from the simulator at the
-  tick, by the predictive policy's rule (`operator/autoscaling/predictive.py`): the queue beyond `queue_per_replica`
+  tick, by the predictive policy's rule (`policies/predictive.py`): the queue beyond `queue_per_replica`
   per ready replica, plus what arrives beyond the ready fleet's capacity over one cold start, served within
   `drain_s` on top of the arrivals. By default `drain_s` is one second: the backlog is drained as fast as
   `max_replicas` allows, which holds the most requests within the target that a fleet ordered at the step can;
@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.fleet_sizing import FleetSizing
-from kubeinfer.operator.autoscaling.predictive import PredictiveConfig
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import FleetSizing
+from kubeinfer.operator.autoscaling.policies.predictive import PredictiveConfig
+from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel
 
 from .observation import Observation
 from .policies import TableSizing

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import math
 
-from kubeinfer.operator.autoscaling.drain_sizing import saturated_arrivals
-from kubeinfer.operator.autoscaling.observations import saturation_throughput
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory
+from kubeinfer.operator.autoscaling.policies.drain_sizing import saturated_arrivals
+from kubeinfer.operator.autoscaling.policies.observations import saturation_throughput
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
 
 # A rise in the measured arrival rate smaller than this many standard errors of the difference of two Poisson counts'
 # rates is noise (module docstring: the readings scatter wider than a Poisson count's).

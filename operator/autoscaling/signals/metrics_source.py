@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.measured import RECENT_RANGE_S
 from kubeinfer.operator.metric_names import ROUTER_QUEUE, RUNNING, TTFT, WAITING
 
 log = logging.getLogger(__name__)

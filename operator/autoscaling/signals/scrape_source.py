@@ -19,10 +19,10 @@ from typing import NamedTuple
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeinfer.operator.autoscaling.calibration import usage_from
-from kubeinfer.operator.autoscaling.metrics_histogram import histogram_quantile
-from kubeinfer.operator.autoscaling.policy_types import Signals
-from kubeinfer.operator.autoscaling.recent_arrivals import RECENT_COUNT_SPAN_S, RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.sizing.calibration import usage_from
+from kubeinfer.operator.autoscaling.signals.metrics_histogram import histogram_quantile
+from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.measured import RECENT_COUNT_SPAN_S, RECENT_RANGE_S
 from kubeinfer.operator.metric_names import (
     REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
 )
@@ -85,7 +85,7 @@ def parse_pod_metrics(text: str, model_name: str | None, at: float) -> _PodSampl
 
 
 class ScrapeTarget(NamedTuple):
-    """What the direct scrape needs to know of a pod besides its /metrics URL (`plan.scrape_targets`)."""
+    """What the direct scrape needs to know of a pod besides its /metrics URL (`pods.scrape_targets`)."""
     ready_since: float | None = None   # when it last became Ready: it has served requests from then
     pod: str | None = None             # its uid: a new pod on a reused IP keeps no snapshot of the old one
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, admit
+from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel, admit
 
 from .observation import Observation
 from .replica_metrics import UsageCounters

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kubeinfer.operator.autoscaling.policy_types import PolicyConfig, ReplicaCounts, ScaleHistory, Signals
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 
 
 def observe_queue(hist: ScaleHistory, signals: Signals, replicas: ReplicaCounts,

@@ -15,6 +15,12 @@ TTFT_BUCKETS: tuple[float, ...] = (
     1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, math.inf,
 )
 
+# The runtime's bounds of the prompt and generated tokens per request (kubeinfer.runtime.server.metrics; the
+# calibration reads them, the simulator exports them): named again here, the operator's image has no runtime.
+PROMPT_TOKEN_BUCKETS = tuple(range(128, 4097, 128)) + (5120, 6144, 7168, 8192, 12288, 16384, 32768, 65536, 131072)
+GENERATION_TOKEN_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+                            4096, 8192, 16384, 32768)
+
 
 def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
     """Quantile from cumulative buckets `(upper_bound, cumulative_count)`, as PromQL's

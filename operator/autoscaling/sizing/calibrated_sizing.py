@@ -19,9 +19,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from kubeinfer.operator.autoscaling.calibration import MIN_REQUESTS, Calibration, quantiles, with_costs
-from kubeinfer.operator.autoscaling.fleet_sizing import MARGIN, SHARE, ModelSizing, attainable_share
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel
+from kubeinfer.operator.autoscaling.sizing.calibration import MIN_REQUESTS, Calibration, quantiles, with_costs
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import MARGIN, SHARE, ModelSizing, attainable_share
+from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel
 
 NUM_LENGTHS = 100
 REFRESH = 0.10          # relative change of a step cost or a mean length that replaces the model in use

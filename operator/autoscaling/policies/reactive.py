@@ -11,20 +11,14 @@ import logging
 import math
 from dataclasses import replace
 
-from kubeinfer.operator.autoscaling.drain_sizing import arrivals_span, drain_fleet
-from kubeinfer.operator.autoscaling.observations import (
+from kubeinfer.operator.autoscaling.policies.drain_sizing import arrivals_span, drain_fleet
+from kubeinfer.operator.autoscaling.policies.observations import (
     arrival_rate, learn_capacity, observe_queue, observe_ready, overloaded_in_window, queue_growth,
     saturation_throughput,
 )
-from kubeinfer.operator.autoscaling.pending_guard import held_for_pending
-from kubeinfer.operator.autoscaling.policy_types import (
-    PolicyConfig,
-    ReplicaCounts,
-    ScaleDecision,
-    ScaleEvent,
-    ScaleHistory,
-    Signals,
-)
+from kubeinfer.operator.autoscaling.policies.pending_guard import held_for_pending
+from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleDecision, ScaleEvent, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from kubeinfer.operator.autoscaling.replica_model import ReplicaModel, admit
+from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel, admit
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ so its SLO share and GPU-hours are the yardstick for ours (docs/benchmarks.md, t
 
 - The fleet a rate needs comes from the simulator's own replica model (`FleetSizing`: the smallest
   fixed fleet that serves a steady rate with 99% of TTFTs within target, measured on the replica model
-  exactly as the fixed fleet of the benchmark is sized; `kubeinfer.operator.autoscaling.fleet_sizing`, which
+  exactly as the fixed fleet of the benchmark is sized; `kubeinfer.operator.autoscaling.sizing.fleet_sizing`, which
   the operator's predictive policy runs on the model it calibrates), so capacity per replica is the same for
   every policy compared.
 - At every tick it asks for the largest need over [now, now + cold start + tick]: a replica ordered now
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.fleet_sizing import FleetSizing, fleet_sizing  # noqa: F401 (the benchmark's)
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import FleetSizing, fleet_sizing  # noqa: F401 (the benchmark's)
 
 from .observation import Observation
 from .sim import Trace
