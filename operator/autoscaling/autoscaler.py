@@ -83,7 +83,9 @@ class Autoscaler:
         if self._own_readers is not None:
             await self._own_readers.aclose()
 
-    def _read(self) -> tuple[dict[str, Any] | None, InferenceServiceSpec | None, list[dict[str, Any]]]:
+    def read(self) -> tuple[dict[str, Any] | None, InferenceServiceSpec | None, list[dict[str, Any]]]:
+        """The stored object, its parsed spec and its pods: (None, None, []) when it is gone or being deleted,
+        (body, None, []) when its spec does not parse or does not autoscale."""
         body = self.ctx.kube.get(self.path)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None, None, []
@@ -130,7 +132,7 @@ class Autoscaler:
 
     async def step(self) -> Plan | pool_pass.PoolsPlan | None:
         """One pass; None when the object is gone, invalid, or no longer autoscaled."""
-        body, spec, pods = await asyncio.to_thread(self._read)
+        body, spec, pods = await asyncio.to_thread(self.read)
         if body is None or spec is None:
             return None
         if spec.disaggregation is not None:   # each pool on its own signals, bound together
@@ -141,7 +143,7 @@ class Autoscaler:
     def _decide_and_write(self, signals: Signals) -> Plan | None:
         # Under the object's lock: reconcile merges the same conditions list from a fresh read.
         with self.ctx.lock_for(self.namespace, self.name):
-            body, spec, pods = self._read()
+            body, spec, pods = self.read()
             if body is None or spec is None:
                 return None
             now = self.clock()

@@ -131,7 +131,7 @@ async def step(scaler: Any, body: dict[str, Any], spec: InferenceServiceSpec,
 
 def _decide_and_write(scaler: Any, signals: dict[str, Signals]) -> PoolsPlan | None:
     with scaler.ctx.lock_for(scaler.namespace, scaler.name):   # reconcile merges the same conditions list
-        body, spec, pods = scaler._read()
+        body, spec, pods = scaler.read()
         if body is None or spec is None or not autoscaled(spec):
             return None
         now = scaler.clock()
