@@ -53,7 +53,7 @@ from kubeinfer.operator.autoscaling.signals.readers import SharedReaders
 from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
 from kubeinfer.operator.reconcile import builders, router, status as status_mod
-from kubeinfer.operator.reconcile.controller import own_pods
+from kubeinfer.operator.reconcile.controller import Context, own_pods
 from kubeinfer.operator.spec import API_VERSION, KIND, InferenceServiceSpec, parse_spec
 from kubeinfer.operator.times import rfc3339_precise
 
@@ -64,7 +64,7 @@ class Autoscaler:
     """The I/O of one InferenceService's passes. Its metrics source keeps state between passes (the
     direct-scrape snapshots), so one instance lives as long as the object's daemon."""
 
-    def __init__(self, ctx: Any, namespace: str, name: str, readers: SharedReaders | None = None) -> None:
+    def __init__(self, ctx: Context, namespace: str, name: str, readers: SharedReaders | None = None) -> None:
         self.ctx, self.namespace, self.name = ctx, namespace, name
         self._own_readers = None if readers is not None else SharedReaders.for_config(ctx.config)
         self.readers = readers or self._own_readers
@@ -165,7 +165,7 @@ class Autoscaler:
             return plan
 
 
-async def run(ctx: Any, namespace: str, name: str, stopped: kopf.DaemonStopped,
+async def run(ctx: Context, namespace: str, name: str, stopped: kopf.DaemonStopped,
               readers: SharedReaders | None = None) -> None:
     """The daemon's loop: one pass per `autoscale_interval_seconds` until kopf stops it (object deleted,
     autoscaling removed, operator stopping). A failed pass is logged and the next one tries again.

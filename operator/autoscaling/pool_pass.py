@@ -18,16 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from kubeinfer.operator.autoscaling.history_status import RememberedHistory
 from kubeinfer.operator.autoscaling.plan import MANUAL_SCALE_OVERRIDDEN, Plan, plan_pass, scaling_conditions
 from kubeinfer.operator.autoscaling.policies.reactive import SCALE_FROM_ZERO
-from kubeinfer.operator.autoscaling.signals.pool_signals import PoolReaders, pool_signals
 from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.pool_signals import PoolReaders, pool_signals
+from kubeinfer.operator.autoscaling.signals.prometheus_fleet import FleetSignals
+from kubeinfer.operator.autoscaling.signals.readers import SharedReaders
 from kubeinfer.operator.events import EventSpec, condition_events
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH
 from kubeinfer.operator.reconcile import builders, pools, status as status_mod
+from kubeinfer.operator.reconcile.controller import Context
 from kubeinfer.operator.spec import METRICS_AVAILABLE, POOLS, SCALING_ACTIVE, InferenceServiceSpec
 from kubeinfer.operator.times import rfc3339, rfc3339_precise
 
@@ -114,7 +117,24 @@ def plan_pools(body: dict[str, Any], spec: InferenceServiceSpec, signals: dict[s
                      replicas_patch={"spec": {"disaggregation": patch}} if patch else None, events=tuple(events))
 
 
-async def step(scaler: Any, body: dict[str, Any], spec: InferenceServiceSpec,
+class PoolScaler(Protocol):
+    """What a pass over the pools uses of its `autoscaler.Autoscaler` (which imports this module)."""
+    ctx: Context
+    namespace: str
+    name: str
+    path: str
+    readers: SharedReaders
+    prometheus: FleetSignals | None   # None: scrape the pods
+    pool_readers: PoolReaders | None
+    pool_remembered: dict[str, RememberedHistory]
+    clock: Callable[[], float]
+
+    def read(self) -> tuple[dict[str, Any] | None, InferenceServiceSpec | None, list[dict[str, Any]]]: ...
+
+    async def router_waiting(self, body: dict[str, Any], url: str | None) -> float | None: ...
+
+
+async def step(scaler: PoolScaler, body: dict[str, Any], spec: InferenceServiceSpec,
                pods: list[dict[str, Any]]) -> PoolsPlan | None:
     """One pass of `scaler` (an `autoscaler.Autoscaler`) over a service with spec.disaggregation."""
     assert spec.disaggregation is not None
@@ -129,7 +149,7 @@ async def step(scaler: Any, body: dict[str, Any], spec: InferenceServiceSpec,
     return await asyncio.to_thread(_decide_and_write, scaler, signals)
 
 
-def _decide_and_write(scaler: Any, signals: dict[str, Signals]) -> PoolsPlan | None:
+def _decide_and_write(scaler: PoolScaler, signals: dict[str, Signals]) -> PoolsPlan | None:
     with scaler.ctx.lock_for(scaler.namespace, scaler.name):   # reconcile merges the same conditions list
         body, spec, pods = scaler.read()
         if body is None or spec is None or not autoscaled(spec):

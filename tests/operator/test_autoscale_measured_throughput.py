@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from kubeinfer.operator.autoscaling.policies import reactive as ap
 from kubeinfer.operator.autoscaling.policies.observations import saturation_throughput
+from kubeinfer.operator.autoscaling.policies.predictive_pass import PREDICTIVE_UP
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
 from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts, Signals
-from kubeinfer.operator.autoscaling.policies.predictive_pass import PREDICTIVE_UP
 from support.autoscale_objects import NOW, body, plan, pod, settled_status
 
 T0 = 1_000_000.0

@@ -7,8 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from kubeinfer.operator.autoscaling import plan as plan_module
-from kubeinfer.operator.autoscaling.signals import pods as pods_reading
 from kubeinfer.operator.autoscaling.policies.types import ScaleHistory
+from kubeinfer.operator.autoscaling.signals import pods as pods_reading
 from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.times import rfc3339 as iso
 from support.autoscale_objects import NOW, body, plan, pod, settled_status

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.autoscaling.policies.predictive import StaffedSizing
 from kubeinfer.operator.autoscaling.policies.predictive_pass import NO_THROUGHPUT, PREDICTIVE_HOLD, PREDICTIVE_UP
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from support.autoscale_objects import NOW, body, plan, pod, settled_status
 
 

@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from kubeinfer.operator.autoscaling.policies import reactive as ap
-from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
 from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource
 from support import PROMETHEUS_BIN, Prometheus, RuntimeServer, static_targets
 
 MODEL = "tiny"

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kubeinfer.operator.autoscaling.policies.observations import arrival_rate, saturation_throughput
 from kubeinfer.operator.autoscaling.sizing import calibrated_sizing
 from kubeinfer.operator.autoscaling.sizing.calibration import Calibration
-from kubeinfer.operator.autoscaling.policies.observations import arrival_rate, saturation_throughput
 from kubeinfer.operator.autoscaling.policies.reactive import (
     ABOVE_MAX, BELOW_MIN, METRICS_STALE, METRICS_UNAVAILABLE, SCALE_FROM_ZERO, SCALE_TO_ZERO,
 )

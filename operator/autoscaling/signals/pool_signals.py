@@ -28,11 +28,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.autoscaling.signals.metrics_histogram import histogram_quantile
 from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, with_router_queue
-from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
 from kubeinfer.operator.autoscaling.signals.pods import PROMETHEUS_LABELS, scrape_targets
-from kubeinfer.operator.autoscaling.signals.measured import Signals
+from kubeinfer.operator.autoscaling.signals.prometheus_fleet import FleetSignals
+from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
 from kubeinfer.operator.metric_names import ITL, KV_USAGE
 from kubeinfer.operator.reconcile import pools
 from kubeinfer.operator.spec import POOLS, InferenceServiceSpec
@@ -75,7 +76,7 @@ def combine(pod_signals: dict[str, Signals], extras: DecodeExtras, router_waitin
             "decode": with_router_queue(decode, router_waiting, num_pods["decode"])}
 
 
-async def pool_signals(prometheus: Any, readers: PoolReaders, spec: InferenceServiceSpec, namespace: str,
+async def pool_signals(prometheus: FleetSignals | None, readers: PoolReaders, spec: InferenceServiceSpec, namespace: str,
                        name: str, served: str, pods: list[dict[str, Any]],
                        router_waiting: float | None) -> dict[str, Signals]:
     """Both pools' signals for one pass (`prometheus`: the operator's FleetSignals, None: scrape the pods)."""

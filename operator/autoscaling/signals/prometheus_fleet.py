@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 import httpx
 
-from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource
 from kubeinfer.operator.autoscaling.signals.measured import Signals
-from kubeinfer.operator.autoscaling.sizing.calibration import usage_from
 from kubeinfer.operator.autoscaling.signals.measured import RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, PrometheusSource
+from kubeinfer.operator.autoscaling.sizing.calibration import usage_from
 from kubeinfer.operator.metric_names import (
     REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
 )

@@ -19,10 +19,10 @@ from typing import NamedTuple
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeinfer.operator.autoscaling.sizing.calibration import usage_from
-from kubeinfer.operator.autoscaling.signals.metrics_histogram import histogram_quantile
 from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.autoscaling.signals.measured import RECENT_COUNT_SPAN_S, RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.signals.metrics_histogram import histogram_quantile
+from kubeinfer.operator.autoscaling.sizing.calibration import usage_from
 from kubeinfer.operator.metric_names import (
     REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, RUNNING, STEP, STEP_MOMENTS, TTFT, WAITING,
 )

@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.sizing.fleet_sizing import FleetSizing
 from kubeinfer.operator.autoscaling.policies.predictive import PredictiveConfig
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import FleetSizing
 from kubeinfer.operator.autoscaling.sizing.replica_model import ReplicaModel
 
 from .observation import Observation

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubeinfer.operator.autoscaling.signals.cold_start import ColdStartSample
-from kubeinfer.operator.autoscaling.signals.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.autoscaling.signals.measured import RECENT_RANGE_S
+from kubeinfer.operator.autoscaling.signals.metrics_histogram import TTFT_BUCKETS, cumulative_counts, histogram_quantile
 
 from .replica_metrics import usage_between
 

@@ -14,13 +14,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from kubeinfer.operator.autoscaling.sizing import fleet_sizing
 from kubeinfer.operator.autoscaling.policies import predictive as autoscale_predictive
-from kubeinfer.operator.autoscaling.signals.cold_start import ColdStartRecord
+from kubeinfer.operator.autoscaling.policies.predictive_pass import decide_predictive
 from kubeinfer.operator.autoscaling.policies.reactive import decide
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig, ScaleHistory
+from kubeinfer.operator.autoscaling.signals.cold_start import ColdStartRecord
 from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
-from kubeinfer.operator.autoscaling.policies.predictive_pass import decide_predictive
+from kubeinfer.operator.autoscaling.sizing import fleet_sizing
 
 from .observation import Observation
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from kubeinfer.operator.autoscaling.sizing.calibration import ReplicaUsage, StepMoments
 from kubeinfer.operator.autoscaling.signals.metrics_histogram import GENERATION_TOKEN_BUCKETS, PROMPT_TOKEN_BUCKETS
+from kubeinfer.operator.autoscaling.sizing.calibration import ReplicaUsage, StepMoments
 
 _INF = float("inf")
 

@@ -26,9 +26,9 @@ from kubeinfer.operator.autoscaling.simulator.scenarios import (
     saturation_throughput,
     sizing_share,
 )
-from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation, Trace
 from kubeinfer.operator.autoscaling.policies.predictive import PredictiveConfig
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig
+from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation, Trace
 
 TTFT_TARGET_S = 0.5
 MIN_REPLICAS, MAX_REPLICAS = 1, 20
