@@ -6,7 +6,7 @@ box (one thread, CPU time per call, bf16, 512 input features, 1,536 outputs): 1 
 203 -> 128 us, 1,024 tokens 1,607 -> 1,487 us (benchmarks/cpu_linear.py).
 
 fp32 packs too: oneDNN's packed sgemm against MKL's on the plain layout, on the 2-vCPU AVX2 box (ad-hoc scripts,
-docs/benchmarks.md; 2 threads, the throughput model's shapes): 16 tokens 25-40% faster on every shape; 2,048
+docs/benchmarks/cpu-runtime.md; 2 threads, the throughput model's shapes): 16 tokens 25-40% faster on every shape; 2,048
 tokens 16% faster for the wide gate/up, 8-12% slower for the others; the model's whole prefill about even. Offline
 throughput (benchmarks/throughput.py's workload, alternating, median of 3): 8.63 -> 7.61 s, the same greedy tokens
 64/64. The packed result equals `F.linear`'s up to rounding (the same products, summed in another order);
@@ -14,8 +14,9 @@ tests/kernels/test_cpu_linear.py checks it.
 
 On an AVX2 CPU without AVX-512, fp32 and bf16 weights take panels of 16 outputs instead (`Panels`,
 csrc/linear_cpu.c): a decode step's few rows read each weight once, in order, near the streaming rate, where oneDNN's
-sgemm read them at about half of it (docs/benchmarks.md), and bf16 weights, which oneDNN does not pack on such a CPU,
-are read at half the bytes of fp32. `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
+sgemm read them at about half of it (docs/benchmarks/cpu-runtime.md), and bf16 weights, which oneDNN does not
+pack on such a CPU, are read at half the bytes of fp32. `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to
+compare).
 """
 import ctypes
 import os

@@ -3,7 +3,7 @@
 By default glibc gives large freed buffers back to the kernel (munmap, or a trim of the heap) and raises
 its mmap threshold only as it goes; every step's activations are then fresh pages, each faulted in and zeroed
 by the kernel. Measured on benchmarks/throughput.py (2-core box): ~200,000 minor page faults per pass and
-up to 1 s of a 7 s run; with the settings below ~15,000 faults and that second gone (docs/benchmarks.md).
+up to 1 s of a 7 s run; with the settings below ~15,000 faults and that second gone (docs/benchmarks/cpu-runtime.md).
 
 The settings: a fixed mmap threshold at glibc's maximum (32 MiB: buffers below it come from the heap, which
 is reused) and no trimming of the heap's top. The cost is that memory freed by the engine stays with the

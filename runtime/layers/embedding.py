@@ -49,7 +49,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         """As LinearBase.pack_weight. A head tied to the embedding packs a copy and keeps the plain weight, which the
         embedding reads: one more vocabulary-sized matrix in memory for a head 2.2-2.5x faster at 1-64 rows
         (`F.linear` on the plain layout against the packed copy, 49k and 152k vocabularies, 2-core AVX2 box:
-        docs/benchmarks.md "Real shapes"), and the head is a fifth of a decode step on such a vocabulary."""
+        docs/benchmarks/cpu-runtime.md, "Real model shapes"), and the head is a fifth of a decode step on such a
+        vocabulary."""
         if self.packed is not None or not cpu_linear.can_pack(self.weight):
             return False
         self.packed = cpu_linear.pack(self.weight.data)

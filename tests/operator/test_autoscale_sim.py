@@ -82,7 +82,7 @@ def test_a_tail_lets_the_policy_scale_down_after_a_burst_that_ends_the_trace():
 @pytest.mark.slow
 @pytest.mark.parametrize("make_trace", [diurnal, burst, flash_crowd], ids=lambda f: f.__name__)
 def test_goal_on_the_benchmark_traces(make_trace):
-    """The benchmark's claim (docs/benchmarks.md), seed 0: with throughputPerReplica, ours holds at
+    """The benchmark's claim (docs/benchmarks/autoscaling.md), seed 0: with throughputPerReplica, ours holds at
     least the SLO share of the best autoscaling alternative with fewer GPU-hours than the fixed fleet."""
     from kubeinfer.operator.autoscaling.simulator import roster
 

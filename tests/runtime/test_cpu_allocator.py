@@ -1,5 +1,6 @@
 """`keep_freed_memory`: a step's activations (up to 32 MiB each) come from glibc's heap, which is reused,
-instead of fresh mmaps that every step faults in again (the page-fault figures are in docs/benchmarks.md)."""
+instead of fresh mmaps that every step faults in again (the page-fault figures are in
+docs/benchmarks/cpu-runtime.md)."""
 import json
 import subprocess
 import sys

@@ -4,7 +4,7 @@ A fall opens when the fleet's need drops below the fleet (at `level` replicas), 
 fell below each replica count on its way down; it closes when the need comes back by two replicas (one, after a
 fall of two). One return gap is then the time since the need fell below the count it came back to: how long a
 replica released at that count would have idled before it was wanted again. Two choices, each measured on
-bursty_conversation at a 60 s cold start (docs/benchmarks.md, "Return gaps timed per replica count"):
+bursty_conversation at a 60 s cold start (docs/benchmarks/autoscaling.md, "Return gaps timed per replica count"):
 - timed from the fall's start, a dip of one replica at a burst's peak starts the clock while the burst still runs;
   and waiting for the need to come half the way back to the largest burst's level, a smaller next burst is no
   return at all: the old rule learned 1,140 s there for bursts 430-490 s apart;

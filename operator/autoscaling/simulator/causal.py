@@ -25,7 +25,7 @@ extreme of that.
 A replayed trace (trace_file.py) has no curve: its rate at t is the count of its requests over a window centred
 on t, which would read half a window of the future. Here it reads the window that ends at t instead (the count of
 the last `RATE_WINDOW_S`), causal but behind a step by up to that window; `centred` reads the other (for
-comparison: docs/benchmarks.md gives the bound on the trace files both ways).
+comparison: docs/benchmarks/autoscaling.md gives the bound on the trace files both ways).
 """
 
 from __future__ import annotations

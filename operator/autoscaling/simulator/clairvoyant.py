@@ -2,7 +2,7 @@
 start before it is needed.
 
 No autoscaler can do better for a given cold start without serving requests it cannot see coming,
-so its SLO share and GPU-hours are the yardstick for ours (docs/benchmarks.md, the cold-start sweep).
+so its SLO share and GPU-hours are the yardstick for ours (docs/benchmarks/autoscaling.md, the cold-start sweep).
 
 - The fleet a rate needs comes from the simulator's own replica model (`FleetSizing`: the smallest
   fixed fleet that serves a steady rate with 99% of TTFTs within target, measured on the replica model

@@ -63,7 +63,7 @@ class Observation:
         p95 = histogram_quantile(0.95, cumulative_counts(values, TTFT_BUCKETS)) if values else None
         # The snapshot a window before the one read (None: from zero). A tick comes before the same second's sample,
         # so the one read is a second old: measured from scrape_t, the usage covered 9 s of a 10 s window, and the
-        # calibration counted a tenth too few requests and steps (docs/benchmarks.md, 2026-11-27).
+        # calibration counted a tenth too few requests and steps (docs/benchmarks/autoscaling.md, 2026-11-27).
         j = bisect_right(s.t, s.t[i] - window_s) - 1
         usage = usage_between(s.usage[j] if j >= 0 else None, s.usage[i])
         return Signals(timestamp=scrape_t, queue_depth=s.waiting[i], num_running=s.running[i],

@@ -9,7 +9,7 @@ than 10% in a step cost or a mean length, or by two points in the attainable sha
 requests: each model in use is one sizing table (`fleet_sizing.ModelSizing`, cached), so it must not change with
 every pass's noise, but the first model, made from the first 200 requests, is the noisiest, and a better one within
 10% of it was never taken (bursty_conversation: prompts of 993 tokens on average in the model in use for the whole
-trace, 1,040 in the calibration by its end; docs/benchmarks.md). `sizing` is the `Sizing`
+trace, 1,040 in the calibration by its end; docs/benchmarks/autoscaling.md). `sizing` is the `Sizing`
 the policy asks: the fleet a steady rate needs for 99% of first tokens within the TTFT target, or 2 points below the
 attainable share where long prompts alone take longer.
 """

@@ -51,8 +51,8 @@ class StepMoments:
         `nonnegative`: the least-squares fit with no cost below zero (and the per-token one above it), None if
         there is none. On a CPU replica of a tiny model a step costs about the same at 1 and at 4 sequences, and
         the free fit read a per-sequence cost of -0.66 to -0.22 ms for 200 s of a real replay, so no model was
-        ever made from it (docs/benchmarks.md, 2026-11-27). With three unknowns the constrained optimum is the
-        unconstrained fit over one of the subsets that keep the per-token cost: each feasible one is solved and
+        ever made from it (docs/benchmarks/autoscaling.md, 2026-11-27). With three unknowns the constrained optimum
+        is the unconstrained fit over one of the subsets that keep the per-token cost: each feasible one is solved and
         the one that explains the most wins (its residual is the steps' total sum of squares, not exported,
         less that)."""
         if self.steps <= 0 or self.n <= 0 or self.p <= 0:
