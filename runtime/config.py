@@ -196,12 +196,14 @@ class EngineConfig:
                  "a draft model runs in a single process only, with tensor_parallel_size and "
                  "expert_parallel_size 1 (use speculative_method ngram with tensor or expert parallelism)")
 
-    def resolve_device(self) -> None:
-        """Turns device "auto" into cuda or cpu, and checks that a CUDA device asked for exists (imports torch)."""
+    def resolve_device(self) -> str:
+        """The device the engine runs on: "auto" read as cuda or cpu, a CUDA device asked for checked to exist
+        (imports torch). The config keeps what the user wrote."""
         import torch
-        if self.device == "auto":
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif self.device.startswith("cuda"):
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device.startswith("cuda"):
             _require(torch.cuda.is_available(), f"device {self.device!r}: no CUDA device is available here "
                      f"(torch {torch.__version__}{'' if torch.version.cuda else ', a CPU-only build'}); "
                      f"use --device cpu or auto")
@@ -209,10 +211,11 @@ class EngineConfig:
             _require(index < torch.cuda.device_count(), f"device {self.device!r}: this machine has "
                      f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
         n = self.world_size
-        if n > 1 and self.device == "cuda":
+        if n > 1 and device == "cuda":
             count = torch.cuda.device_count()
             _require(n <= count, f"tensor_parallel_size {self.tensor_parallel_size} with expert_parallel_size "
                      f"{self.expert_parallel_size} needs {n} GPUs; this machine has {count}")
+        return device
 
     def _validate_tensor_parallel(self) -> None:
         n, model = self.tensor_parallel_size, self.model_config

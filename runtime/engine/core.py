@@ -69,7 +69,7 @@ class EngineCore:
                                config.model_config.vocab_size, eos_token_ids,
                                dict(self.model_runner.startup_phases),
                                config.speculative_tokens if config.speculative_method else 0, dict(self.lora_paths),
-                               config.world_size if config.device.startswith("cuda") else 0)
+                               config.world_size if runner.device.type == "cuda" else 0)
         self.sleeping: engine_sleep.Sleep | None = None
         self.request_wakes: list[dict] = []   # wake-ups requests caused, taken by the serving loop
         self.transfer_progress = threading.Event()

@@ -50,9 +50,10 @@ _HEADER = 8                          # bytes of the message length that precedes
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
     """Rank r of a group on CUDA uses cuda:r; on CPU every rank uses the CPU."""
-    if config.world_size > 1 and config.device == "cuda":
+    device = config.resolve_device()
+    if config.world_size > 1 and device == "cuda":
         return torch.device("cuda", rank)
-    return torch.device(config.device)
+    return torch.device(device)
 
 
 def _init_process_group(config: EngineConfig, rank: int, store: dist.Store) -> None:

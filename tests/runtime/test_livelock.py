@@ -33,14 +33,16 @@ def assert_no_block_leaks(llm: LLM) -> None:
 
 def test_a_sequence_longer_than_the_cache_no_longer_blocks_the_queue(llama_dir, caplog):
     """The issue's repro: 2 blocks of 16 tokens, one request of 4 prompt + 40 output tokens, then another. The
-    engine serves at most the 32 tokens the cache holds; the config it was given stays as it was."""
-    settings = {"num_kvcache_blocks": 2, "block_size": 16, "device": "cpu"}   # a device given: none to resolve
+    engine serves at most the 32 tokens the cache holds; the config it was given stays as it was (its limit and
+    its device "auto", which the runner reads as the CPU)."""
+    settings = {"num_kvcache_blocks": 2, "block_size": 16, "device": "auto"}   # read as cpu here, kept as "auto"
     with caplog.at_level("WARNING"):
         llm = LLM(str(llama_dir), **settings)
     assert "max_model_len lowered to 32" in caplog.text
     config = llm.engine.config
     assert dataclasses.asdict(config) == dataclasses.asdict(EngineConfig(str(llama_dir), **settings))
     assert config.max_model_len == 512   # the model's own limit, as validated
+    assert config.device == "auto" and llm.engine.core.model_runner.device.type == "cpu"
     core = llm.engine.core
     assert core.model_runner.max_model_len == core.info.max_model_len == core.scheduler.max_model_len == 32
     assert core.block_manager.tables.shape[1] == core.model_runner.max_blocks_per_seq == 2
