@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from kubeinfer.kernels import ops
-from kubeinfer.runtime.layers.linear import _copy_into, _read, _shape, load_rows
+from kubeinfer.runtime.layers.linear import copy_into, read_slice, source_shape, load_rows
 from kubeinfer.runtime.parallel import all_reduce, all_reduce_world, ep_rank, ep_size, tp_rank, tp_size
 
 # checkpoint projection name -> (our parameter, shard: 0 gate, 1 up, None down)
@@ -58,11 +58,11 @@ class FusedMoE(nn.Module):
             size = self.intermediate
             rows = slice(share * size, (share + 1) * size)
             load_rows(param.data[local, part * size:(part + 1) * size], source, rows, f"expert {expert} gate/up")
-        elif _shape(source)[-1] == param.shape[-1]:   # down, whole
+        elif source_shape(source)[-1] == param.shape[-1]:   # down, whole
             load_rows(param.data[local], source, None, f"expert {expert} down")
         else:   # down: this rank's columns
             cols = slice(share * self.intermediate, (share + 1) * self.intermediate)
-            _copy_into(param.data[local], _read(source, None, cols), f"expert {expert} down")
+            copy_into(param.data[local], read_slice(source, None, cols), f"expert {expert} down")
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = ops.moe_route(router_logits, self.top_k, self.renormalize, self.weights_in_fp32)

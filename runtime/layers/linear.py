@@ -14,7 +14,8 @@ from kubeinfer.kernels import cpu_linear, ops
 from kubeinfer.runtime.parallel import all_reduce, tp_rank, tp_size
 
 
-def _read(source, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+def read_slice(source, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+    """Rows and columns of a checkpoint tensor (a tensor, or a safetensors slice read only where asked)."""
     if rows is None and cols is None:
         return source[:]
     if cols is None:
@@ -22,11 +23,13 @@ def _read(source, rows: slice | None = None, cols: slice | None = None) -> torch
     return source[rows if rows is not None else slice(None), cols]
 
 
-def _shape(source) -> tuple[int, ...]:
+def source_shape(source) -> tuple[int, ...]:
+    """The shape of a checkpoint tensor or safetensors slice, without reading it."""
     return tuple(source.get_shape()) if hasattr(source, "get_shape") else tuple(source.shape)
 
 
-def _copy_into(dest: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+def copy_into(dest: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    """A loaded shard into its parameter; a shape that differs is the checkpoint's error, named."""
     if dest.shape != loaded.shape:
         raise ValueError(f"{name}: checkpoint shard has shape {tuple(loaded.shape)}, expected {tuple(dest.shape)}")
     dest.copy_(loaded)
@@ -37,7 +40,7 @@ def load_rows(dest: torch.Tensor, source, rows: slice | None, name: str) -> None
     if hasattr(source, "read_into"):
         source.read_into(dest, rows or slice(None), name)
     else:
-        _copy_into(dest, _read(source, rows), name)
+        copy_into(dest, read_slice(source, rows), name)
 
 
 class LinearBase(nn.Module):
@@ -147,11 +150,11 @@ class RowParallelLinear(LinearBase):
             load_rows(param.data, source, None, "row-parallel bias")
             return
         cols = param.shape[1]
-        if cols == _shape(source)[-1]:   # one rank: the whole tensor, read straight in
+        if cols == source_shape(source)[-1]:   # one rank: the whole tensor, read straight in
             load_rows(param.data, source, None, "row-parallel linear")
             return
         start = tp_rank() * cols
-        _copy_into(param.data, _read(source, None, slice(start, start + cols)), "row-parallel linear")
+        copy_into(param.data, read_slice(source, None, slice(start, start + cols)), "row-parallel linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.project(x, self.bias if tp_rank() == 0 else None)

@@ -25,7 +25,7 @@ from kubeinfer.runtime.router.affinity import Weights
 from kubeinfer.runtime.router.metrics import RouterMetrics
 from kubeinfer.runtime.router.policies import Chooser
 from kubeinfer.runtime.router.replicas import Replica, ReplicaSet
-from kubeinfer.runtime.router.resume import RESUMABLE_PATHS, _one_prompt
+from kubeinfer.runtime.router.resume import RESUMABLE_PATHS, one_prompt
 from kubeinfer.runtime.router.route_trace import UNTRACED
 from kubeinfer.runtime.router.settings import RouterSettings
 
@@ -49,7 +49,7 @@ def eligible(path: str, parsed, adapter: str | None) -> bool:
     not send (the first token's logprobs, a grammar's state) and not a continuation (`kubeinfer_resume`)."""
     if path not in RESUMABLE_PATHS or not isinstance(parsed, dict) or adapter is not None:
         return False
-    if parsed.get("n") not in (1, None) or not _one_prompt(parsed.get("prompt")) or "kubeinfer_resume" in parsed:
+    if parsed.get("n") not in (1, None) or not one_prompt(parsed.get("prompt")) or "kubeinfer_resume" in parsed:
         return False
     if parsed.get("logprobs") not in (None, False) or parsed.get("top_logprobs") is not None:
         return False

@@ -24,10 +24,10 @@ MAX_RESUMES = 3   # continuations (or retries) of one request: a request that ki
 def is_resumable(path: str, parsed) -> bool:
     """A streamed completion or chat request of one choice (the replica still declines one with tools)."""
     return (path in RESUMABLE_PATHS and isinstance(parsed, dict) and parsed.get("stream") is True
-            and parsed.get("n") in (1, None) and _one_prompt(parsed.get("prompt")))
+            and parsed.get("n") in (1, None) and one_prompt(parsed.get("prompt")))
 
 
-def _one_prompt(prompt) -> bool:
+def one_prompt(prompt) -> bool:
     """A chat request (no prompt), a string, or one prompt of token ids: not a batch of prompts."""
     if prompt is None or isinstance(prompt, str):
         return True
