@@ -6,11 +6,14 @@ Writes a Llama-3.2-1B-shaped random bf16 checkpoint (one 2.47 GB model.safetenso
 that model) into `--model-dir` once (kept for the next run; ~40 s, 3.3 GB of memory at the peak), then starts
 an engine on it `--repeat` times per cache state, each in a new process: "warm" reads the file from the page
 cache, "cold" first drops this file's pages from it (posix_fadvise DONTNEED: only this file, no privilege
-needed), so the weights come from the disk. Prints the runtime's own `weights` phase, the whole engine start
-and the process's peak resident memory, each the median of the runs. `--shape tiny` is a smoke test.
+needed), so the weights come from the disk. Prints the runtime's own `weights` phase, the whole engine start, its
+first request (16 prompt tokens, one output token) and the process's peak resident memory, each the median of the
+runs. `--shape tiny` is a smoke test.
 
 `node-warm` and `node-cold` start from the node's weight cache instead (`--weight-cache-dir`, written by one start
-before the runs, whose time is printed: models/weight_cache.py), its file in the page cache or dropped from it.
+before the runs, whose time is printed: models/weight_cache.py), its file in the page cache or dropped from it;
+`node-warm-copy` and `node-cold-copy` the same with KUBEINFER_WEIGHT_CACHE_READ=copy (the weights read into new memory
+instead of used in place from the mapped file, the CPU's default).
 The states alternate within each repeat, so drift in the box falls on each. `--model-dir` may be any model folder
 (e.g. the trained SmolLM2's, ~/.cache/kubeinfer/models/smollm2-135m-instruct-v1).
 """
@@ -42,7 +45,11 @@ def child(model_dir: str, weight_cache_dir: str | None) -> None:
     from kubeinfer.runtime.llm import LLM
     llm = LLM(model_dir, device="cpu", kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=8,
               weight_cache_dir=weight_cache_dir)
-    phases = {**llm.engine.startup_phases, "engine": time.monotonic() - started,
+    engine = time.monotonic() - started
+    from kubeinfer.runtime.sampling_params import SamplingParams
+    asked = time.monotonic()   # the first request reads every weight: a mapped one's pages come in now
+    llm.generate([list(range(1, 17))], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    phases = {**llm.engine.startup_phases, "engine": engine, "first_request": time.monotonic() - asked,
               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     print(json.dumps(phases))
 
@@ -53,7 +60,7 @@ def main() -> int:
     parser.add_argument("--shape", default="1b")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cache", nargs="+", default=["warm", "cold"],
-                        choices=["warm", "cold", "node-warm", "node-cold"])
+                        choices=["warm", "cold", "node-warm", "node-cold", "node-warm-copy", "node-cold-copy"])
     parser.add_argument("--weight-cache-dir", type=Path, default=Path("/tmp/kubeinfer-weight-cache"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-cache", help=argparse.SUPPRESS)
@@ -69,11 +76,11 @@ def main() -> int:
         print(f"checkpoint written in {seconds:.1f} s")
     size = sum(f.stat().st_size for f in args.model_dir.glob("*.safetensors"))
     print(f"checkpoint: {args.model_dir}, {size / 1e9:.2f} GB of safetensors")
-    def start(cache_dir: Path | None) -> dict | None:
+    def start(cache_dir: Path | None, copy: bool = False) -> dict | None:
         command = [sys.executable, "-P", __file__, "--child", str(args.model_dir)]
         command += ["--child-cache", str(cache_dir)] if cache_dir else []
-        result = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"KUBEINFER_WEIGHT_CACHE_READ": "copy"} if copy else {})}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
         if result.returncode != 0:
             print(result.stdout, result.stderr, sep="\n")
             return None
@@ -89,9 +96,9 @@ def main() -> int:
     for _ in range(args.repeat):
         for state in args.cache:
             node = state.startswith("node")
-            if state.endswith("cold"):
+            if "cold" in state:
                 evict(args.weight_cache_dir if node else args.model_dir, "*.weights" if node else "*.safetensors")
-            run = start(args.weight_cache_dir if node else None)
+            run = start(args.weight_cache_dir if node else None, copy=state.endswith("copy"))
             if run is None:
                 return 1
             runs[state].append(run)

@@ -6,13 +6,15 @@ One file per key: the key hashes what the bytes depend on (the checkpoint's file
 the dtype, the device kind, the rank and world size, the kernel backend and the CPU GEMM's layout, this format).
 The file: a magic line, the length and JSON of a manifest (each weight's module, attribute, shape, dtype, offset),
 then the weights' bytes at 4 KiB-aligned offsets. It is written once, after a load from the checkpoint, under a
-temporary name and then renamed, so that a reader never sees half a file; one that does not fit the model (another
-version, a truncated disk) is ignored with a warning and written again. Nothing evicts entries: a model's files
-stay until the directory is cleared (the operator's volume: docs/operator.md).
+temporary name and then renamed, so that a reader never sees half a file (nor a mapped one change: an engine on the
+CPU maps the file and uses its weights in place); one that does not fit the model (another version, a truncated
+disk) is ignored with a warning and written again. Nothing evicts entries: a model's files stay until the directory
+is cleared (the operator's volume: docs/operator.md).
 """
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 import time
@@ -71,7 +73,10 @@ def save(model: torch.nn.Module, path: Path) -> int | None:
 
 
 def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
-    """Puts the weights saved at `path` into `model` (built, its weights not loaded); ValueError if they do not fit."""
+    """Puts the weights saved at `path` into `model` (built, its weights not loaded); ValueError if they do not fit.
+    On a CPU each weight is a view of one private mapping of the file (nothing is copied: a page comes in from the
+    page cache when first read, and engines on the node that map one file share its pages) unless
+    KUBEINFER_WEIGHT_CACHE_READ=copy asks for a copy into new memory; on a GPU each is read and copied over."""
     modules = dict(model.named_modules())
     expected = {(module, attribute) for module, _, attribute, _ in named_weights(model) if attribute != "packed"}
     with open(path, "rb") as file:
@@ -83,9 +88,18 @@ def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
             raise ValueError("its size is not what its manifest says (a write cut short?)")
         if {(e["module"], e["attribute"]) for e in manifest["entries"] if e["attribute"] != "packed"} != expected:
             raise ValueError("its weights are not this model's")
+        mapping = None
+        if device.type == "cpu" and os.environ.get("KUBEINFER_WEIGHT_CACHE_READ") != "copy":
+            # Private (copy-on-write: nothing reaches the file); the views keep it mapped.
+            mapping = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         for entry in manifest["entries"]:
-            tensor = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
-            if tensor.numel():
+            dtype = getattr(torch, entry["dtype"])
+            tensor = torch.empty(entry["shape"], dtype=dtype)
+            if tensor.numel() and mapping is not None:
+                flat = torch.frombuffer(mapping, dtype=torch.uint8, count=tensor.numel() * tensor.element_size(),
+                                        offset=start + entry["offset"])
+                tensor = flat.view(dtype).view(entry["shape"])
+            elif tensor.numel():
                 file.seek(start + entry["offset"])
                 file.readinto(memoryview(flat_bytes(tensor).numpy()))
             tensor = tensor.to(device)

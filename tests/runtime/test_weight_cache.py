@@ -72,3 +72,28 @@ def test_a_damaged_file_is_ignored_and_written_again(model_dirs, tmp_path, damag
     assert cached.read_bytes() == intact
     prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
     assert_same_outputs(llm.generate(prompt_ids, greedy()), hf_greedy(model, prompt_ids, TOKENS))
+
+
+@pytest.mark.parametrize("read", ["map", "copy"])
+def test_on_the_cpu_the_cached_weights_are_used_in_place_and_the_file_never_changes(model_dirs, tmp_path, read,
+                                                                                  monkeypatch):
+    """By default a CPU engine's weights from the cache are views of a private mapping of its file (no copy: the
+    mapping is in /proc/self/maps); KUBEINFER_WEIGHT_CACHE_READ=copy reads them into new memory. Same bytes and
+    transformers' answers both ways, and serving (and a level-1 sleep and wake) writes nothing to the file."""
+    model = model_dirs["llama"]
+    first = LLM(str(model), weight_cache_dir=str(tmp_path))
+    [cached] = list(tmp_path.glob("*.weights"))
+    written = cached.read_bytes()
+    if read == "copy":
+        monkeypatch.setenv("KUBEINFER_WEIGHT_CACHE_READ", "copy")
+    second = LLM(str(model), weight_cache_dir=str(tmp_path))
+    mapped = [line for line in open("/proc/self/maps").read().splitlines() if line.endswith(str(cached))]
+    assert bool(mapped) == (read == "map"), mapped
+    assert same_bytes(weights_of(second), weights_of(first))
+    prompt_ids = [second.tokenizer.encode(p) for p in PROMPTS]
+    reference = hf_greedy(model, prompt_ids, TOKENS)
+    assert_same_outputs(second.generate(prompt_ids, greedy()), reference)
+    second.sleep(1)
+    second.wake_up()
+    assert_same_outputs(second.generate(prompt_ids, greedy()), reference)
+    assert cached.read_bytes() == written
