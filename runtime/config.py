@@ -197,13 +197,10 @@ class EngineConfig:
                  "expert_parallel_size 1 (use speculative_method ngram with tensor or expert parallelism)")
 
     def resolve_device(self) -> str:
-        """The device the engine runs on: "auto" read as cuda or cpu, a CUDA device asked for checked to exist
-        (imports torch). The config keeps what the user wrote."""
+        """The device to run on ("auto" read as cuda or cpu, CUDA checked to exist; the config keeps "auto")."""
         import torch
-        device = self.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif device.startswith("cuda"):
+        device = self.device if self.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
             _require(torch.cuda.is_available(), f"device {self.device!r}: no CUDA device is available here "
                      f"(torch {torch.__version__}{'' if torch.version.cuda else ', a CPU-only build'}); "
                      f"use --device cpu or auto")
