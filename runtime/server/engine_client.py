@@ -30,6 +30,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.engine_start import spawn_core_process, start_core_thread, join_core, wait_until_ready
 from kubeinfer.runtime.server.metrics import EngineMetrics
+from kubeinfer.runtime.server.protocol import Resume
 from kubeinfer.runtime.tokenizer import Tokenizer, eos_token_ids
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class EngineClient:
 
     # -- requests ------------------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       resumed: "Resume | None" = None, kv_source: str | None = None) -> AsyncIterator[RequestOutput]:
+                       resumed: Resume | None = None, kv_source: str | None = None) -> AsyncIterator[RequestOutput]:
         """The request's outputs as the engine makes them. `resumed`: the output its client already has from a
         replica that died (the first output here carries only what follows it). `kv_source`: the prefill replica's
         KV endpoint its prompt's KV and first token are pulled from (a decode replica); a failed pull raises
