@@ -29,7 +29,7 @@ from kubeinfer.kernels.cpu_linear import Panels
 from kubeinfer.runtime.cpu_allocator import release_freed_memory
 from kubeinfer.runtime.engine.messages import SLEEP_LEVELS
 from kubeinfer.runtime.errors import InvalidRequestError
-from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, named_weights, tensor_of
+from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, mapped, named_weights, private_mapping, tensor_of
 
 
 @dataclass
@@ -111,11 +111,9 @@ class WeightStash:
     def _map(self) -> None:
         """Each weight becomes a view of one private mapping of the file (copy-on-write: nothing reaches the file);
         the mapping lives as long as those views, so the next sleep, which swaps them for empty tensors, unmaps it."""
-        mapping = mmap.mmap(self.file.fileno(), self.size, flags=mmap.MAP_PRIVATE,
-                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mapping = private_mapping(self.file.fileno(), self.size)
         for offset, slot in zip(self.offsets, self.slots):
-            flat = torch.frombuffer(mapping, dtype=torch.uint8, count=slot.nbytes, offset=offset)
-            slot.set(flat.view(slot.dtype).view(slot.shape))
+            slot.set(mapped(mapping, offset, slot.shape, slot.dtype))
 
     def close(self) -> None:
         self.host = []

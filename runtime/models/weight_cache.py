@@ -14,7 +14,6 @@ is cleared (the operator's volume: docs/operator.md).
 import hashlib
 import json
 import logging
-import mmap
 import os
 import struct
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 from kubeinfer.kernels.cpu_linear import Panels, layout
-from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, named_weights, tensor_of
+from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, mapped, named_weights, private_mapping, tensor_of
 from kubeinfer.runtime.parallel import world_size
 
 logger = logging.getLogger(__name__)
@@ -88,17 +87,12 @@ def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
             raise ValueError("its size is not what its manifest says (a write cut short?)")
         if {(e["module"], e["attribute"]) for e in manifest["entries"] if e["attribute"] != "packed"} != expected:
             raise ValueError("its weights are not this model's")
-        mapping = None
-        if device.type == "cpu" and os.environ.get("KUBEINFER_WEIGHT_CACHE_READ") != "copy":
-            # Private (copy-on-write: nothing reaches the file); the views keep it mapped.
-            mapping = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        in_place = device.type == "cpu" and os.environ.get("KUBEINFER_WEIGHT_CACHE_READ") != "copy"
+        mapping = private_mapping(file.fileno()) if in_place else None
         for entry in manifest["entries"]:
-            dtype = getattr(torch, entry["dtype"])
-            tensor = torch.empty(entry["shape"], dtype=dtype)
+            tensor = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
             if tensor.numel() and mapping is not None:
-                flat = torch.frombuffer(mapping, dtype=torch.uint8, count=tensor.numel() * tensor.element_size(),
-                                        offset=start + entry["offset"])
-                tensor = flat.view(dtype).view(entry["shape"])
+                tensor = mapped(mapping, start + entry["offset"], entry["shape"], tensor.dtype)
             elif tensor.numel():
                 file.seek(start + entry["offset"])
                 file.readinto(memoryview(flat_bytes(tensor).numpy()))

@@ -2,6 +2,8 @@
 each packed copy of one (a module's `packed`: kernels/cpu_linear.py's panels, or oneDNN's opaque layout). The node's
 weight cache (weight_cache.py) writes and reads them; a sleeping engine (engine/sleep.py) moves them out and back.
 """
+import math
+import mmap
 from collections.abc import Iterator
 
 import torch
@@ -36,3 +38,15 @@ def is_opaque(tensor: torch.Tensor) -> bool:
 def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`'s bytes as one flat uint8 tensor (a view where it is contiguous)."""
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+def private_mapping(fileno: int, size: int = 0) -> mmap.mmap:
+    """A private (copy-on-write: nothing reaches the file) mapping of a weights file, `size` bytes (0: all of it).
+    Tensors made by `mapped` keep it alive; once none is left, it is unmapped."""
+    return mmap.mmap(fileno, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def mapped(mapping: mmap.mmap, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    """The weight stored at `offset` of `mapping`, as a view of it (no copy: its pages come in when first read)."""
+    count = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=count, offset=offset).view(dtype).view(shape)
