@@ -48,7 +48,7 @@ from kubeinfer.operator.autoscaling.plan import Plan, plan_pass
 from kubeinfer.operator.autoscaling.signals import pool_signals
 from kubeinfer.operator.autoscaling.signals.measured import Signals
 from kubeinfer.operator.autoscaling.signals.metrics_source import PodSelector, router_queue, with_router_queue
-from kubeinfer.operator.autoscaling.signals.pods import PROMETHEUS_LABELS, is_ready, live_pods, scrape_targets
+from kubeinfer.operator.autoscaling.signals.pods import PROMETHEUS_LABELS, scrape_targets
 from kubeinfer.operator.autoscaling.signals.readers import SharedReaders
 from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeSource
 from kubeinfer.operator.kube import FIELD_MANAGER, MERGE_PATCH, resource_path
@@ -114,8 +114,7 @@ class Autoscaler:
         """Requests waiting at the operator's router pods, summed (each holds its own); read directly from the
         Ready ones' /metrics at every pass, like `routerMetricsUrl`. None when no router pod answers."""
         pods = await asyncio.to_thread(router.router_pods, self.ctx.kube, builders.Owner.from_body(body))
-        urls = [f"http://{p['status']['podIP']}:{router.PORT}/metrics" for p in live_pods(pods)
-                if is_ready(p) and (p.get("status") or {}).get("podIP")]
+        urls = [f"http://{p['status']['podIP']}:{router.PORT}/metrics" for p in router.serving_pods(pods)]
         found = [w for w in await asyncio.gather(*(router_queue(self.router_client, u) for u in urls)) if w is not None]
         return sum(found) if found else None
 

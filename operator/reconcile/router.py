@@ -180,11 +180,15 @@ def _is_ready(p: dict[str, Any]) -> bool:
                for c in ((p.get("status") or {}).get("conditions") or []))
 
 
+def serving_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods that serve: Ready, not being deleted, with an IP (as an EndpointSlice's `ready`)."""
+    return [p for p in pods if _is_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
+            and (p.get("status") or {}).get("podIP")]
+
+
 def ready_endpoints(replica_pods: list[dict[str, Any]]) -> list[str]:
-    """`http://IP:PORT` of the replicas a router may use: Ready, not being deleted (as an EndpointSlice's `ready`)."""
-    return sorted(f"http://{p['status']['podIP']}:{pod.PORT}" for p in replica_pods
-                  if _is_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
-                  and (p.get("status") or {}).get("podIP"))
+    """`http://IP:PORT` of the replicas a router may use (`serving_pods`)."""
+    return sorted(f"http://{p['status']['podIP']}:{pod.PORT}" for p in serving_pods(replica_pods))
 
 
 def endpoints_value(urls: list[str]) -> str:

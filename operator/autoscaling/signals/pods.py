@@ -10,6 +10,7 @@ from kubeinfer.operator.autoscaling.signals.cold_start import parse_time, ready_
 from kubeinfer.operator.autoscaling.signals.measured import ReplicaCounts
 from kubeinfer.operator.autoscaling.signals.scrape_source import ScrapeTarget
 from kubeinfer.operator.reconcile import pod as pod_builder
+from kubeinfer.operator.reconcile.router import serving_pods
 
 # Labels that the Prometheus Operator attaches to series scraped through our ServiceMonitor.
 PROMETHEUS_LABELS = ("namespace", "service")
@@ -43,8 +44,7 @@ def scrape_targets(pods: list[dict[str, Any]]) -> dict[str, ScrapeTarget]:
     became Ready (its Ready condition's lastTransitionTime; None if unset), from when it has served requests (the
     scrape reads a pod from zero only if that was within its window), and its uid (`ScrapeSource`)."""
     return {f"http://{p['status']['podIP']}:{pod_builder.PORT}/metrics":
-            ScrapeTarget(_ready_since(p), (p.get("metadata") or {}).get("uid"))
-            for p in live_pods(pods) if is_ready(p) and (p.get("status") or {}).get("podIP")}
+            ScrapeTarget(_ready_since(p), (p.get("metadata") or {}).get("uid")) for p in serving_pods(pods)}
 
 
 def _ready_since(pod: dict[str, Any]) -> float | None:
