@@ -49,7 +49,7 @@ class ModelRunner:
     first starts ranks 1..N-1 (see `tp_worker`), each with a runner of its own that only runs `execute`."""
 
     def __init__(self, config: EngineConfig, rank: int = 0):
-        config.resolve_device()   # the device is checked where it is used: the API process has no torch
+        self.device = rank_device(config, rank)   # checked where it is used: the API process has no torch
         self.config = config
         self.rank = rank
         self.workers: WorkerGroup | None = None
@@ -65,7 +65,6 @@ class ModelRunner:
         if world_size() != config.world_size:
             raise RuntimeError(f"the engine runs {config.world_size} processes but this one is in a group of "
                                f"{world_size()}: one parallel engine per process, alone")
-        self.device = rank_device(config, self.rank)
         if self.device.type == "cpu":
             keep_freed_memory()   # each step's activations reuse the heap, not fresh pages
         if self.device.type == "cpu" and config.world_size == 1:   # TP/EP workers share the CPUs
