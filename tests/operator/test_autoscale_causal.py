@@ -5,11 +5,12 @@ from __future__ import annotations
 
 
 from kubeinfer.operator.autoscaling.simulator.causal import CausalLimitPolicy, present_rate
-from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy, fleet_sizing
+from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy
 from kubeinfer.operator.autoscaling.simulator.policies import TableSizing
 from kubeinfer.operator.autoscaling.simulator.scenarios import burst, steady, summarize
 from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation
 from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import fleet_sizing
 
 TARGET = 0.5
 MODEL = ReplicaModel(cold_start_s=30.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 
-from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy, fleet_sizing
+from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy
 from kubeinfer.operator.autoscaling.simulator.policies import FixedFleet, KubeInferPolicy
 from kubeinfer.operator.autoscaling.simulator.scenarios import (
     burst,
@@ -19,6 +19,7 @@ from kubeinfer.operator.autoscaling.simulator.scenarios import (
     summarize,
 )
 from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import fleet_sizing
 
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig
 

@@ -11,11 +11,10 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 from kubeinfer.operator.autoscaling.simulator.policies import FixedFleet
-from kubeinfer.operator.autoscaling.simulator.scenarios import (
-    attainable_share, replicas_for_rate, sizing_share, summarize,
-)
+from kubeinfer.operator.autoscaling.simulator.scenarios import replicas_for_rate, summarize
 from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation, generate_requests
 from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace, read_requests
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import attainable_share, sizing_share
 
 MODEL = ReplicaModel(cold_start_s=30.0)
 AZURE_STYLE = """TIMESTAMP,ContextTokens,GeneratedTokens

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.sizing.fleet_sizing import FleetSizing, fleet_sizing  # noqa: F401 (the benchmark's)
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import FleetSizing
 
 from .observation import Observation
 from .sim import Trace

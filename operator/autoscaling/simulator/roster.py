@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from kubeinfer.operator.autoscaling.simulator.causal import CAUSAL, CAUSAL_DRAIN_20, CAUSAL_NO_DRAIN, CausalLimitPolicy
-from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy, fleet_sizing
+from kubeinfer.operator.autoscaling.simulator.clairvoyant import ClairvoyantPolicy
 from kubeinfer.operator.autoscaling.simulator.policies import (
     FixedFleet,
     KubeInferPolicy,
@@ -24,8 +24,8 @@ from kubeinfer.operator.autoscaling.simulator.scenarios import (
     concurrency_per_replica,
     replicas_for_rate,
     saturation_throughput,
-    sizing_share,
 )
+from kubeinfer.operator.autoscaling.sizing.fleet_sizing import fleet_sizing, sizing_share
 from kubeinfer.operator.autoscaling.policies.predictive import PredictiveConfig
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig
 from kubeinfer.operator.autoscaling.simulator.sim import ReplicaModel, Simulation, Trace

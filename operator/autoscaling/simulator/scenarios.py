@@ -6,8 +6,6 @@ import functools
 import math
 from dataclasses import dataclass
 
-from kubeinfer.operator.autoscaling.sizing.fleet_sizing import attainable_share, sizing_share  # noqa: F401 (shared)
-
 from .policies import FixedFleet
 from .sim import ReplicaModel, Simulation, Trace
 
