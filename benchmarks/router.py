@@ -14,7 +14,8 @@ replica the router picked for it.
 
 The default workload is the issue's example, 8 system prompts x many users, multi-turn; the KV cache is sized
 by one rule: the fleet can hold every system prompt (8 x 44 blocks), one replica about a third of them. How the
-gain moves with that size, and a harder workload (16 x 3 x 3, 320 blocks), are in docs/benchmarks.md, "Router".
+gain moves with that size, and a harder workload (16 x 3 x 3, 320 blocks), are in docs/benchmarks/serving-features.md,
+"Router".
 """
 import argparse
 import asyncio

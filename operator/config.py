@@ -41,7 +41,8 @@ class OperatorConfig:
     autoscale_interval_seconds: float = 5.0
     # Threads running reconcile passes (kopf's executor). A pass mostly waits for the API server (~8 reads), so
     # kopf's default, min(32, CPUs + 4), held a 2-CPU operator to 6 passes at once: 200 new services took 57 s
-    # to all have their Deployment (benchmarks/operator_scale.py, docs/benchmarks.md).
+    # to all have their Deployment (benchmarks/operator_scale.py; docs/benchmarks/kubernetes.md, "Operator at fleet
+    # scale (2026-11-26)").
     handler_threads: int = 16
     # Services with spec.adapters get a reconcile pass this often besides their events: it loads what the
     # replicas' fetchers have downloaded since, and retries refused adapters (reconcile.lora).

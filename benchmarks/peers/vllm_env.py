@@ -6,7 +6,8 @@ whose builds do not match torch 2.13's CPU wheel and break vLLM's import.
 
 Configurations, both printed by the benchmarks that use them:
 - "best": both cores compute (`VLLM_CPU_OMP_THREADS_BIND=0-N`, no reserved CPU) and the same scheduler
-  budget as ours; the fastest we found on the 2-core box (docs/benchmarks.md).
+  budget as ours; the fastest we found on the 2-core box (docs/benchmarks/cpu-runtime.md, "Offline throughput: ours
+  against vLLM's CPU build, side by side (2026-11-24)").
 - "defaults": vLLM as installed: one core computes, one is reserved for its front end; its own budget.
 """
 import os

@@ -2,7 +2,8 @@
    outputs.
 
    Why: on the 2-vCPU AVX2 box a decode step's GEMMs have a few rows, and oneDNN's packed sgemm read the weights at
-   about half the streaming rate there (docs/benchmarks.md, "Where a decode step's time goes"); bf16 weights oneDNN
+   about half the streaming rate there (docs/benchmarks/cpu-runtime.md, "Where a decode step's time goes"); bf16
+   weights oneDNN
    does not pack at all on such a CPU. A panel is the weight's 16 output rows stored input-major, [K][16] (row n of
    the weight is lane n % 16 of panel n / 16; the last panel padded with zero rows), so one pass reads each weight
    exactly once, in order, while 1-6 input rows are multiplied into 12 accumulator registers. More rows go six at a

@@ -88,7 +88,7 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
    accumulators. AVX2 has 16 of 8 lanes, so 8 vec16 at most: 2 heads x 2 keys (+ 2 queries, 2 broadcasts), and
    4 value accumulators (+ 2 probabilities, a broadcast). Measured on a Zen 3 (2 vCPUs, 1 thread): prefill
    attention 18 / 26 / 27 GFLOP/s at 128 / 512 / 2,048 tokens with the AVX-512 blocking spilled, after: see
-   docs/benchmarks.md. */
+   docs/benchmarks/cpu-runtime.md, "2026-11-26: prefill tiles blocked for AVX2". */
 #if defined(__AVX512F__)
 #define TILE_KEYS 4
 #define TILE_VALUE_REGS 16

@@ -5,7 +5,7 @@ The router's only client (proxied requests and `/metrics` scrapes). It is an `as
 `httptools` (llhttp) parser rather than a general client library: a request is one `write` of bytes built in one
 join, and each body chunk reaches the caller the moment it is parsed, with no per-request objects beyond these
 two. On this project's 2-core box, uvicorn on uvloop and httptools with aiohttp as the client added 1.1-1.4 ms to
-a request's time to first token; with this client, 0.4-0.8 ms (docs/benchmarks.md, "Router").
+a request's time to first token; with this client, 0.4-0.8 ms (docs/benchmarks/serving-features.md, "Router").
 
 - `ConnectFailed`: the request never reached the replica (refused, unreachable, connect timeout): safe to send
   it elsewhere.

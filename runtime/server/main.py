@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 # that closes first races the client's next request on that connection (seen: a ReadError in a benchmark
 # client with uvicorn's default of 5 s).
 KEEP_ALIVE_SECONDS = 65
-# uvicorn's event loop and HTTP parser, as measured (docs/benchmarks.md), not its pick ("auto" takes uvloop and
+# uvicorn's event loop and HTTP parser, as measured (docs/benchmarks/cpu-runtime.md, "Serving through HTTP: engine
+# thread vs engine process"), not its pick ("auto" takes uvloop and
 # httptools, which the router brings): uvloop starved the engine-on-a-thread mode. The tests' servers use it too.
 HTTP_STACK = {"loop": "asyncio", "http": "h11"}
 
