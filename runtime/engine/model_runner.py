@@ -88,9 +88,8 @@ class ModelRunner:
         self.sampler = Sampler(config.model_config.eos_token_ids)
         self.cuda_graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None   # speculative steps: q = speculative_tokens + 1 a sequence
-        if self.device.type == "cuda":
-            with self._phase("warmup"):
-                self._warm_up()
+        with self._phase("warmup"):   # on the CPU too: its native kernels build at their first call
+            self._warm_up()
             if self._graphs_wanted(config):
                 with self._phase("cuda_graphs"):
                     self._capture_graphs(config)
@@ -170,8 +169,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _warm_up(self) -> None:
         """One prefill and one decode forward before the first request (of the draft model too), so that the
-        kernels compile (or load from Triton's cache) at start-up rather than inside someone's time to first
-        token. Slots are -1: nothing is written to the KV cache."""
+        kernels compile (Triton's, or the CPU's native ones with gcc) or load from their caches at start-up rather
+        than inside someone's time to first token. Slots are -1: nothing is written to the KV cache."""
         models = [self.model] + ([self.draft.model] if self.draft is not None else [])
         for model, num_tokens in itertools.product(models, (min(16, self.max_model_len), 1)):
             meta = AttentionMetadata(

@@ -3,6 +3,8 @@ folder of the pod's own with a warning (a cache is an optimisation: a node direc
 write must not stop the server at its first kernel)."""
 import logging
 
+import pytest
+
 from kubeinfer.runtime.compile_cache import ensure_writable_caches
 
 
@@ -29,3 +31,22 @@ def test_an_unwritable_cache_is_replaced_with_one_warning(tmp_path, caplog, monk
     assert env["CUDA_CACHE_PATH"] == str(tmp_path / "cuda")
     [record] = caplog.records
     assert "TRITON_CACHE_DIR" in record.message and "cannot be written" in record.message and fallback in record.message
+
+
+def test_a_cpu_engine_has_its_native_kernels_before_the_first_request(llama_dir):
+    """gcc builds the native CPU kernels at their first call (several seconds on a cold cache, as in a new pod):
+    the engine's start-up warm-up makes that call, so every kernel a forward uses is loaded before any request.
+    A fresh process: the kernels this one loaded would hide it."""
+    import shutil
+    import subprocess
+    import sys
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler: the CPU runs the PyTorch reference kernels")
+    code = ("from kubeinfer.runtime.llm import LLM\nfrom kubeinfer.kernels import cpu_native\n"
+            f"LLM({str(llama_dir)!r}, num_kvcache_blocks=8)\n"
+            "print(sorted(name for name, lib in cpu_native._loaded.items() if lib is not None))")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = done.stdout.strip().splitlines()[-1]
+    for kernel in ("paged_attention_cpu", "elementwise_cpu", "linear_cpu"):
+        assert repr(kernel) in loaded, (kernel, loaded)
