@@ -105,8 +105,9 @@ def arrivals(base: float, burst: float, phase_s: float, seed: int) -> list[float
         out.append(t)
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, record: dict):
-    body = {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+async def one_request(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, record: dict,
+                      model: str = NAME):
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     sent = time.monotonic()
     try:
