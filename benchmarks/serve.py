@@ -238,7 +238,9 @@ def start_vllm(args, model_dir: Path, python: Path) -> tuple[subprocess.Popen, s
                "--load-format", args.load_format]
     if not args.kv_cache_gib:   # its default sizing, at the share of memory it can get here (0.92 fails: NOTES)
         command += ["--gpu-memory-utilization", str(VLLM_CPU_MEMORY_SHARE)]
-    log = (Path(args.workdir) / "vllm-serve.log").open("w")
+    path = Path(tempfile.gettempdir()) / "kubeinfer-bench-vllm-serve.log"   # kept after the run: why it failed
+    print(f"vLLM's server log: {path}", flush=True)
+    log = path.open("w")
     env = vllm_env.environment("best", args.kv_cache_gib or None)
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), url
 
