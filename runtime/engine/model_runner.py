@@ -90,9 +90,9 @@ class ModelRunner:
         self.verify_graphs: DecodeGraphs | None = None   # speculative steps: q = speculative_tokens + 1 a sequence
         with self._phase("warmup"):   # on the CPU too: its native kernels build at their first call
             self._warm_up()
-            if self._graphs_wanted(config):
-                with self._phase("cuda_graphs"):
-                    self._capture_graphs(config)
+        if self.device.type == "cuda" and self._graphs_wanted(config):
+            with self._phase("cuda_graphs"):
+                self._capture_graphs(config)
         for moe in self.moe_layers:
             moe.routed_tokens.zero_()   # warm-up and capture routed no request's tokens
 
