@@ -260,8 +260,12 @@ def wait_ready(core, custom) -> str:
 
 def ready_pods(core) -> list:
     pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"kubeinfer.dev/inferenceservice={NAME}").items
-    return [p for p in pods if not p.metadata.deletion_timestamp and any(
-        c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+    return [p for p in pods if not p.metadata.deletion_timestamp and is_ready(p)]
+
+
+def is_ready(pod) -> bool:
+    """The pod's Ready condition is True (a client's V1Pod)."""
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
 def observed_cold_starts(core) -> list[float]:

@@ -43,7 +43,8 @@ from kubernetes import client, config as kube_config
 from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from burst_real_vs_sim import GROUP, PLURAL, VERSION, connect_timer, one_request, prompt_of  # noqa: E402
+from burst_real_vs_sim import GROUP, PLURAL, VERSION, connect_timer, is_ready, one_request, prompt_of  # noqa: E402
+from serve import quantile  # noqa: E402
 
 from kubeinfer.operator.autoscaling.simulator.multi_model import (  # noqa: E402
     MultiModelSim, Request, multi_model_trace,
@@ -102,10 +103,6 @@ def workload(args) -> list[Request]:
 def engine_pods(core) -> list:
     return [p for p in core.list_namespaced_pod(NAMESPACE, label_selector=ENGINE_PODS).items
             if not p.metadata.deletion_timestamp]
-
-
-def is_ready(pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
 def every_engine_up(pod, models: int) -> bool:
@@ -257,9 +254,8 @@ def run_layout(layout: str, args, requests: list[Request], prompts: list[str], c
     return {"records": records, "pods": pods, "wake": wake, "wakes": wakes}
 
 
-def quantile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+def p50_p95(values: list[float]) -> str:
+    return f"{quantile(values, 0.5):.3f} / {quantile(values, 0.95):.3f}" if values else "– / –"
 
 
 def report(args, requests: list[Request], runs: dict[str, dict]) -> None:
@@ -284,7 +280,7 @@ def report(args, requests: list[Request], runs: dict[str, dict]) -> None:
         opened = [r["ttft"] for r in served[layout] if "connect_s" in r]
         switches = run["wakes"] if layout == "pool" else sum(p["created"] > 0 for p in run["pods"].values())
         hours = billed_seconds(run["pods"], end) / 3600
-        p95 = quantile(ttfts, 0.95)
+        p95 = quantile(ttfts, 0.95) if ttfts else float("nan")
         if layout == "always_on":
             base_hours, base_p95 = hours, p95
         same = [Request(r["arrival"], int(r["model"][1:]), r.get("prompt_tokens", 1), r.get("output_tokens", 1))
@@ -293,9 +289,9 @@ def report(args, requests: list[Request], runs: dict[str, dict]) -> None:
                             idle_s=args.idle, awake_per_pod=args.awake).run()
         sim_hours = sim.billed_s / 3600   # over the simulation's own window (to its last answer)
         vs = (f"{hours / base_hours:.0%}", f"{p95 / base_p95:.2f}x") if base_hours else ("", "")
-        print(f"| {layout} | {hours:.4f} | {vs[0]} | {quantile(ttfts, 0.5):.3f} / {p95:.3f} | {vs[1]} | "
-              f"{len(run['records']) - len(ttfts)} | {len(opened)} | {quantile(opened, 0.5):.3f} / "
-              f"{quantile(opened, 0.95):.3f} | {switches} | {sim_hours:.4f} | {sim.ttft(0.5):.3f} / "
+        print(f"| {layout} | {hours:.4f} | {vs[0]} | {p50_p95(ttfts)} | {vs[1]} | "
+              f"{len(run['records']) - len(ttfts)} | {len(opened)} | {p50_p95(opened)} | {switches} | "
+              f"{sim_hours:.4f} | {sim.ttft(0.5):.3f} / "
               f"{sim.ttft(0.95):.3f} | {sim.swaps + sim.cold_starts} |")
 
 
