@@ -2,6 +2,9 @@
 folder of the pod's own with a warning (a cache is an optimisation: a node directory the runtime's user cannot
 write must not stop the server at its first kernel)."""
 import logging
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -37,9 +40,6 @@ def test_a_cpu_engine_has_its_native_kernels_before_the_first_request(llama_dir)
     """gcc builds the native CPU kernels at their first call (several seconds on a cold cache, as in a new pod):
     the engine's start-up warm-up makes that call, so every kernel a forward uses is loaded before any request.
     A fresh process: the kernels this one loaded would hide it."""
-    import shutil
-    import subprocess
-    import sys
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler: the CPU runs the PyTorch reference kernels")
     code = ("from kubeinfer.runtime.llm import LLM\nfrom kubeinfer.kernels import cpu_native\n"
