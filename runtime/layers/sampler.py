@@ -1,6 +1,7 @@
 """Turns the last position's logits into the next token of each sequence.
 
-Order: min_tokens (EOS and stop ids masked), penalties, logit_bias, the grammar's token mask (structured output), then
+Order: min_tokens (EOS and stop ids masked), penalties, logit_bias, the grammar's token mask and loop guard
+(structured output), then
 greedy argmax or temperature -> top-k -> top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) noise), which picks token
 i with probability p_i; a request with a seed draws its noise from its own generator, so its tokens do not
 depend on what else shares the batch. Logprobs are those of the model's raw distribution.
@@ -22,6 +23,7 @@ import torch
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.structured.bitmask import apply_grammars
+from kubeinfer.runtime.structured.loop_guard import ban_loops
 
 
 class Sampler:
@@ -37,6 +39,7 @@ class Sampler:
         logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
         if any(seq.guide is not None for seq in seqs):
             apply_grammars(logits, seqs)
+            ban_loops(logits, seqs)
         greedy = logits.argmax(dim=-1)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
@@ -61,6 +64,7 @@ class Sampler:
         logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
         if any(seq.guide is not None for seq in seqs):
             apply_grammars(logits, seqs, drafts)
+            ban_loops(logits, row_seqs, extras)
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
         greedy = logits.argmax(dim=-1)
