@@ -42,6 +42,10 @@ def environment(config: str, kv_cache_gib: float | None = KV_CACHE_GIB) -> dict[
     """The process environment of a vLLM run in `config` ("best" or "defaults"); `kv_cache_gib` None: vLLM's own
     KV cache sizing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBEINFER_", "VLLM_CPU_KVCACHE_SPACE"))}
+    # vLLM runs `python -m vllm.model_executor.models.registry` in a subprocess, which would put the current folder
+    # first on its path: from this project's root, our `operator/` package hides the standard library's, and vLLM's
+    # start fails ("cannot import name 'eq' from 'operator'"). -P for every Python process vLLM starts:
+    env["PYTHONSAFEPATH"] = "1"
     if kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
     if config == "best":
