@@ -265,7 +265,7 @@ class EngineCore:
                            stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries,
                            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
                            tuple(stats.accepted_per_position), *self._expert_load(fresh), *self._lora_load(),
-                           *self.last_step, self._kv_transfer_counts())
+                           *self.last_step, self._kv_transfer_counts(), self.model_runner.sampler.loop_bans)
 
     def _kv_transfer_counts(self) -> dict[str, int] | None:
         """The KV role's counters since start, and the transfers in flight (docs/server.md, kubeinfer_kv_transfer_*)."""

@@ -57,6 +57,7 @@ class EngineStats:
     step_decodes: int = 0                             # the last step: sequences decoding (one token, or drafts)
     step_prefill_tokens: int = 0                      # the last step: prompt tokens computed
     kv_transfer: dict[str, int] | None = None         # a KV role's counters (`kv_transfer_counts`), else None
+    structured_loop_bans: int = 0                     # tokens structured output's loop guard banned, since start
 
 
 @dataclass

@@ -29,6 +29,7 @@ from kubeinfer.runtime.structured.loop_guard import ban_loops
 class Sampler:
     def __init__(self, eos_token_ids: tuple[int, ...]):
         self.eos_token_ids = list(eos_token_ids)
+        self.loop_bans = 0   # rows whose loop guard banned a token, since start (kubeinfer_structured_loop_bans_total)
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprobs | None]]:
@@ -39,7 +40,7 @@ class Sampler:
         logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
         if any(seq.guide is not None for seq in seqs):
             apply_grammars(logits, seqs)
-            ban_loops(logits, seqs)
+            self.loop_bans += ban_loops(logits, seqs)
         greedy = logits.argmax(dim=-1)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
@@ -64,7 +65,7 @@ class Sampler:
         logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
         if any(seq.guide is not None for seq in seqs):
             apply_grammars(logits, seqs, drafts)
-            ban_loops(logits, row_seqs, extras)
+            self.loop_bans += ban_loops(logits, row_seqs, extras)
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
         greedy = logits.argmax(dim=-1)

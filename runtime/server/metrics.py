@@ -3,7 +3,6 @@
 Updated on the event loop from each engine step's message; served at `/metrics`. Buckets resolve a P95 of tens of
 milliseconds (TTFT, inter-token latency).
 """
-import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -62,6 +61,8 @@ class EngineMetrics:
         self.prefix_hits = metric(Counter, "kubeinfer_prefix_cache_hits", "Prompt tokens served from the prefix cache")
         self.prefix_queries = metric(Counter, "kubeinfer_prefix_cache_queries", "Prompt tokens looked up")
         self.preemptions = metric(Counter, "kubeinfer_num_preemptions", "Sequences preempted for recompute")
+        self.loop_bans = metric(Counter, "kubeinfer_structured_loop_bans",
+                                "Tokens structured output's loop guard banned (an answer's block repeated 3 times)")
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])
         self.errors = metric(Counter, "kubeinfer_request_errors", "Refused or failed requests", ["status_code"])
         self.startup = metric(Gauge, "kubeinfer_startup_phase_seconds", "Seconds each start-up phase took", ["phase"])
@@ -134,7 +135,7 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self.success.labels(model_name, reason)
         self._last_token_time: dict[str, float] = {}
-        self._seen = (0, 0, 0)   # scheduler stats already counted: preemptions, hits, queries
+        self._seen = (0, 0, 0, 0)   # engine counters already counted: preemptions, hits, queries, loop bans
         self._seen_spec: tuple = (0, 0, 0, ())   # drafts, draft tokens, accepted, accepted per position
 
     def add_tenants(self, names) -> None:
@@ -166,8 +167,9 @@ class EngineMetrics:
                 per_token = step_seconds / sum(tenant_tokens.values())
                 for tenant, tokens in tenant_tokens.items():
                     self.labels(self.tenant_busy, tenant or "anonymous").inc(tokens * per_token)
-        seen = (stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries)
-        for counter, new, old in zip((self.preemptions, self.prefix_hits, self.prefix_queries), seen, self._seen):
+        seen = (stats.num_preemptions, stats.prefix_cache_hits, stats.prefix_cache_queries, stats.structured_loop_bans)
+        counters = (self.preemptions, self.prefix_hits, self.prefix_queries, self.loop_bans)
+        for counter, new, old in zip(counters, seen, self._seen):
             if new > old:
                 self.labels(counter).inc(new - old)
         self._seen = seen

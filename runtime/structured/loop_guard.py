@@ -42,9 +42,11 @@ def loop_continuation(output: list[int], repeats: int = REPEATS, min_span: int =
             return output[n - period]
 
 
-def ban_loops(logits: torch.Tensor, seqs: list, extras: list[list[int]] | None = None) -> None:
+def ban_loops(logits: torch.Tensor, seqs: list, extras: list[list[int]] | None = None) -> int:
     """Bans, in the rows of constrained sequences, the token that would extend a loop (see the module's doc), where
-    the grammar leaves another. `extras[row]`: tokens taken as output after the sequence's own (drafts)."""
+    the grammar leaves another; returns how many rows had one banned. `extras[row]`: tokens taken as output after the
+    sequence's own (drafts)."""
+    banned = 0
     for row, seq in enumerate(seqs):
         if seq.guide is None:
             continue
@@ -53,3 +55,5 @@ def ban_loops(logits: torch.Tensor, seqs: list, extras: list[list[int]] | None =
         token = loop_continuation(output)
         if token is not None and int(torch.isfinite(logits[row]).sum()) > 1:
             logits[row, token] = float("-inf")
+            banned += 1
+    return banned

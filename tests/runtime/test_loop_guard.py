@@ -6,10 +6,12 @@ import random
 import pytest
 import torch
 
+from kubeinfer.runtime.engine.messages import EngineStats
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.layers import sampler as sampler_module
 from kubeinfer.runtime.layers.sampler import Sampler
 from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.metrics import EngineMetrics
 from kubeinfer.runtime.structured.loop_guard import MAX_PERIOD, MIN_SPAN, REPEATS, ban_loops, loop_continuation
 
 BLOCK = [11, 12, 13, 14, 15, 16]   # e.g. `"Fantasy", "` in six tokens
@@ -65,7 +67,7 @@ def constrained(output: list[int], guided: bool = True) -> Sequence:
 def test_only_the_loops_token_in_a_constrained_row_is_banned():
     logits = torch.zeros(3, VOCAB)
     seqs = [constrained(BLOCK * 3), constrained(BLOCK * 3, guided=False), constrained(BLOCK * 2)]
-    ban_loops(logits, seqs)
+    assert ban_loops(logits, seqs) == 1
     assert logits[0, BLOCK[0]] == float("-inf") and torch.isfinite(logits[0]).sum() == VOCAB - 1
     assert torch.isfinite(logits[1:]).all()
 
@@ -73,7 +75,7 @@ def test_only_the_loops_token_in_a_constrained_row_is_banned():
 def test_the_last_token_the_grammar_allows_is_never_banned():
     logits = torch.full((1, VOCAB), float("-inf"))
     logits[0, BLOCK[0]] = 1.0
-    ban_loops(logits, [constrained(BLOCK * 3)])
+    assert ban_loops(logits, [constrained(BLOCK * 3)]) == 0
     assert logits[0, BLOCK[0]] == 1.0
 
 
@@ -93,8 +95,9 @@ def no_grammar_mask(monkeypatch):
 def test_greedy_sampling_takes_the_next_token_instead_of_the_loop(no_grammar_mask):
     logits = torch.zeros(2, VOCAB)
     logits[:, BLOCK[0]], logits[:, 30] = 5.0, 4.0   # the loop's token first, the list's end second
-    tokens, _ = Sampler((0,))(logits, [constrained(BLOCK * 3), constrained(BLOCK * 3, guided=False)])
-    assert tokens == [30, BLOCK[0]]
+    sampler = Sampler((0,))
+    tokens, _ = sampler(logits, [constrained(BLOCK * 3), constrained(BLOCK * 3, guided=False)])
+    assert tokens == [30, BLOCK[0]] and sampler.loop_bans == 1
 
 
 def test_a_draft_that_continues_the_loop_is_refused(no_grammar_mask):
@@ -107,3 +110,10 @@ def test_a_draft_that_continues_the_loop_is_refused(no_grammar_mask):
     logits[:, 30] = 4.0
     tokens, _ = Sampler((0,)).verify(logits, [seq], drafts)
     assert tokens == [[BLOCK[4], BLOCK[5], 30]]
+
+
+def test_the_bans_are_counted_in_the_replicas_metrics():
+    metrics = EngineMetrics("m")
+    for bans in (2, 2, 5):   # the engine's count since start, read after each step
+        metrics.observe_stats(EngineStats(1, 0, 0.1, 0, 0, 0, structured_loop_bans=bans), 0.01)
+    assert metrics.registry.get_sample_value("kubeinfer_structured_loop_bans_total", {"model_name": "m"}) == 5

@@ -75,8 +75,10 @@ def test_the_loop_guard_ends_a_list_that_repeats_one_item(llm, monkeypatch):
     """Greedy, the model lists the book's genres as "Fantasy" over and over, legally, to max_tokens; with the guard
     the list ends after a few repeats and the answer validates."""
     question = [q for model, q in CASES if model is Book]
+    bans = llm.engine.core.stats().structured_loop_bans
     guarded = ask(llm, question, [output_format(Book)], temperature=0)[0]
-    monkeypatch.setattr(sampler_module, "ban_loops", lambda *args: None)
+    assert llm.engine.core.stats().structured_loop_bans > bans   # counted (kubeinfer_structured_loop_bans_total)
+    monkeypatch.setattr(sampler_module, "ban_loops", lambda *args: 0)
     looping = ask(llm, question, [output_format(Book)], temperature=0)[0]
     assert looping.finish_reason == "length" and looping.text.count('"Fantasy"') > 20, looping.text
     assert guarded.finish_reason == "stop", guarded.text
