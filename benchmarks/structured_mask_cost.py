@@ -1,7 +1,7 @@
 """What structured output costs the engine per step: 64 sequences decoding under one JSON schema (sampled, so they
 diverge), the grammar's part of each step (filling the batch's bitmask, applying it to the logits, the loop guard,
-advancing the matchers) against the whole step, and the same batch's plain step for reference. Steps where all sequences decode
-are counted. Fixed seeds; prints its figures.
+advancing the matchers) against the whole step, and the same batch's plain step for reference. Steps where all
+sequences decode are counted. Fixed seeds; prints its figures.
 
     python benchmarks/structured_mask_cost.py [--batch 64] [--model demo] [--vocab 32000] [--device cuda]
     python benchmarks/structured_mask_cost.py --batch 16 --model ~/.cache/kubeinfer/models/smollm2-135m-instruct-v1

@@ -1,10 +1,10 @@
 """Turns the last position's logits into the next token of each sequence.
 
 Order: min_tokens (EOS and stop ids masked), penalties, logit_bias, the grammar's token mask and loop guard
-(structured output), then
-greedy argmax or temperature -> top-k -> top-p -> min-p -> a draw. Draws use the exponential race (argmax of p / Exp(1) noise), which picks token
-i with probability p_i; a request with a seed draws its noise from its own generator, so its tokens do not
-depend on what else shares the batch. Logprobs are those of the model's raw distribution.
+(structured output), then greedy argmax or temperature -> top-k -> top-p -> min-p -> a draw. Draws use the
+exponential race (argmax of p / Exp(1) noise), which picks token i with probability p_i; a request with a seed draws
+its noise from its own generator, so its tokens do not depend on what else shares the batch. Logprobs are those of
+the model's raw distribution.
 
 `verify` is the speculative step: each sequence brings the logits of its last known token and of its k
 draft tokens (k + 1 rows). Row j is processed as if drafts 1..j were already output (min_tokens and
