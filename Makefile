@@ -53,12 +53,13 @@ install-test: $(BIN)/python
 demo: install
 	$(BIN)/kubeinfer generate --model demo --prompt "Kubernetes is" --max-tokens 32
 
+# In parallel: one worker per CPU (at most four), each test file on one worker (tests/conftest.py).
 test: install-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 # Everything, the slow tests included.
 test-all: install-test
-	$(BIN)/python -m pytest -m "not gpu"
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not gpu"
 
 image: image-operator image-runtime
 

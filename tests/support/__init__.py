@@ -30,14 +30,12 @@ def free_port() -> int:
     A server binds its port seconds after the test chose it (it loads a model first, and under tensor
     parallelism gloo opens dozens of sockets meanwhile). A port from bind(0) lies in the ephemeral range, where
     any of those outgoing connections may take it first (CI saw `address already in use` so); the kernel never
-    hands out a port below that range by itself. Each port is handed out once per test process.
+    hands out a port below that range by itself. Each port is handed out once per test process; under
+    pytest-xdist each worker draws from its own slice of the range, so two workers never pick the same port.
     """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    start, stop = _port_slice()
     for _ in range(1000):
-        port = _port_choice.randrange(max(1024, low - 12000), low)
+        port = _port_choice.randrange(start, stop)
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -47,13 +45,29 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free loopback port below {low}")
+    raise RuntimeError(f"no free loopback port in {start}-{stop - 1}")
+
+
+def _port_slice() -> tuple[int, int]:
+    """The ports below the kernel's ephemeral range that this test process may hand out: 12,000 of them, or
+    this pytest-xdist worker's share (gw0, gw1, ... of PYTEST_XDIST_WORKER_COUNT)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    start = max(1024, low - 12000)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    share = (low - start) // max(1, workers)
+    return start + worker * share, start + (worker + 1) * share
 
 
 def free_port_run(count: int) -> int:
     """The first of `count` consecutive free loopback ports (free_port's rules for each)."""
     for _ in range(100):
         first = free_port()
+        if first + count > _port_slice()[1]:
+            continue   # the run would reach into another worker's slice
         for port in range(first + 1, first + count):
             with socket.socket() as s:
                 try:
