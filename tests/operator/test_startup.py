@@ -76,7 +76,8 @@ def test_an_unreachable_api_server_is_one_warning_then_quiet_retries(
     with pytest.raises(KeyboardInterrupt):
         preflight.wait_for_api(kube, server, retry_s=10, sleep=sleep)
     # Ours only: urllib3's own retry warnings are quieted by main() (the subprocess test below sees the whole output).
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("kubeinfer")]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("kubeinfer")]
     assert warnings == [f"cannot reach the Kubernetes API server at {server} ([Errno 111] Connection refused); "
                         f"retrying every 10 s"]
     assert sleeps == [10, 10, 10]
