@@ -18,7 +18,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.engine.messages import check_prompt, check_resumed_output, check_token_ids
 from kubeinfer.runtime.server.engine_client import EngineClient
 from kubeinfer.runtime.server.auth import KeyRing, Tenant
-from kubeinfer.runtime.server.checked_answers import checked_outputs
+from kubeinfer.runtime.server.checked_answers import checked_outputs, resampled
 from kubeinfer.runtime.server import lora_api
 from kubeinfer.runtime.server.errors import APIError
 from kubeinfer.runtime.server.kv_source import after, check_kv_source
@@ -81,10 +81,17 @@ class Job:
 
     def outputs(self, engine: EngineClient, sub_id: str, prompt: list[int], params: SamplingParams):
         """A sub-request's outputs: started already (a pulled request's, `start_pulled`), or started now; a
-        constrained answer is checked against its schema (`checked_answers`)."""
+        constrained answer is checked against its schema, a held one that fails drawn again (`checked_answers`)."""
         primed = self.primed.pop(sub_id, None)
         outputs = after(*primed) if primed is not None else engine.generate(sub_id, prompt, params, self.resume)
-        return outputs if params.structured is None else checked_outputs(outputs, params.structured)
+        if params.structured is None:
+            return outputs
+
+        def again(attempt: int):   # a held answer that failed its check, drawn anew (the client saw none of it)
+            if self.state is not None:
+                self.state.metrics.labels(self.state.metrics.structured_resamples).inc()
+            return engine.generate(f"{sub_id}-again{attempt}", prompt, resampled(params, attempt))
+        return checked_outputs(outputs, params.structured, None if params.is_greedy else again)
 
     async def close_primed(self) -> None:
         """Ends the started requests nobody read (a stream whose body never started): aborted, their blocks freed."""

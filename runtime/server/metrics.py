@@ -63,6 +63,8 @@ class EngineMetrics:
         self.preemptions = metric(Counter, "kubeinfer_num_preemptions", "Sequences preempted for recompute")
         self.loop_bans = metric(Counter, "kubeinfer_structured_loop_bans",
                                 "Tokens structured output's loop guard banned (an answer's block repeated 3 times)")
+        self.structured_resamples = metric(Counter, "kubeinfer_structured_resamples",
+                                           "Held structured answers drawn again after failing their schema's check")
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])
         self.errors = metric(Counter, "kubeinfer_request_errors", "Refused or failed requests", ["status_code"])
         self.startup = metric(Gauge, "kubeinfer_startup_phase_seconds", "Seconds each start-up phase took", ["phase"])

@@ -2,7 +2,8 @@
 the random-weight model, every output parses and validates against its schema (jsonschema, the reference
 validator), finishes by itself within a max_tokens the layout's bounds imply, and lays its JSON out only as
 json_layout allows (per gap: nothing, a space, or one newline and bounded indentation); an answer the grammar only
-over-approximates is held and checked, and one that breaks its schema is a 422, never sent."""
+over-approximates is held and checked, a sampled one that breaks its schema is drawn again, and one that still breaks
+it is a 422, never sent."""
 import json
 import re
 from typing import Annotated, Literal
@@ -13,8 +14,11 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.checked_answers import RESAMPLES, resampled
 from kubeinfer.runtime.structured.enforceable import enforceable
 from kubeinfer.runtime.structured.json_layout import INDENT, nesting
+from support import metric_value, scrape_metrics
 
 MODEL = "tiny"
 SCHEMA = {
@@ -180,14 +184,23 @@ HELD = {"type": "json_schema", "json_schema": {"name": "pair", "schema": {   # f
     "type": "array", "prefixItems": [{"const": 1}, {"const": 2}], "items": False, "minItems": 2, "uniqueItems": True}}}
 
 
+def resamples(url: str) -> float:
+    return metric_value(scrape_metrics(url), "kubeinfer_structured_resamples_total", model_name=MODEL)
+
+
 def test_an_answer_that_breaks_its_schema_is_a_422_never_sent(server, client):
     url, _ = server
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": DOOMED,
             "max_tokens": 32}
-    reply = httpx.post(f"{url}/v1/chat/completions", json=body)
+    before = resamples(url)
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body)   # temperature 1: drawn 1 + RESAMPLES times
     assert reply.status_code == 422, reply.text
     error = reply.json()["error"]
     assert error["code"] == "schema_not_satisfied" and "uniqueItems" in error["message"], error
+    assert f"{1 + RESAMPLES} answers sampled, none did" in error["message"] and resamples(url) == before + RESAMPLES
+    greedy = httpx.post(f"{url}/v1/chat/completions", json=body | {"temperature": 0})   # would come out the same
+    assert greedy.status_code == 422 and "sampled" not in greedy.json()["error"]["message"], greedy.text
+    assert resamples(url) == before + RESAMPLES
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body | {"stream": True}) as stream:
         events = [line.removeprefix("data: ") for line in stream.iter_lines() if line.startswith("data: ")]
     chunks, error = [json.loads(event) for event in events[:-1]], json.loads(events[-1])
@@ -197,6 +210,43 @@ def test_an_answer_that_breaks_its_schema_is_a_422_never_sent(server, client):
                                                         "text": {"format": dict(DOOMED["json_schema"],
                                                                                 type="json_schema")}})
     assert "schema_not_satisfied" in response.text and "response.output_text.delta" not in response.text
+
+
+# Two items of 1 or 2, unique: the grammar allows [1, 1] and [2, 2] too, which the check refuses.
+COIN = {"type": "json_schema", "json_schema": {"name": "pair", "schema": {
+    "type": "array", "items": {"enum": [1, 2]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}}}
+
+
+def test_a_held_answer_that_fails_its_check_is_sampled_again(server):
+    """Seeded requests, each reproducible: where the first draw breaks uniqueItems and a later one does not, the
+    client gets the later one (without resampling, a 422); every answer sent validates."""
+    url, _ = server
+    schema = COIN["json_schema"]["schema"]
+    rescued = refused = 0
+    for seed in range(24):
+        before = resamples(url)
+        reply = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": COIN,
+            "max_tokens": 64, "temperature": 1.5, "seed": seed})
+        drawn_again = resamples(url) - before
+        if reply.status_code == 422:
+            refused += 1
+            assert drawn_again == RESAMPLES, reply.text
+            continue
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice   # the layout's bounds end it well within 64 tokens
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+        rescued += drawn_again > 0
+    assert rescued > 0, f"no first draw failed its check in 24 seeds ({refused} refused): the test proves nothing"
+
+
+def test_a_seeded_requests_new_draws_have_their_own_reproducible_seeds():
+    params = SamplingParams(seed=2**64 - 1, temperature=1)
+    seeds = [resampled(params, attempt).seed for attempt in (1, 2)]
+    assert len({params.seed, *seeds}) == 3 and all(0 <= seed < 2**64 for seed in seeds)
+    assert seeds == [resampled(params, attempt).seed for attempt in (1, 2)]
+    assert resampled(SamplingParams(temperature=1), 1).seed is None   # unseeded stays unseeded
 
 
 def test_a_held_answer_that_validates_arrives_whole(client):
