@@ -30,6 +30,8 @@ import asyncio
 import json
 import os
 import random
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -207,6 +209,7 @@ async def run(args, url: str, model: str) -> None:
 
 def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port}"
+    ensure_port_free(args.port)
     command = [sys.executable, "-P", "-m", "kubeinfer.runtime.cli", "--log-level", "WARNING", "serve", "--model",
                args.model, "--host", "127.0.0.1", "--port", str(args.port), "--dtype", args.dtype,
                "--load-format", args.load_format]
@@ -215,6 +218,13 @@ def start_server(args, mode: str | None) -> tuple[subprocess.Popen, str]:
     if mode is not None:
         command += ["--engine-mode", mode]
     return subprocess.Popen(command, env=os.environ.copy()), url
+
+
+def ensure_port_free(port: int) -> None:
+    """Exits when something listens on `port` already: its answers would be taken for the new server's."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            sys.exit(f"port {port} is in use (a server left by an earlier run?); stop it or pass --port")
 
 
 def wait_ready(url: str, server: subprocess.Popen | None, timeout_s: float = 120) -> None:
@@ -232,6 +242,7 @@ def wait_ready(url: str, server: subprocess.Popen | None, timeout_s: float = 120
 
 def start_vllm(args, model_dir: Path, python: Path) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port + 1}"
+    ensure_port_free(args.port + 1)
     command = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype",
                args.dtype, "--max-model-len", "4096", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
                "--host", "127.0.0.1", "--port", str(args.port + 1), "--no-enable-log-requests",
@@ -340,6 +351,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18123)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # `kill` runs the finally blocks: no server left behind
     if args.peer == "vllm":
         compare_with_vllm(args)
         return
