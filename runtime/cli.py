@@ -55,7 +55,8 @@ ENGINE_FLAGS = [
     ("max_lora_rank", int, "the largest LoRA rank served"),
     ("max_cpu_loras", int, "LoRA adapters kept in host memory (none: max(max_loras, 8))"),
 ]
-BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel", "priority_preemption"]
+BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel", "priority_preemption",
+              "structured_loop_guard"]
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -95,6 +96,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         default=_env_bool("priority_preemption", True),
                         help="fair policy: a higher class waits for room instead of preempting lower ones (still "
                              "admitted first) [env KUBEINFER_PRIORITY_PREEMPTION]")
+    parser.add_argument("--no-structured-loop-guard", dest="structured_loop_guard", action="store_false",
+                        default=_env_bool("structured_loop_guard", True),
+                        help="let a constrained answer repeat one block of tokens a 4th time (16+ tokens): for "
+                             "outputs that really repeat, at the risk of loops to max_tokens (docs/server.md) "
+                             "[env KUBEINFER_STRUCTURED_LOOP_GUARD]")
     parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
                         default=_env_bool("enforce_eager", False),
                         help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")

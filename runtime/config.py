@@ -23,7 +23,7 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 JSON_LAYOUTS = ("model", "compact")
 PREFIX_CACHE_SHARING = ("tenant", "shared")
 KV_ROLES = ("prefill", "decode")
-KV_SOURCE_NETWORKS = ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")   # runtime/disagg   # runtime/server/tool_parsers.py
+KV_SOURCE_NETWORKS = ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class EngineConfig:
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     json_layout: str = "model"             # structured output's whitespace: the model's own, bounded, or compact
+    structured_loop_guard: bool = True     # a constrained answer may not repeat one block a 4th time (loop_guard.py)
     prefix_cache_sharing: str = "tenant"   # whose prefix cache blocks a request may reuse: its tenant's (or its
                                            # trust group's), or everyone's (shared); docs/runtime.md
     tensor_parallel_size: int = 1
@@ -118,8 +119,7 @@ class EngineConfig:
         _require(self.speculative_method in (None, *SPECULATIVE_METHODS),
                  f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)} (or unset), "
                  f"got {self.speculative_method!r}")
-        _require(self.speculative_tokens >= 1,
-                 f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
+        _require(self.speculative_tokens >= 1, f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
         _require(1 <= self.speculative_ngram_min <= self.speculative_ngram_max,
                  f"speculative_ngram_min and speculative_ngram_max must satisfy 1 <= min <= max, got "
                  f"{self.speculative_ngram_min} and {self.speculative_ngram_max}")

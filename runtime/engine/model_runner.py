@@ -85,7 +85,7 @@ class ModelRunner:
                                         self.device)
         with self._phase("kv_cache"):
             self._allocate_kv_cache(config)
-        self.sampler = Sampler(config.model_config.eos_token_ids)
+        self.sampler = Sampler(config.model_config.eos_token_ids, config.structured_loop_guard)
         self.cuda_graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None   # speculative steps: q = speculative_tokens + 1 a sequence
         with self._phase("warmup"):   # on the CPU too: its native kernels build at their first call

@@ -27,8 +27,9 @@ from kubeinfer.runtime.structured.loop_guard import ban_loops
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: tuple[int, ...]):
+    def __init__(self, eos_token_ids: tuple[int, ...], loop_guard: bool = True):
         self.eos_token_ids = list(eos_token_ids)
+        self.loop_guard = loop_guard   # --no-structured-loop-guard: False
         self.loop_bans = 0   # rows whose loop guard banned a token, since start (kubeinfer_structured_loop_bans_total)
 
     @torch.inference_mode()
@@ -40,7 +41,7 @@ class Sampler:
         logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
         if any(seq.guide is not None for seq in seqs):
             apply_grammars(logits, seqs)
-            self.loop_bans += ban_loops(logits, seqs)
+            self.loop_bans += ban_loops(logits, seqs) if self.loop_guard else 0
         greedy = logits.argmax(dim=-1)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
@@ -65,7 +66,7 @@ class Sampler:
         logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
         if any(seq.guide is not None for seq in seqs):
             apply_grammars(logits, seqs, drafts)
-            self.loop_bans += ban_loops(logits, row_seqs, extras)
+            self.loop_bans += ban_loops(logits, row_seqs, extras) if self.loop_guard else 0
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
         greedy = logits.argmax(dim=-1)

@@ -100,6 +100,16 @@ def test_greedy_sampling_takes_the_next_token_instead_of_the_loop(no_grammar_mas
     assert tokens == [30, BLOCK[0]] and sampler.loop_bans == 1
 
 
+def test_the_replicas_switch_turns_the_guard_off(no_grammar_mask):
+    from kubeinfer.runtime.cli import build_parser, engine_settings
+    args = build_parser().parse_args(["serve", "--model", "demo", "--no-structured-loop-guard"])
+    assert engine_settings(args)["structured_loop_guard"] is False   # --no-structured-loop-guard reaches the config
+    logits = torch.zeros(1, VOCAB)
+    logits[:, BLOCK[0]], logits[:, 30] = 5.0, 4.0
+    sampler = Sampler((0,), loop_guard=False)
+    assert sampler(logits, [constrained(BLOCK * 3)])[0] == [BLOCK[0]] and sampler.loop_bans == 0
+
+
 def test_a_draft_that_continues_the_loop_is_refused(no_grammar_mask):
     # Output: two repeats and most of a third; drafts finish the third (allowed) and start a fourth (refused).
     seq = constrained(BLOCK * 2 + BLOCK[:4])
