@@ -10,11 +10,9 @@ import sys
 
 import pytest
 
+from kubeinfer.runtime.cpu_threads import cpu_threads as cpus   # affinity and cgroup quota; imports no torch
+
 MAX_WORKERS = 4   # each worker builds its own models and starts its own servers: more costs memory, not time
-
-
-def cpus() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
