@@ -8,7 +8,8 @@ then decodes `--steps` tokens each; every layer's calls are timed by wrappers ar
 ops are synchronous, so a wrapper's wall time is the op's): GEMMs (the linear layers), the LM head, decode attention
 (with the K/V store), norms, rotary and SiLU, the sampler, and the host (the step's wall time less all those:
 scheduling, inputs, Python between the ops, detokenizing). Beside each, what the hardware allows:
-- GEMMs and the LM head against a large GEMM's FLOP/s (the box's practical peak, measured here) and their weights'
+- GEMMs and the LM head against a large GEMM's FLOP/s (torch's, measured here; the FMA units' own rate, a C loop
+  compiled here, is printed beside it and is the prefill's yardstick) and their weights'
   bytes against a streaming read's bandwidth (measured here): a decode step of few rows is bound by the read;
 - decode attention's K/V bytes against the same streaming read.
 Then one prefill step of `--prefill-tokens` tokens: its GEMMs' FLOP/s against the peak.
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from peers.fma_peak import fma_peak   # noqa: E402
 from peers.machine import describe   # noqa: E402
 from shapes import CPU_SHAPES, SHAPES, write_shape_dir   # noqa: E402
 from shapes import describe as describe_shape   # noqa: E402
@@ -144,10 +146,12 @@ def main() -> None:
     # The box's practical peak: the faster of an fp32 and a model-dtype GEMM (torch's bf16 GEMM on a CPU without bf16
     # instructions runs at a tenth of fp32's, which says nothing about what the cores can do).
     bandwidth, peak = streaming_read_bandwidth(), max(gemm_peak(torch.float32), gemm_peak(dtype))
+    fma = fma_peak(torch.get_num_threads())   # what the FMA units do: the GEMM above is no peak
     print(f"machine: {describe()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"model: {describe_shape(args.shape)}, {args.dtype}")
+    units = f"{fma / 1e9:.0f} GFLOP/s fp32" if fma else "not measured (no C compiler)"
     print(f"hardware: streaming read {bandwidth / 1e9:.1f} GB/s; GEMM 2048^3 {peak / 1e9:.0f} GFLOP/s (the faster of "
-          f"float32 and {args.dtype})")
+          f"float32 and {args.dtype}); FMA units {units}")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_shape_dir(Path(tmp) / args.shape, args.shape)
         with LLM(str(model_dir), load_format="dummy", dtype=args.dtype, max_model_len=4096,
@@ -180,9 +184,10 @@ def main() -> None:
             engine.step()
             wall = time.perf_counter() - started
             gemm_s = timers.seconds["GEMMs"]
-            print(f"\n## Prefill, one step of {args.prefill_tokens} tokens: {wall * 1e3:.0f} ms; GEMMs {gemm_s * 1e3:.0f} ms "
-                  f"at {2 * args.prefill_tokens * layer_params / gemm_s / 1e9:.0f} GFLOP/s "
-                  f"({2 * args.prefill_tokens * layer_params / gemm_s / peak:.0%} of the 2048^3 GEMM), attention "
+            rate = 2 * args.prefill_tokens * layer_params / gemm_s
+            print(f"\n## Prefill, one step of {args.prefill_tokens} tokens: {wall * 1e3:.0f} ms; "
+                  f"GEMMs {gemm_s * 1e3:.0f} ms at {rate / 1e9:.0f} GFLOP/s ({rate / peak:.0%} of the 2048^3 GEMM"
+                  + (f", {rate / fma:.0%} of the FMA units" if fma else "") + "), attention "
                   f"{timers.seconds['attention'] * 1e3:.0f} ms, norm/rotary/SiLU "
                   f"{timers.seconds['norm/rotary/SiLU'] * 1e3:.0f} ms, the rest {(wall - sum(timers.seconds.values())) * 1e3:.0f} ms")
 
