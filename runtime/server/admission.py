@@ -91,7 +91,11 @@ class Job:
             if self.state is not None:
                 self.state.metrics.labels(self.state.metrics.structured_resamples).inc()
             return engine.generate(f"{sub_id}-again{attempt}", prompt, resampled(params, attempt))
-        return checked_outputs(outputs, params.structured, None if params.is_greedy else again)
+
+        def discarded(tokens: int):   # an answer thrown away was computed all the same: the key pays for it
+            if self.state is not None:
+                self.state.keys.charge(self.key, tokens)
+        return checked_outputs(outputs, params.structured, None if params.is_greedy else again, discarded=discarded)
 
     async def close_primed(self) -> None:
         """Ends the started requests nobody read (a stream whose body never started): aborted, their blocks freed."""

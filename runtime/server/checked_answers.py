@@ -3,7 +3,8 @@ schema (`answer_check`). Where the grammar alone guarantees it (`StructuredOutpu
 comes; where it only over-approximates, the answer is held and sent whole once it validates. An answer that does
 not validate is never sent. A held one that fails is sampled again, up to RESAMPLES times, when its request samples
 (temperature > 0; a greedy answer would come out the same): the client never saw it, so it gets the first answer
-that validates. When none does, or the answer was not held, the request fails with a 422 naming the rule broken."""
+that validates. When none does, or the answer was not held, the request fails with a 422 naming the rule broken.
+Every answer thrown away was computed all the same: its tokens go to `discarded` (the key's quota charges them)."""
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,7 @@ class UnsatisfiedSchemaError(APIError):
         super().__init__(422, f"the model's answer does not satisfy the schema {reason}{how}{tried}",
                          code=UNSATISFIED_CODE)
         self.reason = reason
+        self.tokens = 0   # the thrown-away answer's tokens
 
 
 def resampled(params: SamplingParams, attempt: int) -> SamplingParams:
@@ -37,15 +39,19 @@ def resampled(params: SamplingParams, attempt: int) -> SamplingParams:
 
 
 async def checked_outputs(outputs: AsyncIterator, structured: StructuredOutput,
-                          again: Callable[[int], AsyncIterator] | None = None, resamples: int = RESAMPLES):
+                          again: Callable[[int], AsyncIterator] | None = None, resamples: int = RESAMPLES,
+                          discarded: Callable[[int], None] | None = None):
     """`outputs` (an engine request's RequestOutputs) with the finished answer checked, held back when need be.
-    `again(attempt)`: a new draw of the same request, for a held answer that failed (None: no resampling)."""
+    `again(attempt)`: a new draw of the same request, for a held answer that failed (None: no resampling);
+    `discarded(tokens)`: told of every answer that failed its check (the client gets none of its tokens)."""
     for attempt in range(resamples + 1):
         try:
             async for output in _checked(outputs, structured):
                 yield output
             return
         except UnsatisfiedSchemaError as error:
+            if discarded is not None:
+                discarded(error.tokens)
             if again is None or not structured.held or attempt == resamples:
                 if attempt:
                     raise UnsatisfiedSchemaError(structured, error.reason, attempt + 1) from error
@@ -67,7 +73,9 @@ async def _checked(outputs: AsyncIterator, structured: StructuredOutput):
             if reason is not None:
                 if not structured.held:   # the grammar should have made this impossible
                     logger.error("a %s answer broke its grammar's schema: %s", structured.kind, reason)
-                raise UnsatisfiedSchemaError(structured, reason)
+                error = UnsatisfiedSchemaError(structured, reason)
+                error.tokens = len(output.token_ids)
+                raise error
         yield _whole(output) if structured.held else output
 
 

@@ -4,8 +4,10 @@ validator), finishes by itself within a max_tokens the layout's bounds imply, an
 json_layout allows (per gap: nothing, a space, or one newline and bounded indentation); an answer the grammar only
 over-approximates is held and checked, a sampled one that breaks its schema is drawn again, and one that still breaks
 it is a 422, never sent."""
+import asyncio
 import json
 import re
+from types import SimpleNamespace
 from typing import Annotated, Literal
 
 import httpx
@@ -14,8 +16,12 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from kubeinfer.runtime.engine.output_processor import RequestOutput
 from kubeinfer.runtime.sampling_params import SamplingParams
+from kubeinfer.runtime.server.admission import Job
+from kubeinfer.runtime.server.auth import KeyEntry, KeyRing, Tenant
 from kubeinfer.runtime.server.checked_answers import RESAMPLES, resampled
+from kubeinfer.runtime.structured.spec import StructuredOutput
 from kubeinfer.runtime.structured.enforceable import enforceable
 from kubeinfer.runtime.structured.json_layout import INDENT, nesting
 from support import metric_value, scrape_metrics
@@ -239,6 +245,36 @@ def test_a_held_answer_that_fails_its_check_is_sampled_again(server):
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
         rescued += drawn_again > 0
     assert rescued > 0, f"no first draw failed its check in 24 seeds ({refused} refused): the test proves nothing"
+
+
+def test_every_answer_thrown_away_is_charged_to_the_key():
+    """Two draws fail uniqueItems and are drawn again; the client gets the third. The key's quota pays for all
+    three: the thrown-away answers were computed all the same."""
+    answers = iter([("[1, 1]", [11, 12, 13, 14]), ("[2, 2]", [21, 22, 23]), ("[1, 2]", [31, 32, 33, 34, 35])])
+
+    class Engine:
+        def generate(self, request_id, prompt, params, resume=None):
+            text, tokens = next(answers)
+
+            async def outputs():
+                yield RequestOutput(request_id, prompt, tokens, text, tokens, text, [], [], True, "stop", None, 0,
+                                    0.0, 0.0)
+            return outputs()
+
+    structured = StructuredOutput("{}", "json_schema", json.dumps(COIN["json_schema"]["schema"]), ("uniqueItems",))
+    keys = KeyRing({"k": KeyEntry(100, Tenant("t"))})
+    drawn = []
+    metrics = SimpleNamespace(structured_resamples="resamples", labels=lambda _: SimpleNamespace(
+        inc=lambda: drawn.append(1)))
+    params = SamplingParams(temperature=1.0, structured=structured)
+    job = Job("r", [[1, 2]], [params], 1, key="k", state=SimpleNamespace(keys=keys, metrics=metrics))
+
+    async def read():
+        return [output async for output in job.outputs(Engine(), "r-0", [1, 2], params)]
+    outputs = asyncio.run(read())
+    assert [o.text for o in outputs] == ["[1, 2]"] and len(drawn) == 2
+    # Charged so far: the two thrown-away answers' 4 + 3 tokens (the one sent is charged by the response, as before).
+    assert keys.retry_after("k", 100 - 7) is None and keys.retry_after("k", 100 - 6) is not None
 
 
 def test_a_seeded_requests_new_draws_have_their_own_reproducible_seeds():
