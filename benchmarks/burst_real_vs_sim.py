@@ -45,6 +45,7 @@ from kubeinfer.operator.autoscaling.simulator.policies import KubeInferPolicy, O
 from kubeinfer.operator.autoscaling.simulator.sim import CPU_DEMO_MODEL, Request, Simulation, Trace  # noqa: E402
 from kubeinfer.operator.autoscaling.simulator.trace_file import load_trace  # noqa: E402
 from serve import histogram_sums  # noqa: E402
+from peers.on_kill import exit_on_sigterm  # noqa: E402
 
 from kubeinfer.operator.autoscaling.policies.types import PolicyConfig  # noqa: E402
 
@@ -162,6 +163,7 @@ async def run_load(url: str, requests: list[tuple[float, str, int]], sample) -> 
 
 
 def main() -> None:
+    exit_on_sigterm()   # `kill` stops what it started (the finally blocks, subprocess.run's child)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--image", required=True)

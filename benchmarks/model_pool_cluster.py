@@ -45,6 +45,7 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from burst_real_vs_sim import GROUP, PLURAL, VERSION, connect_timer, is_ready, one_request, prompt_of  # noqa: E402
 from serve import quantile  # noqa: E402
+from peers.on_kill import exit_on_sigterm  # noqa: E402
 
 from kubeinfer.operator.autoscaling.simulator.multi_model import (  # noqa: E402
     MultiModelSim, Request, multi_model_trace,
@@ -296,6 +297,7 @@ def report(args, requests: list[Request], runs: dict[str, dict]) -> None:
 
 
 def main() -> None:
+    exit_on_sigterm()   # `kill` stops what it started (the finally blocks, subprocess.run's child)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--image", required=True)

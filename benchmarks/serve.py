@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import cpu_time, vllm_env   # noqa: E402
+from peers.on_kill import exit_on_sigterm   # noqa: E402
 from peers.machine import describe   # noqa: E402
 from shapes import CPU_SHAPES, SHAPES, model_folder   # noqa: E402
 from shapes import describe as describe_shape   # noqa: E402
@@ -351,7 +351,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18123)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # `kill` runs the finally blocks: no server left behind
+    exit_on_sigterm()   # `kill` runs the finally blocks: no server left behind
     if args.peer == "vllm":
         compare_with_vllm(args)
         return

@@ -36,6 +36,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import vllm_env   # noqa: E402
+from peers.on_kill import exit_on_sigterm   # noqa: E402
 from peers.machine import describe   # noqa: E402
 from shapes import CPU_SHAPES, SHAPES, model_folder   # noqa: E402
 from shapes import describe as describe_shape   # noqa: E402
@@ -117,6 +118,7 @@ def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
 
 
 def main() -> None:
+    exit_on_sigterm()   # `kill` stops what it started (the finally blocks, subprocess.run's child)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
     parser.add_argument("--num-requests", type=int, default=64)
