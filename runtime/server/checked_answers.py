@@ -43,7 +43,7 @@ async def checked_outputs(outputs: AsyncIterator, structured: StructuredOutput,
                           discarded: Callable[[int], None] | None = None):
     """`outputs` (an engine request's RequestOutputs) with the finished answer checked, held back when need be.
     `again(attempt)`: a new draw of the same request, for a held answer that failed (None: no resampling);
-    `discarded(tokens)`: told of every answer that failed its check (the client gets none of its tokens)."""
+    `discarded(tokens)`: told of the tokens of every answer that failed its check (computed, never sent whole)."""
     for attempt in range(resamples + 1):
         try:
             async for output in _checked(outputs, structured):
