@@ -2,20 +2,18 @@
 the same panels and rows, alternating, with a check that both give bit-identical outputs.
 
     git worktree add /tmp/base HEAD~1
-    python -P benchmarks/cpu_linear_ab.py --baseline /tmp/base/kernels/csrc [--rounds 7] [--shapes 2048x2048x8192 ...]
+    python -P benchmarks/cpu_linear_ab.py --baseline /tmp/base/kernels/csrc [--rounds 7] \
+        [--shapes 2048x2048x8192 ...]
 
-Each build is compiled with the library's own flags (kernels/cpu_native.py). A shape is rows x K -> N; each round
-times both builds, the best of `--calls` calls each (enough for ~0.2 s), and the figure is the median over rounds of
+Each build is compiled and cached as the library is (kernels/cpu_native.py, `library_from`). A shape is rows x K -> N; each round
+times both builds, each the best of as many calls as fill ~0.2 s (3-200), and the figure is the median over rounds of
 GFLOP/s (2 x rows x K x N over the time): on the noisy 2-vCPU box a single call spreads 10-40%, so only alternating
 medians separate the builds. The default shapes are the real models' gate/up projections at prefill (2,048 rows)
 and decode (1-64 rows) sizes, and a down projection.
 """
 import argparse
-import ctypes
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,26 +29,19 @@ SHAPES = ["2048x2048x8192", "2048x8192x2048", "2048x576x3072", "64x2048x16384", 
           "1x2048x16384"]
 
 
-def build(sources: Path, into: Path) -> ctypes.CDLL:
-    """`sources/linear_cpu.c` compiled as the library is, loaded."""
-    objects, library = into / "linear_cpu.o", into / "linear_cpu.so"
-    compiler = cpu_native._compiler()
-    subprocess.run([compiler, *cpu_native.compile_flags(), "-I", str(sources), "-c", "-o", str(objects),
-                    str(sources / "linear_cpu.c")], check=True)
-    subprocess.run([compiler, *cpu_native.LINK_FLAGS, "-o", str(library), str(objects), "-lm"], check=True)
-    lib = ctypes.CDLL(str(library))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.kubeinfer_linear.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int32]
-    if not lib.kubeinfer_linear_supported():
+def build(sources: Path):
+    """The kernel function of `sources/linear_cpu.c`, compiled and cached as the library is."""
+    function = cpu_linear.panel_function(cpu_native.library_from("linear_cpu", sources))
+    if function is None:
         raise SystemExit("the panel kernel does not run on this CPU (it needs AVX2 and FMA without AVX-512)")
-    return lib
+    return function
 
 
-def seconds(lib: ctypes.CDLL, x: torch.Tensor, panels: cpu_linear.Panels, out: torch.Tensor, calls: int) -> float:
+def seconds(linear, x: torch.Tensor, panels: cpu_linear.Panels, out: torch.Tensor, calls: int) -> float:
     best = float("inf")
     for _ in range(calls):
         started = time.perf_counter()
-        lib.kubeinfer_linear(x.data_ptr(), x.stride(0), x.shape[0], panels.in_features, panels.data.data_ptr(),
+        linear(x.data_ptr(), x.stride(0), x.shape[0], panels.in_features, panels.data.data_ptr(),
                              panels.out_features, None, out.data_ptr(), panels.out_features, 0)
         best = min(best, time.perf_counter() - started)
     return best
@@ -64,27 +55,23 @@ def main() -> None:
     args = parser.parse_args()
     peak = fma_peak()
     print(f"machine: {describe()}; FMA units " + (f"{peak / 1e9:.0f} GFLOP/s fp32" if peak else "not measured"))
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "tree").mkdir()
-        (Path(tmp) / "baseline").mkdir()
-        builds = {"baseline": build(args.baseline, Path(tmp) / "baseline"),
-                  "tree": build(cpu_native.SOURCES, Path(tmp) / "tree")}
-        print("| rows x K -> N | baseline GFLOP/s | tree GFLOP/s | tree / baseline | bit-identical |")
-        print("|---|---|---|---|---|")
-        for shape in args.shapes:
-            rows, k, n = (int(part) for part in shape.split("x"))
-            torch.manual_seed(0)
-            x, panels = torch.randn(rows, k), cpu_linear.to_panels(torch.randn(n, k) / k ** 0.5)
-            outs = {name: torch.empty(rows, n) for name in builds}
-            flops = 2 * rows * k * n
-            calls = max(3, min(200, int(0.2 / max(flops / 100e9, 1e-6))))
-            rates = {name: [] for name in builds}
-            for _ in range(args.rounds):
-                for name, lib in builds.items():
-                    rates[name].append(flops / seconds(lib, x, panels, outs[name], calls) / 1e9)
-            base, tree = statistics.median(rates["baseline"]), statistics.median(rates["tree"])
-            same = torch.equal(outs["baseline"], outs["tree"])
-            print(f"| {rows:,} x {k:,} -> {n:,} | {base:.1f} | {tree:.1f} | {tree / base:.2f}x | {same} |", flush=True)
+    builds = {"baseline": build(args.baseline), "tree": build(cpu_native.SOURCES)}
+    print("| rows x K -> N | baseline GFLOP/s | tree GFLOP/s | tree / baseline | bit-identical |")
+    print("|---|---|---|---|---|")
+    for shape in args.shapes:
+        rows, k, n = (int(part) for part in shape.split("x"))
+        torch.manual_seed(0)
+        x, panels = torch.randn(rows, k), cpu_linear.to_panels(torch.randn(n, k) / k ** 0.5)
+        outs = {name: torch.empty(rows, n) for name in builds}
+        flops = 2 * rows * k * n
+        calls = max(3, min(200, int(0.2 / max(flops / 100e9, 1e-6))))
+        rates = {name: [] for name in builds}
+        for _ in range(args.rounds):
+            for name, linear in builds.items():
+                rates[name].append(flops / seconds(linear, x, panels, outs[name], calls) / 1e9)
+        base, tree = statistics.median(rates["baseline"]), statistics.median(rates["tree"])
+        same = torch.equal(outs["baseline"], outs["tree"])
+        print(f"| {rows:,} x {k:,} -> {n:,} | {base:.1f} | {tree:.1f} | {tree / base:.2f}x | {same} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,16 +41,21 @@ class Panels:
     in_features: int
 
 
+def panel_function(lib: ctypes.CDLL | None):
+    """The kernel function of a loaded `linear_cpu` library, its arguments declared; None where it does not run."""
+    if lib is None or not lib.kubeinfer_linear_supported():
+        return None
+    function = lib.kubeinfer_linear
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    function.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int32]
+    function.restype = ctypes.c_int
+    return function
+
+
 def _panel_kernel():
     if not _kernel:
-        lib = cpu_native.library("linear_cpu") if os.environ.get(CHOICE_ENV, "auto") != "onednn" else None
-        function = None
-        if lib is not None and lib.kubeinfer_linear_supported():
-            function = lib.kubeinfer_linear
-            p, i64 = ctypes.c_void_p, ctypes.c_int64
-            function.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int32]
-            function.restype = ctypes.c_int
-        _kernel.append(function)
+        choice = os.environ.get(CHOICE_ENV, "auto")
+        _kernel.append(panel_function(cpu_native.library("linear_cpu")) if choice != "onednn" else None)
     return _kernel[0]
 
 

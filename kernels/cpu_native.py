@@ -58,12 +58,12 @@ def _cpu_identity() -> str:
     return "\n".join(dict.fromkeys(line for line in lines if line.split(":")[0].strip() in wanted))
 
 
-def _build(name: str, compiler: str) -> Path:
-    source = SOURCES / f"{name}.c"
+def _build(name: str, compiler: str, sources: Path = SOURCES) -> Path:
+    source = sources / f"{name}.c"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     flags = " ".join(compile_flags() + LINK_FLAGS)
     # The source and every file it may include (headers, and another source with other settings).
-    texts = [path.read_text() for path in [source, *sorted(SOURCES.glob("*.h")), *sorted(SOURCES.glob("*.c"))]]
+    texts = [path.read_text() for path in [source, *sorted(sources.glob("*.h")), *sorted(sources.glob("*.c"))]]
     key = hashlib.sha256("\0".join([*texts, flags, version, _cpu_identity()]).encode())
     folder = cache_dir()
     try:
@@ -107,3 +107,13 @@ def library(name: str) -> ctypes.CDLL | None:
                                "kernels instead", name, error)
         _loaded[name] = lib
         return lib
+
+
+def library_from(name: str, sources: Path) -> ctypes.CDLL:
+    """`NAME.c` of another source folder (another version's `kernels/csrc`, to compare against), built and cached as
+    `library` builds its own, loaded beside it; raises where it cannot be built."""
+    import torch   # noqa: F401  (torch's libgomp first, as in `library`)
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc, gcc or $CC)")
+    return ctypes.CDLL(str(_build(name, compiler, sources)))

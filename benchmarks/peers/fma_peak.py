@@ -8,10 +8,11 @@ so nothing waits on an FMA's latency. None when no C compiler is found.
     python -P benchmarks/peers/fma_peak.py
 """
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from kubeinfer.kernels import cpu_native
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -60,7 +61,7 @@ int main(int argc, char **argv) {
 
 def fma_peak(threads: int | None = None, iterations: int = 50_000_000, runs: int = 3) -> float | None:
     """The best of `runs` runs' fp32 FLOP/s on `threads` threads (default: every CPU this process may use)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = cpu_native._compiler()
     if compiler is None:
         return None
     threads = threads or len(os.sched_getaffinity(0))
