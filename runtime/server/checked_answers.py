@@ -21,7 +21,7 @@ SEED_STRIDE = 0x9E3779B97F4A7C15   # a seeded request's n-th resample uses seed 
 
 
 class UnsatisfiedSchemaError(APIError):
-    def __init__(self, structured: StructuredOutput, reason: str, attempts: int = 1):
+    def __init__(self, structured: StructuredOutput, reason: str, attempts: int = 1, tokens: int = 0):
         checked = ", ".join(structured.approximated)
         how = (f" ({checked}: not enforceable while the answer is written, checked when it is finished)"
                if checked else "")
@@ -29,7 +29,7 @@ class UnsatisfiedSchemaError(APIError):
         super().__init__(422, f"the model's answer does not satisfy the schema {reason}{how}{tried}",
                          code=UNSATISFIED_CODE)
         self.reason = reason
-        self.tokens = 0   # the thrown-away answer's tokens
+        self.tokens = tokens   # the thrown-away answer's tokens
 
 
 def resampled(params: SamplingParams, attempt: int) -> SamplingParams:
@@ -73,9 +73,7 @@ async def _checked(outputs: AsyncIterator, structured: StructuredOutput):
             if reason is not None:
                 if not structured.held:   # the grammar should have made this impossible
                     logger.error("a %s answer broke its grammar's schema: %s", structured.kind, reason)
-                error = UnsatisfiedSchemaError(structured, reason)
-                error.tokens = len(output.token_ids)
-                raise error
+                raise UnsatisfiedSchemaError(structured, reason, tokens=len(output.token_ids))
         yield _whole(output) if structured.held else output
 
 
