@@ -5,11 +5,11 @@ the same panels and rows, alternating, with a check that both give bit-identical
     python -P benchmarks/cpu_linear_ab.py --baseline /tmp/base/kernels/csrc [--rounds 7] \
         [--shapes 2048x2048x8192 ...]
 
-Each build is compiled and cached as the library is (kernels/cpu_native.py, `library_from`). A shape is rows x K -> N; each round
-times both builds, each the best of as many calls as fill ~0.2 s (3-200), and the figure is the median over rounds of
-GFLOP/s (2 x rows x K x N over the time): on the noisy 2-vCPU box a single call spreads 10-40%, so only alternating
-medians separate the builds. The default shapes are the real models' gate/up projections at prefill (2,048 rows)
-and decode (1-64 rows) sizes, and a down projection.
+Each build is compiled and cached as the library is (kernels/cpu_native.py, `library_from`). A shape is rows x K
+-> N; each round times both builds, each the best of as many calls as fill ~0.2 s (3-200), and the figure is the
+median over rounds of GFLOP/s (2 x rows x K x N over the time): on the noisy 2-vCPU box a single call spreads
+10-40%, so only alternating medians separate the builds. The default shapes are the real models' gate/up projections
+at prefill (2,048 rows) and decode (1-64 rows) sizes, and a down projection.
 """
 import argparse
 import statistics
