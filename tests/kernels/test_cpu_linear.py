@@ -66,8 +66,8 @@ def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, featur
 
 
 # Row counts on both sides of the kernel's boundaries (6 rows a micro-kernel and the in-place path, 192 a packed
-# block), K past its 256-wide block (split evenly), outputs that leave a partial last panel or span several chunks
-# of 16 panels (960: 60 panels).
+# block), K past its 640-wide block (1,283: three blocks), outputs that leave a partial last panel or span several
+# chunks of 16 panels (960: 60 panels).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [0, 1, 5, 6, 7, 13, 192, 193, 203])
 @pytest.mark.parametrize("features", [(5, 17), (72, 130), (1283, 33), (576, 960)])
