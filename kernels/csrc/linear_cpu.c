@@ -12,7 +12,7 @@
      whole (bound by the weights' read). bf16 rows are widened to fp32 first.
    - **More rows** (decode batches, prefill chunks; bound by the FMA units): 192 rows at a time are packed six to a
      k (`pack_rows`: the six broadcasts of a k read 24 contiguous bytes), and each thread takes its panels in chunks
-     of up to 16: K block by K block (up to 640 wide, split evenly), the block's packed rows (in L2) go through
+     of up to 16: K block by K block (up to 640 wide, split evenly), the block's packed rows (~L2) go through
      every panel of the chunk, summed in an fp32 scratch, while the next slice is prefetched a line per k (its first
      rows would otherwise wait on memory). A slice of 640 (40 KB fp32) outgrows L1, yet blocks of 640 ran 1-9%
      faster than blocks of 256 (16 KB, in L1) on every real shape measured, and 1,024 no faster (fewer passes over
@@ -39,7 +39,7 @@
 #define PANEL 16
 #define ROWS 6          /* input rows a micro-kernel takes at once: 12 accumulators + 2 weight + 1 input register */
 #define K_BLOCK 640     /* largest K block of the packed path (measured against 256, 320 and 1,024) */
-#define M_BLOCK 192     /* rows packed at a time (a K block of them, 192 KB, stays in L2) */
+#define M_BLOCK 192     /* rows packed at a time (a K block of them: up to 480 KB, about L2's size) */
 #define CHUNK 16        /* panels a thread takes together: a K block of the packed rows serves all of them */
 
 int kubeinfer_linear_supported(void) { return 1; }
