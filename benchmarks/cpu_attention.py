@@ -47,22 +47,10 @@ def best_seconds(run, repeats: int) -> float:
 
 
 def kernel_built_from(sources: Path, cache_dtype: torch.dtype):
-    """The kernel function compiled from another source folder (the launcher's cache of functions and the
-    library loader's cache are set aside for the build, then restored)."""
-    library = cpu_attention.KERNELS[cache_dtype][0]
-    saved_sources, saved_library = cpu_native.SOURCES, cpu_native._loaded.pop(library, None)
-    saved_function = cpu_attention._functions.pop(cache_dtype, None)
-    try:
-        cpu_native.SOURCES = sources
-        return cpu_attention._kernel(cache_dtype)
-    finally:
-        cpu_native.SOURCES = saved_sources
-        cpu_native._loaded.pop(library, None)
-        cpu_attention._functions.pop(cache_dtype, None)
-        if saved_library is not None:
-            cpu_native._loaded[library] = saved_library
-        if saved_function is not None:
-            cpu_attention._functions[cache_dtype] = saved_function
+    """The kernel function compiled from another source folder, built and cached as the library is
+    (`cpu_native.library_from`), loaded beside this build's."""
+    library = cpu_native.library_from(cpu_attention.KERNELS[cache_dtype][0], sources)
+    return cpu_attention.kernel_function(library, cache_dtype)
 
 
 def alternate(baseline, run, work: float, rounds: int, cache_dtype: torch.dtype) -> tuple[float, float, list[float]]:

@@ -20,16 +20,23 @@ KERNELS = {torch.float32: ("paged_attention_cpu", "kubeinfer_paged_attention_f32
 _functions: dict[torch.dtype, object] = {}
 
 
+def kernel_function(lib: ctypes.CDLL | None, cache_dtype: torch.dtype):
+    """The kernel function for `cache_dtype` of a loaded library (`KERNELS`), its arguments declared; None without
+    the library."""
+    if lib is None:
+        return None
+    function = getattr(lib, KERNELS[cache_dtype][1])
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+    function.argtypes = [p, i64, p, p, p, p, p, i64, i32, i32, i32, i32, i32, f32, i32, p]
+    function.restype = ctypes.c_int
+    return function
+
+
 def _kernel(cache_dtype: torch.dtype):
     if cache_dtype not in _functions:
-        library, name = KERNELS[cache_dtype]
-        lib = cpu_native.library(library)
-        if lib is None:
+        function = kernel_function(cpu_native.library(KERNELS[cache_dtype][0]), cache_dtype)
+        if function is None:
             return None
-        function = getattr(lib, name)
-        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-        function.argtypes = [p, i64, p, p, p, p, p, i64, i32, i32, i32, i32, i32, f32, i32, p]
-        function.restype = ctypes.c_int
         _functions[cache_dtype] = function
     return _functions[cache_dtype]
 
