@@ -1,5 +1,5 @@
-"""RMSNorm, rotary embedding, SiLU-and-mul and the paged K/V store on the CPU, one pass each: the launcher of
-`csrc/elementwise_cpu.c`.
+"""RMSNorm, rotary embedding, SiLU-and-mul, the paged K/V store and a row's argmax on the CPU, one pass each: the
+launcher of `csrc/elementwise_cpu.c`.
 
 Scope: fp32 or bf16 CPU tensors whose last dimension is contiguous, all of a call in one dtype (others take the
 PyTorch references; bf16 rounds where the reference does, see the C source). Each
@@ -28,6 +28,7 @@ def _kernels() -> dict | None:
             "kubeinfer_rotary": [p, i64, p, i64, i64, p, i64, i64, i64, p, p, p, i32],
             "kubeinfer_silu_and_mul": [p, i64, i64, i64, p, i32],
             "kubeinfer_store_kv": [p, i64, p, i64, p, p, p, i64, i64, i64],
+            "kubeinfer_argmax": [p, i64, i64, i64, p],
         }
         functions = {}
         for name, argtypes in signatures.items():
@@ -140,3 +141,15 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         slots.data_ptr(), tokens, row, key.element_size())
     assert status == 0
     return True
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor | None:
+    """`x.argmax(dim=-1)` of a 2-D fp32 CPU tensor whose rows are contiguous (a step's logits), in one pass a row:
+    torch's reads 152k-value rows at a third of the memory's rate (11 ms for 64 rows on the 2-vCPU box, measured
+    2026-12-01). The same index, ties and NaN included; None where this kernel does not apply."""
+    if x.dim() != 2 or x.dtype != torch.float32 or not _runs(x) or x.shape[0] == 0 or x.shape[1] == 0:
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    if _kernels()["kubeinfer_argmax"](x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr()):
+        return None
+    return out

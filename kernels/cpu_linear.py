@@ -76,14 +76,20 @@ def to_panels(weight: torch.Tensor) -> Panels:
     return Panels(data, out_features, in_features)
 
 
-def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` over `to_panels(weight)` (CPU tensors; x of the weight's dtype)."""
+def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` over `to_panels(weight)` (CPU tensors; x of the weight's dtype); into `out`
+    (contiguous, `[rows, out_features]`, x's dtype) where given."""
     if x.dtype != panels.data.dtype or not x.is_cpu:
         raise TypeError(f"a {panels.data.dtype} CPU linear got a {x.dtype} input on {x.device}")
     rows = x.reshape(-1, panels.in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = rows.new_empty(rows.shape[0], panels.out_features)
+    if out is None:
+        out = rows.new_empty(rows.shape[0], panels.out_features)
+    elif out.shape != (rows.shape[0], panels.out_features) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"a linear of {rows.shape[0]} rows to {panels.out_features} {x.dtype} outputs cannot "
+                         f"write a {out.dtype} tensor of shape {tuple(out.shape)}")
     if bias is not None:
         bias = bias.float().contiguous()   # the kernel adds the bias in fp32, before a bf16 output's one rounding
     if rows.shape[0] and _panel_kernel()(

@@ -84,6 +84,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return references.silu_and_mul(x)
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(dim=-1)` of a step's `[rows, vocabulary]` logits: the greedy tokens."""
+    if use_cpu_native(logits):
+        from kubeinfer.kernels import cpu_elementwise
+        if (tokens := cpu_elementwise.argmax(logits)) is not None:
+            return tokens
+    return logits.argmax(dim=-1)
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool,
               weights_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     return references.moe_route(router_logits, top_k, renormalize, weights_in_fp32)

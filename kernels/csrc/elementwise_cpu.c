@@ -1,5 +1,5 @@
 /* The per-token ops around the GEMMs, on the CPU, each in one pass over its rows: RMSNorm (with the residual add),
-   rotary embedding of q and k, and SiLU-and-mul. PyTorch runs each as five to ten whole-tensor passes (pow, mean,
+   rotary embedding of q and k, SiLU-and-mul, and the greedy token (argmax) of a step's logits. PyTorch runs each as five to ten whole-tensor passes (pow, mean,
    rsqrt, mul, cat...), which at prefill sizes stream megabytes through memory per pass.
 
    Scope: fp32 and bf16 tensors (all of one call in one dtype). bf16 computes in fp32 and rounds (to nearest even)
@@ -12,6 +12,10 @@
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "bf16.h"
 
@@ -149,5 +153,76 @@ int kubeinfer_store_kv(const void *key, int64_t key_stride, const void *value, i
         memcpy((char *)k_cache + slot * bytes, (const char *)key + t * key_stride * size, bytes);
         memcpy((char *)v_cache + slot * bytes, (const char *)value + t * value_stride * size, bytes);
     }
+    return 0;
+}
+
+/* NaN tests on the bits (the library is built with -ffast-math, under which a float comparison may assume none). */
+INLINE int is_nan(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return (bits & 0x7fffffffu) > 0x7f800000u;
+}
+
+static int64_t first_nan(const float *row, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (is_nan(row[i])) return i;
+    return -1;
+}
+
+/* The first index of the row's largest value, as torch.argmax (a NaN is the largest: the first NaN's index). One
+   pass: each of 8 lanes keeps its largest value and that value's first index (only a strictly greater value
+   replaces it), then the lanes' largest wins, at the lowest index among equals; the tail goes one by one. */
+static int64_t row_argmax(const float *row, int64_t n) {
+    int64_t i = 0, best_index = 0;
+    float best = row[0];
+#if defined(__AVX2__)
+    if (n >= 8) {
+        const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), infinity = _mm256_set1_epi32(0x7f800000);
+        const __m256i step = _mm256_set1_epi32(8);
+        __m256 value = _mm256_loadu_ps(row);
+        __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), at = index;
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(value), magnitude), infinity);
+        for (i = 8; i + 8 <= n; i += 8) {
+            const __m256 v = _mm256_loadu_ps(row + i);
+            const __m256 greater = _mm256_cmp_ps(v, value, _CMP_GT_OQ);
+            at = _mm256_add_epi32(at, step);
+            value = _mm256_blendv_ps(value, v, greater);
+            index = _mm256_blendv_epi8(index, at, _mm256_castps_si256(greater));
+            nan = _mm256_or_si256(nan, _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), magnitude),
+                                                          infinity));
+        }
+        if (!_mm256_testz_si256(nan, nan))
+            return first_nan(row, n);
+        float values[8];
+        int32_t indices[8];
+        _mm256_storeu_ps(values, value);
+        _mm256_storeu_si256((__m256i *)indices, index);
+        best = values[0];
+        best_index = indices[0];
+        for (int lane = 1; lane < 8; lane++)
+            if (values[lane] > best || (values[lane] == best && indices[lane] < best_index)) {
+                best = values[lane];
+                best_index = indices[lane];
+            }
+    }
+#endif
+    for (; i < n; i++) {
+        if (is_nan(row[i]))
+            return first_nan(row, n);
+        if (row[i] > best) {
+            best = row[i];
+            best_index = i;
+        }
+    }
+    return best_index;
+}
+
+/* out[r] = argmax of fp32 row r (n values at x + r * stride), for rows < 2^31 values long (the indices are 32-bit
+   lanes): returns 1, nothing written, for longer ones. */
+int kubeinfer_argmax(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t *out) {
+    if (n <= 0 || n > INT32_MAX)
+        return 1;
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(x + r * stride, n);
     return 0;
 }

@@ -20,6 +20,7 @@ uniform for each draft row only, so a sequence without drafts in a step draws wh
 
 import torch
 
+from kubeinfer.kernels import ops
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.structured.bitmask import apply_grammars
@@ -38,11 +39,12 @@ class Sampler:
         raw_logprobs = None
         if any(seq.params.logprobs is not None for seq in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
-        if any(seq.guide is not None for seq in seqs):
-            apply_grammars(logits, seqs)
-            self.loop_bans += ban_loops(logits, seqs) if self.loop_guard else 0
-        greedy = logits.argmax(dim=-1)
+        if _edits_logits(seqs):
+            logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
+            if any(seq.guide is not None for seq in seqs):
+                apply_grammars(logits, seqs)
+                self.loop_bans += ban_loops(logits, seqs) if self.loop_guard else 0
+        greedy = ops.argmax(logits)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
         else:
@@ -63,13 +65,14 @@ class Sampler:
         raw_logprobs = None
         if any(seq.params.logprobs is not None for seq in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
-        if any(seq.guide is not None for seq in seqs):
-            apply_grammars(logits, seqs, drafts)
-            self.loop_bans += ban_loops(logits, row_seqs, extras) if self.loop_guard else 0
+        if _edits_logits(seqs):
+            logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
+            if any(seq.guide is not None for seq in seqs):
+                apply_grammars(logits, seqs, drafts)
+                self.loop_bans += ban_loops(logits, row_seqs, extras) if self.loop_guard else 0
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
-        greedy = logits.argmax(dim=-1)
+        greedy = ops.argmax(logits)
         accepted, chosen = greedy == draft_ids, greedy
         if not all(seq.params.is_greedy for seq in seqs):
             probs = _probabilities(logits, row_seqs)
@@ -147,6 +150,14 @@ class Sampler:
                 top = list(zip(indices.tolist(), values.tolist()))
             results.append(TokenLogprobs(token, raw[row, token].item(), top))
         return results
+
+
+def _edits_logits(seqs: list[Sequence]) -> bool:
+    """Whether any row's logits are changed before the draw (min_tokens, penalties, logit_bias, a grammar): only
+    then are they copied first (the caller's stay as they were). A step's copy of 64 rows of a 152k vocabulary is
+    39 MB of fresh pages, 21 ms on the 2-vCPU box, most of a greedy step's sampling."""
+    return any(seq.params.min_tokens or seq.params.has_penalties or seq.params.logit_bias or seq.guide is not None
+               for seq in seqs)
 
 
 def _probabilities(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

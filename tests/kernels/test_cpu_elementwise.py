@@ -1,5 +1,5 @@
-"""The native CPU RMSNorm, rotary embedding, SiLU-and-mul and K/V store (kernels/csrc/elementwise_cpu.c) against
-the PyTorch references: odd sizes, strided views as the model passes them, one row and thousands, extreme activations; and
+"""The native CPU RMSNorm, rotary embedding, SiLU-and-mul, K/V store and argmax (kernels/csrc/elementwise_cpu.c)
+against the PyTorch references: odd sizes, strided views as the model passes them, one row and thousands, extreme activations; and
 `ops` routing to them on the CPU while the "torch" backend still takes the references."""
 import pytest
 import torch
@@ -94,6 +94,28 @@ def test_unsupported_inputs_are_declined_not_wrong():
     assert cpu_elementwise.rotary_embedding(torch.arange(3), q, q[:, :, :4], randn(8, 6)) is None
 
 
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 7), (2, 8), (5, 9), (4, 17), (64, 1000), (2, 151936)])
+def test_argmax_is_torchs_index_with_ties_infinities_and_nans(rows, vocab):
+    """Logits rounded to quarters (many ties, the first index must win), then rows as a step may hold them: all -inf
+    (a grammar that allows nothing), the maximum at the end, NaNs (torch takes the first NaN as the largest)."""
+    x = torch.round(randn(rows + 4, vocab, seed=rows) * 4) / 4
+    x[-4] = float("-inf")
+    x[-3, -1] = x[-3].max() + 1
+    x[-2, vocab // 2] = float("nan")
+    x[-1, :] = x[-1, 0]   # all equal: index 0
+    x[-1, -1] = float("nan")
+    assert torch.equal(cpu_elementwise.argmax(x), x.argmax(dim=-1))
+    view = x[:, : max(1, vocab - 3)]   # rows further apart than their length
+    assert torch.equal(cpu_elementwise.argmax(view), view.argmax(dim=-1))
+
+
+def test_argmax_declines_what_it_does_not_read():
+    assert cpu_elementwise.argmax(randn(4, 6).to(torch.bfloat16)) is None
+    assert cpu_elementwise.argmax(randn(6)) is None
+    assert cpu_elementwise.argmax(randn(4, 6).t()) is None
+    assert cpu_elementwise.argmax(randn(0, 6)) is None
+
+
 @pytest.mark.parametrize("tokens,kv_heads,head_dim", [(1, 3, 64), (7, 2, 16), (700, 4, 128)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_store_kv_matches_reference_on_qkv_views_with_padding(tokens, kv_heads, head_dim, dtype):
@@ -141,6 +163,11 @@ def test_ops_route_to_the_native_kernels_on_cpu_and_to_the_references_under_torc
     torch.testing.assert_close(ops.silu_and_mul(x), references.silu_and_mul(x), **TOL)
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5), references.rms_norm(x, weight, 1e-5), **TOL)
     assert len(calls) == 1
+    assert torch.equal(ops.argmax(x), x.argmax(dim=-1))
+    monkeypatch.setattr(cpu_elementwise, "argmax", lambda t: calls.append(t) or None)
+    assert torch.equal(ops.argmax(x), x.argmax(dim=-1))   # declined: torch's
+    assert len(calls) == 2
     backend("torch")
     ops.silu_and_mul(x)
-    assert len(calls) == 1, "the torch backend (the tests' oracle) must not run the native kernels"
+    ops.argmax(x)
+    assert len(calls) == 2, "the torch backend (the tests' oracle) must not run the native kernels"

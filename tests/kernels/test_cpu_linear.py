@@ -158,6 +158,36 @@ def test_an_untied_lm_head_packs_and_a_tied_one_packs_a_copy_beside_the_embeddin
     torch.testing.assert_close(tied(hidden), want, **tolerance)
 
 
+def test_an_lm_heads_logits_past_the_mmap_threshold_reuse_one_buffer_until_sleep_frees_it():
+    """A step's logits over 32 MiB are written into the head's kept buffer (fresh pages cost a fault each, every
+    step): equal to F.linear's, the same memory on the next call of as many rows or fewer, and freed by
+    `release_output`. Below the threshold each call returns a new tensor."""
+    if cpu_linear.layout() != "panels":
+        pytest.skip("the kept buffer is the panel kernel's (an AVX2 CPU without AVX-512)")
+    from kubeinfer.runtime.cpu_allocator import MMAP_THRESHOLD_BYTES
+    from kubeinfer.runtime.layers.embedding import ParallelLMHead
+    vocab, hidden_size = 40_000, 16
+    rows = MMAP_THRESHOLD_BYTES // (vocab * 4) + 1
+    head = ParallelLMHead(vocab, hidden_size)
+    head.weight.data = torch.randn(vocab, hidden_size)
+    weight = head.weight.data.clone()
+    assert head.pack_weight()
+    hidden = torch.randn(rows + 2, hidden_size)
+    first = head(hidden[:rows])
+    torch.testing.assert_close(first, F.linear(hidden[:rows], weight), atol=1e-4, rtol=1e-5)
+    second = head(hidden)
+    assert second.data_ptr() != first.data_ptr()   # more rows: a larger buffer
+    third = head(hidden[1:rows + 1])
+    assert third.data_ptr() == second.data_ptr()
+    torch.testing.assert_close(third, F.linear(hidden[1:rows + 1], weight), atol=1e-4, rtol=1e-5)
+    head.release_output()
+    assert head._kept is None
+    small = head(hidden[:2])
+    assert head._kept is None and small.data_ptr() != head(hidden[:2]).data_ptr()
+    with pytest.raises(ValueError, match="cannot write"):
+        cpu_linear.panel_linear(hidden[:2], head.packed, out=torch.empty(3, vocab))
+
+
 def test_a_rows_panel_result_does_not_depend_on_the_rows_beside_it():
     """Every row runs the same sums in the same order at any row count (K blocks continue one accumulator), so a
     sequence's logits do not change with the batch it rides in."""

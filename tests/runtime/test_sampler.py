@@ -107,6 +107,18 @@ def test_min_tokens_masks_eos_and_stop_ids():
     assert tokens == [EOS]
 
 
+def test_the_callers_logits_stay_as_they_were_edited_rows_or_not():
+    """Logits are copied only when a row edits them (min_tokens, penalties, logit_bias, a grammar): either way the
+    tensor the runner passed is left as it was, and the edits reach only their own row."""
+    logits = torch.tensor([[10.0, 0.0, 9.0, 1.0], [10.0, 0.0, 9.0, 1.0]])
+    before = logits.clone()
+    tokens, _ = Sampler((EOS,))(logits, seqs(2, SamplingParams(temperature=0)))
+    assert tokens == [0, 0] and torch.equal(logits, before)
+    biased = seqs(1, SamplingParams(temperature=0, logit_bias={2: 5.0})) + seqs(1, SamplingParams(temperature=0))
+    tokens, _ = Sampler((EOS,))(logits, biased)
+    assert tokens == [2, 0] and torch.equal(logits, before)
+
+
 def test_seeded_draws_do_not_depend_on_the_batch():
     torch.manual_seed(3)
     logits = torch.randn(5, 100)
