@@ -1,6 +1,7 @@
 /* The per-token ops around the GEMMs, on the CPU, each in one pass over its rows: RMSNorm (with the residual add),
-   rotary embedding of q and k, SiLU-and-mul, and the greedy token (argmax) of a step's logits. PyTorch runs each as five to ten whole-tensor passes (pow, mean,
-   rsqrt, mul, cat...), which at prefill sizes stream megabytes through memory per pass.
+   rotary embedding of q and k, and SiLU-and-mul. PyTorch runs each as five to ten whole-tensor passes (pow, mean,
+   rsqrt, mul, cat...), which at prefill sizes stream megabytes through memory per pass. And the greedy token (argmax)
+   of a step's logits, which torch reads at a third of the memory's rate.
 
    Scope: fp32 and bf16 tensors (all of one call in one dtype). bf16 computes in fp32 and rounds (to nearest even)
    where the PyTorch reference rounds: after each op the reference runs in bf16, so that both agree to the bit but

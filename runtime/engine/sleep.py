@@ -28,8 +28,8 @@ import torch
 from kubeinfer.kernels.cpu_linear import Panels
 from kubeinfer.runtime.cpu_allocator import release_freed_memory
 from kubeinfer.runtime.engine.messages import SLEEP_LEVELS
-from kubeinfer.runtime.layers.embedding import ParallelLMHead
 from kubeinfer.runtime.errors import InvalidRequestError
+from kubeinfer.runtime.layers.embedding import ParallelLMHead
 from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, mapped, named_weights, private_mapping, tensor_of
 
 
@@ -208,9 +208,10 @@ def put_to_sleep(runner, level: int, directory: str | None = None) -> Sleep:
             slot.set(slot.get().new_empty(0))
         elif level == 2:   # an opaque packed weight: rebuilt at wake
             setattr(slot.owner, slot.name, None)
-    for module in (module for model in models for module in model.modules()):
-        if isinstance(module, ParallelLMHead):
-            module.release_output()
+    for model in models:   # the LM heads' kept logits buffers (layers/embedding.py)
+        for module in model.modules():
+            if isinstance(module, ParallelLMHead):
+                module.release_output()
     kv_bytes = [(pool, release_kv(pool)) for pool in kv_pools(runner)]
     _release_device_memory(runner.device)
     return Sleep(level, slots, stash, kv_bytes, graphs, max(0, in_use - memory_in_use(runner.device)))

@@ -1,6 +1,6 @@
 """The native CPU RMSNorm, rotary embedding, SiLU-and-mul, K/V store and argmax (kernels/csrc/elementwise_cpu.c)
-against the PyTorch references: odd sizes, strided views as the model passes them, one row and thousands, extreme activations; and
-`ops` routing to them on the CPU while the "torch" backend still takes the references."""
+against the PyTorch references: odd sizes, strided views as the model passes them, one row and thousands, extreme
+activations; and `ops` routing to them on the CPU while the "torch" backend still takes the references."""
 import pytest
 import torch
 
