@@ -236,6 +236,8 @@ async def _stream(state: ServerState, job: Job, formatter: Formatter, include_us
         if include_usage:
             yield formatter.usage_chunk(job.num_prompt_tokens, sum(emitted), sum(cached))
         ended = True
+        if job.trace is not None:   # before the last line: once a client (a router) has it, the span has ended
+            job.trace.finish()
         yield sse("[DONE]")
     finally:
         for task in tasks:

@@ -134,8 +134,11 @@ async def _stream(state: ServerState, job: Job, builder: ResponseBuilder, conver
                           + builder.text_done(index, item_id, text))
             for event in events:
                 yield event
+        finished = builder.finished(_finish(state, builder, job, last, items, conversation, owner))
         ended = True
-        yield builder.finished(_finish(state, builder, job, last, items, conversation, owner))
+        if job.trace is not None:   # before the last event: once a client (a router) has it, the span has ended
+            job.trace.finish()
+        yield finished
     except Exception as error:   # noqa: BLE001 - reported to the client as an error event
         if job.trace is not None:
             job.trace.fail(error)

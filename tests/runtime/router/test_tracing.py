@@ -2,6 +2,7 @@
 in the test (tests/support/otlp_receiver.py): the official openai client sends a `traceparent`; the router's spans
 are its children, the replica's spans the children of the router's call to it, with the GenAI attributes."""
 import os
+import time
 
 import httpx
 import openai
@@ -166,6 +167,31 @@ def test_a_responses_api_request_is_traced_as_a_chat(router, receiver):
     assert replica.attributes["gen_ai.request.max_tokens"] == 6
     assert replica.attributes["gen_ai.usage.output_tokens"] == response.usage.output_tokens
     assert replica.parent_span_id == spans[f"POST {router_replica(spans)}"].span_id
+
+
+@pytest.mark.parametrize("path, body, last_line", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a node."}], "max_tokens": 4},
+     ("data: [DONE]",)),
+    ("/v1/responses", {"input": "Name a node.", "max_output_tokens": 4},
+     ('data: {"type": "response.completed"', 'data: {"type": "response.incomplete"'))])
+def test_a_streamed_answer_ends_its_span_before_its_last_line_reaches_the_client(traced_replica, receiver, path, body,
+                                                                                 last_line):
+    """A client (the router) ends its own span once it has the last line: the replica's span must have ended by then,
+    or the child outlives its parent in the trace (CI saw it by 0.1 ms)."""
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e473" + ("a" if "chat" in path else "b")
+    request = {"model": "tiny", "temperature": 0, "stream": True, "ignore_eos": True, **body}
+    lines = []
+    with httpx.stream("POST", traced_replica.url + path, json=request, timeout=None,
+                      headers={"traceparent": traceparent(trace_id)}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line:
+                lines.append((line, time.time_ns()))   # each line as it arrives, before the body's end
+    assert lines[-1][0].startswith(last_line)
+    last_line_ns = lines[-1][1]
+    replica = spans_named(receiver, trace_id, {"chat tiny"})["chat tiny"]
+    assert replica.end_ns <= last_line_ns
+    assert replica.events == []   # ended as answered, not as cancelled
 
 
 def test_a_stream_resumed_on_another_replica_stays_one_trace(traced_replica, receiver, start_router, llama_dir,
