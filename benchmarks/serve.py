@@ -53,6 +53,9 @@ from shapes import describe as describe_shape   # noqa: E402
 # vLLM's CPU KV cache, when not given: this share of the machine's memory less what its worker holds. Its default, 0.92,
 # refuses to start on a box whose available memory is below 92% of the total; 0.5 is what ours takes on a machine.
 VLLM_CPU_MEMORY_SHARE = 0.5
+# A stream that sends nothing for this long is a dead server, not a slow one: the longest silence of a healthy stream
+# is its wait for the first token (64 streams of Llama-3.2-1B's shape: minutes of the others' prefill).
+STALLED_STREAM_S = 1800.0
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -145,7 +148,10 @@ async def run(args, url: str, model: str) -> None:
     # aiohttp, as `vllm bench serve` uses: httpx's client, at 64 streams on this 2-core machine, added seconds
     # to the tail of the TTFT it measured (P95 5.4 s while a probe beside it saw 0.18 s).
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    # No bound on a request's whole time: at 64 streams of a 1B model on two cores a request takes more than 10
+    # minutes (its prompt waits for 63 others' prefill). A stream silent for STALLED_STREAM_S is a dead server.
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=STALLED_STREAM_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         text = await server_metrics(session, url)
         server_before, itl_before = histogram_sums(text), itl_buckets(text)
         started = time.perf_counter()
