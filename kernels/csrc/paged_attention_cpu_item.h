@@ -37,10 +37,8 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
         const kv_t *k_rows[DECODE_CHUNK], *v_rows[DECODE_CHUNK];
         chunk_rows(table, block_size, k_cache, v_cache, token_stride, 0, start, n, k_rows, v_rows);
         /* The next chunk's rows are fetched into L2 while this one is computed (blocks lie anywhere in the cache,
-           so the hardware prefetcher loses the stream at each block edge), a slice before each row's scores and
-           each row's values. Issued in one burst, the prefetches filled the core's miss buffers and stalled it
-           until nearly all had gone out, and then nothing was in flight while the chunk was computed; fetched
-           into L1 (prefetcht0), the next chunk evicted this one. */
+           so the hardware prefetcher loses the stream at each block edge), paced by this chunk's work (a
+           prefetch_walk, in paged_attention_cpu.c); fetched into L1 (prefetcht0), the next chunk evicted this one. */
         const int32_t next_start = start + DECODE_CHUNK;
         int32_t next_n = last_pos + 1 - next_start;
         next_n = next_n < 0 ? 0 : next_n > DECODE_CHUNK ? DECODE_CHUNK : next_n;
@@ -49,9 +47,13 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
             chunk_rows(table, block_size, k_cache, v_cache, token_stride, (int64_t)item->kv_begin * d,
                        next_start, next_n, k_next, v_next);
         const int32_t row_lines = ((item->kv_end - item->kv_begin) * d * (int32_t)sizeof(kv_t) + 63) / 64;
-        const int32_t next_lines = next_n * row_lines, slices = 2 * rows;
-        int32_t slice = 0;
-        for (int32_t r = 0; r < rows; r++) visible_range(row_pos[r], start, n, sliding_window, &lo[r], &hi[r]);
+        int32_t ticks = 0;   /* the chunk's prefetch ticks: a key's values one, its scores one half */
+        for (int32_t r = 0; r < rows; r++) {
+            visible_range(row_pos[r], start, n, sliding_window, &lo[r], &hi[r]);
+            if (lo[r] <= hi[r])
+                ticks += (hi[r] - lo[r] + 1) * 3 / 2;
+        }
+        prefetch_walk walk = {k_next, v_next, row_lines, next_n * row_lines, 0, ticks > 0 ? ticks : 1, 0};
         /* One KV head at a time, its group's rows together: its K and V rows of the chunk stay in L1 while each of
            the group's query heads reads them. */
         for (int32_t h = item->kv_begin; h < item->kv_end; h++) {
@@ -59,19 +61,18 @@ static void NAME(const work_item *item, const float *q, int64_t q_token_stride,
             const int32_t offset = h * d;   /* the head's K and V inside a token's row */
             /* Scores, row by row: the row's query stays in registers. */
             for (int32_t t = 0; t < item->count; t++)
-                for (int32_t r = t * heads + first; r < t * heads + first + group; r++) {
-                    prefetch_slice(k_next, v_next, row_lines, next_lines, slice++, slices);
-                    row_scores(qs[r], k_rows, offset, lo[r], hi[r], d, scores[r]);
-                }
+                for (int32_t r = t * heads + first; r < t * heads + first + group; r++)
+                    row_scores(qs[r], k_rows, offset, lo[r], hi[r], d, scores[r], &walk);
             /* Online softmax, then the values: the row's accumulator stays in registers across the chunk. */
             for (int32_t t = 0; t < item->count; t++)
                 for (int32_t r = t * heads + first; r < t * heads + first + group; r++) {
                     if (lo[r] <= hi[r])
                         softmax_chunk(scores[r], lo[r], hi[r], &running_max[r], &denominator[r], &seen[r], acc[r], d);
-                    prefetch_slice(k_next, v_next, row_lines, next_lines, slice++, slices);
-                    row_values(acc[r], scores[r], v_rows, offset, lo[r], hi[r], d);
+                    row_values(acc[r], scores[r], v_rows, offset, lo[r], hi[r], d, &walk);
                 }
         }
+        while (walk.issued < walk.lines)   /* what the ticks left unfetched (the count of ticks is an estimate) */
+            prefetch_line(&walk);
     }
     for (int32_t r = 0; r < rows; r++) {
         const int32_t token = cu_seqlens_q[item->seq] + item->first + r / heads;
@@ -279,7 +280,7 @@ static void TILE_NAME(const work_item *item, const float *q, int64_t q_token_str
                 float *row = scores[t];
                 for (int32_t j = lo[t]; j <= hi[t]; j++) row[j] = by_key[j][t];   /* the token's scores, as a row */
                 softmax_chunk(row, lo[t], hi[t], &running_max[t], &denominator[t], &seen[t], acc[t], d);
-                row_values(acc[t], row, v_rows, 0, lo[t], hi[t], d);
+                row_values(acc[t], row, v_rows, 0, lo[t], hi[t], d, NULL);
             }
         }
         for (int32_t t = 0; t < count; t++) {
