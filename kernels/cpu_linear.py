@@ -123,7 +123,18 @@ def pack(weight: torch.Tensor) -> torch.Tensor | Panels:
     opaque tensor: use it only there)."""
     if _panel_kernel() is not None and weight.dtype in PACKED_DTYPES:
         return to_panels(weight)
+    return onednn_pack(weight)
+
+
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight [out, in]` in oneDNN's packed layout: an opaque tensor, with no bytes of its own to read."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def onednn_unpack(packed: torch.Tensor) -> torch.Tensor:
+    """The plain `[out, in]` weight an `onednn_pack`ed one was made from (a new tensor, its exact bytes): what the
+    weight cache and a sleeping engine keep of it, to pack again."""
+    return packed.to_dense()
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor | Panels, bias: torch.Tensor | None = None) -> torch.Tensor:

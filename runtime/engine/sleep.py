@@ -11,8 +11,9 @@ cold start (pod, image, interpreter, checkpoint, KV pool, graphs). vLLM's names 
 The weights are every parameter and every packed copy of one (`packed`: the CPU GEMM's layout) of the model and of
 the draft model. Each is swapped for an empty tensor in its place (a Parameter's `.data`, a module's `packed`), so
 whatever holds the Parameter (a tied head holds the embedding's) sees it come back; CUDA graphs, which hold raw
-addresses, are dropped and captured again. oneDNN's opaque packed weights cannot be copied out: they stay in memory at
-level 1 and are rebuilt at level 2. The KV cache's contents are gone after a wake, so the prefix cache is forgotten.
+addresses, are dropped and captured again. oneDNN's opaque packed weights (kernels/cpu_linear.py, on a CPU with
+AVX-512) are kept as the plain weights they were packed from and packed again at wake, into new memory. The KV
+cache's contents are gone after a wake, so the prefix cache is forgotten.
 """
 import ctypes
 import dataclasses
@@ -30,7 +31,8 @@ from kubeinfer.runtime.cpu_allocator import release_freed_memory
 from kubeinfer.runtime.engine.messages import SLEEP_LEVELS
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.layers.embedding import ParallelLMHead
-from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, mapped, named_weights, private_mapping, tensor_of
+from kubeinfer.runtime.models.weights import (flat_bytes, is_opaque, mapped, named_weights, packed_as,
+                                              private_mapping, tensor_of)
 
 
 @dataclass
@@ -40,16 +42,18 @@ class WeightSlot:
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    opaque: bool   # oneDNN's layout: no bytes to copy out
+    opaque: bool   # oneDNN's layout: its plain weight's bytes are copied out, and packed again when put back
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.opaque else math.prod(self.shape) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def get(self) -> torch.Tensor:
         return tensor_of(getattr(self.owner, self.name))
 
     def set(self, tensor: torch.Tensor) -> None:
+        """Puts `tensor` in place (an opaque slot's plain weight, packed again)."""
+        tensor = packed_as(tensor, self.opaque) if tensor.numel() else tensor
         value = getattr(self.owner, self.name)
         setattr(self.owner, self.name, dataclasses.replace(value, data=tensor) if isinstance(value, Panels) else tensor)
 
@@ -70,7 +74,7 @@ class WeightStash:
     """Level 1's copy of the weights off the device: pinned host buffers (GPU), or one unlinked file (CPU)."""
 
     def __init__(self, slots: list[WeightSlot], device: torch.device, directory: str | None):
-        self.slots = [s for s in slots if not s.opaque]
+        self.slots = slots
         self.host: list[torch.Tensor] = []
         self.file = None
         if device.type == "cuda":
@@ -91,7 +95,7 @@ class WeightStash:
     def holds(self, slots: list[WeightSlot]) -> bool:
         """Whether this copy is of these weights (their places, shapes and types)."""
         kept = [(id(s.owner), s.name, s.shape, s.dtype) for s in self.slots]
-        return kept == [(id(s.owner), s.name, s.shape, s.dtype) for s in slots if not s.opaque]
+        return kept == [(id(s.owner), s.name, s.shape, s.dtype) for s in slots]
 
     def restore(self, device: torch.device) -> None:
         """Puts every weight back in place: on a GPU in new device memory; on a CPU as views of a private mapping of
@@ -204,10 +208,7 @@ def put_to_sleep(runner, level: int, directory: str | None = None) -> Sleep:
         runner.draft.graphs = runner.draft.chunk_graphs = None
     in_use = memory_in_use(runner.device)
     for slot in slots:
-        if not slot.opaque:
-            slot.set(slot.get().new_empty(0))
-        elif level == 2:   # an opaque packed weight: rebuilt at wake
-            setattr(slot.owner, slot.name, None)
+        slot.set(torch.empty(0, dtype=slot.dtype, device=runner.device))
     for model in models:   # the LM heads' kept logits buffers (layers/embedding.py)
         for module in model.modules():
             if isinstance(module, ParallelLMHead):
@@ -227,16 +228,12 @@ def memory_in_use(device: torch.device) -> int:
 
 
 def deepen(sleep: Sleep, runner) -> None:
-    """Level 1 to level 2: the stash is dropped, and the opaque packed weights left in memory with it (on the other
-    ranks too, from rank 0's `runner`)."""
+    """Level 1 to level 2: the stash is dropped (on the other ranks too, from rank 0's `runner`)."""
     if runner.workers is not None:
         runner.workers.control({"sleep": 2})
     if sleep.stash is not None:
         sleep.stash.close()
         sleep.stash = None
-    for slot in sleep.slots:
-        if slot.opaque:
-            setattr(slot.owner, slot.name, None)
     sleep.level = 2
 
 
@@ -266,7 +263,7 @@ def take_from(slots: list[WeightSlot], fresh: list[WeightSlot]) -> None:
     if [(s.shape, s.dtype, s.opaque) for s in slots] != [(s.shape, s.dtype, s.opaque) for s in fresh]:
         raise RuntimeError("the rebuilt model's weights do not match the sleeping one's")
     for slot, new in zip(slots, fresh):
-        if slot.opaque:
+        if slot.opaque:   # already packed
             setattr(slot.owner, slot.name, getattr(new.owner, new.name))
         else:
             slot.set(new.get())

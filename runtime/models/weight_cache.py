@@ -7,7 +7,8 @@ the dtype, the device kind, the rank and world size, the kernel backend and the 
 The file: a magic line, the length and JSON of a manifest (each weight's module, attribute, shape, dtype, offset),
 then the weights' bytes at 4 KiB-aligned offsets. It is written once, after a load from the checkpoint, under a
 temporary name and then renamed, so that a reader never sees half a file (nor a mapped one change: an engine on the
-CPU maps the file and uses its weights in place); one that does not fit the model (another version, a truncated
+CPU maps the file and uses its weights in place, but for oneDNN's packed ones: the file holds their plain
+weights, packed again into new memory at load); one that does not fit the model (another version, a truncated
 disk) is ignored with a warning and written again. Nothing evicts entries: a model's files stay until the directory
 is cleared (the operator's volume: docs/operator.md).
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 import torch
 
 from kubeinfer.kernels.cpu_linear import Panels, layout
-from kubeinfer.runtime.models.weights import flat_bytes, is_opaque, mapped, named_weights, private_mapping, tensor_of
+from kubeinfer.runtime.models.weights import (flat_bytes, is_opaque, mapped, named_weights, packed_as,
+                                              private_mapping, tensor_of)
 from kubeinfer.runtime.parallel import world_size
 
 logger = logging.getLogger(__name__)
@@ -41,17 +43,17 @@ def cache_key(config, dtype: torch.dtype, device: torch.device, rank: int, world
     return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def save(model: torch.nn.Module, path: Path) -> int | None:
-    """Writes `model`'s weights to `path`; their bytes, or None where one cannot be (oneDNN's opaque layout)."""
+def save(model: torch.nn.Module, path: Path) -> int:
+    """Writes `model`'s weights to `path` (a oneDNN-packed one as its plain weight); returns their bytes."""
     entries, tensors, offset = [], [], 0
     for module, _, attribute, value in named_weights(model):
         tensor = tensor_of(value)
-        if is_opaque(tensor):
-            return None
         entry = {"module": module, "attribute": attribute, "shape": list(tensor.shape),
                  "dtype": str(tensor.dtype).removeprefix("torch."), "offset": offset}
         if isinstance(value, Panels):
             entry["panels"] = [value.out_features, value.in_features]
+        if is_opaque(tensor):
+            entry["onednn"] = True
         entries.append(entry)
         tensors.append(tensor)
         offset += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
@@ -96,7 +98,7 @@ def load(model: torch.nn.Module, path: Path, device: torch.device) -> None:
             elif tensor.numel():
                 file.seek(start + entry["offset"])
                 file.readinto(memoryview(flat_bytes(tensor).numpy()))
-            tensor = tensor.to(device)
+            tensor = packed_as(tensor.to(device), entry.get("onednn", False))   # oneDNN's: a copy, packed
             module = modules[entry["module"]]
             if entry["attribute"] == "packed":
                 module.packed = Panels(tensor, *entry["panels"]) if "panels" in entry else tensor
@@ -128,9 +130,6 @@ def load_or_build(config, dtype: torch.dtype, device: torch.device, rank: int, b
     except OSError as error:
         logger.warning("could not write the weight cache %s: %s", path, error)
         return model
-    if written is None:
-        logger.info("weight cache off: oneDNN's packed weights cannot be saved (KUBEINFER_CPU_LINEAR=onednn?)")
-    else:
-        logger.info("weights written to the node's cache %s (%.0f MiB in %.2f s)", path, written / 2**20,
-                    time.monotonic() - started)
+    logger.info("weights written to the node's cache %s (%.0f MiB in %.2f s)", path, written / 2**20,
+                time.monotonic() - started)
     return model

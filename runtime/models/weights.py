@@ -1,6 +1,7 @@
 """The weights of a built model as the engine holds them: each parameter once (a tied head's is its embedding's) and
-each packed copy of one (a module's `packed`: kernels/cpu_linear.py's panels, or oneDNN's opaque layout). The node's
-weight cache (weight_cache.py) writes and reads them; a sleeping engine (engine/sleep.py) moves them out and back.
+each packed copy of one (a module's `packed`: kernels/cpu_linear.py's panels, or oneDNN's opaque layout, kept as
+the plain weight it was packed from). The node's weight cache (weight_cache.py) writes and reads them; a sleeping
+engine (engine/sleep.py) moves them out and back.
 """
 import math
 import mmap
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from kubeinfer.kernels.cpu_linear import Panels
+from kubeinfer.kernels.cpu_linear import Panels, onednn_pack, onednn_unpack
 
 
 def named_weights(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, object]]:
@@ -31,13 +32,20 @@ def tensor_of(value) -> torch.Tensor:
 
 
 def is_opaque(tensor: torch.Tensor) -> bool:
-    """oneDNN's packed layout: no bytes to copy out or in."""
+    """oneDNN's packed layout: no bytes of its own to copy out or in (`flat_bytes` gives the plain weight's)."""
     return tensor.layout != torch.strided or tensor.is_mkldnn
 
 
 def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`'s bytes as one flat uint8 tensor (a view where it is contiguous)."""
+    """`tensor`'s bytes as one flat uint8 tensor (a view where it is contiguous); an opaque one's plain weight's."""
+    if is_opaque(tensor):
+        tensor = onednn_unpack(tensor)
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+def packed_as(plain: torch.Tensor, opaque: bool) -> torch.Tensor:
+    """A weight read back from its bytes (`flat_bytes`) as it was held: packed again where it was opaque."""
+    return onednn_pack(plain) if opaque else plain
 
 
 def private_mapping(fileno: int, size: int = 0) -> mmap.mmap:

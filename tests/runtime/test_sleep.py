@@ -9,10 +9,10 @@ import pytest
 from kubeinfer.runtime.engine.sleep import WeightStash, weight_slots
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.llm import LLM
-from kubeinfer.runtime.models.weights import is_opaque, named_weights, tensor_of
+from kubeinfer.runtime.models.weights import named_weights, tensor_of
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.reference import assert_same_outputs, hf_greedy
-from support.weights import same_bytes, weights_of
+from support.weights import same_bytes, use_linear_layout, weights_of
 
 PROMPTS = ["Kubernetes runs containers", "The key and value cache keeps the attention state of every token",
            "Numbers: 0 1 2 3 4 5"]
@@ -24,9 +24,14 @@ def greedy(max_tokens=TOKENS):
 
 
 @pytest.mark.parametrize("level", [1, 2])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])   # an untied head; a tied one (a packed copy beside the plain)
-def test_outputs_after_a_wake_are_transformers(model_dirs, arch, level):
+@pytest.mark.parametrize("arch, layout", [("llama", "auto"), ("qwen2", "auto"), ("llama", "onednn")])
+def test_outputs_after_a_wake_are_transformers(model_dirs, arch, layout, level, monkeypatch):
+    """An untied head and a tied one (a packed copy beside the plain); the CPU's own linear layout and oneDNN's
+    (opaque weights: their plain bytes go to the stash and are packed again at wake)."""
+    use_linear_layout(monkeypatch, layout)
     llm = LLM(str(model_dirs[arch]))
+    if layout == "onednn":
+        assert any(slot.opaque for slot in weight_slots([llm.engine.model_runner.model]))
     prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
     reference = hf_greedy(model_dirs[arch], prompt_ids, TOKENS)
     assert_same_outputs(llm.generate(prompt_ids, greedy()), reference)
@@ -34,7 +39,7 @@ def test_outputs_after_a_wake_are_transformers(model_dirs, arch, level):
     slept = llm.sleep(level)
     assert slept["level"] == level
     held = [attribute for _, _, attribute, value in named_weights(llm.engine.model_runner.model)
-            if tensor_of(value).numel() and not is_opaque(tensor_of(value))]
+            if tensor_of(value).numel()]
     assert held == [], f"weights that kept their memory while asleep: {held}"
     outputs = llm.generate(prompt_ids, greedy())   # the requests wake it
     assert llm.engine.core.sleeping is None

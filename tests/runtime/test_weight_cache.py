@@ -7,11 +7,12 @@ import os
 
 import pytest
 
+from kubeinfer.runtime.engine.sleep import weight_slots
 from kubeinfer.runtime.llm import LLM
 from kubeinfer.runtime.models import loader
 from kubeinfer.runtime.sampling_params import SamplingParams
 from support.reference import assert_same_outputs, hf_greedy
-from support.weights import same_bytes, weights_of
+from support.weights import same_bytes, use_linear_layout, weights_of
 
 PROMPTS = ["Kubernetes runs containers", "Numbers: 0 1 2 3 4 5"]
 TOKENS = 8
@@ -28,11 +29,17 @@ def no_checkpoint_reads(monkeypatch):
     return lambda: monkeypatch.setattr(loader, "load_weights", refuse)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])   # an untied head; a tied one with its packed copy
-def test_a_second_engine_loads_from_the_cache_without_the_checkpoint(model_dirs, tmp_path, arch, no_checkpoint_reads):
+@pytest.mark.parametrize("arch, layout", [("llama", "auto"), ("qwen2", "auto"), ("llama", "onednn")])
+def test_a_second_engine_loads_from_the_cache_without_the_checkpoint(model_dirs, tmp_path, arch, layout,
+                                                                   no_checkpoint_reads, monkeypatch):
+    """An untied head and a tied one with its packed copy; the CPU's own linear layout and oneDNN's (opaque weights:
+    the file holds their plain bytes, packed again at load)."""
+    use_linear_layout(monkeypatch, layout)
     model = model_dirs[arch]
     first = LLM(str(model), weight_cache_dir=str(tmp_path))
     [cached] = list(tmp_path.glob("*.weights"))
+    if layout == "onednn":
+        assert any(slot.opaque for slot in weight_slots([first.engine.model_runner.model]))
     prompt_ids = [first.tokenizer.encode(p) for p in PROMPTS]
     reference = hf_greedy(model, prompt_ids, TOKENS)
     assert_same_outputs(first.generate(prompt_ids, greedy()), reference)
