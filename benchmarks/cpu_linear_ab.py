@@ -31,10 +31,12 @@ SHAPES = ["2048x2048x8192", "2048x8192x2048", "2048x576x3072", "64x2048x16384", 
 
 def build(sources: Path):
     """The kernel function of `sources/linear_cpu.c`, compiled and cached as the library is."""
-    function = cpu_linear.panel_function(cpu_native.library_from("linear_cpu", sources))
-    if function is None:
-        raise SystemExit("the panel kernel does not run on this CPU (it needs AVX2 and FMA without AVX-512)")
-    return function
+    kernel = cpu_linear.panel_function(cpu_native.library_from("linear_cpu", sources))
+    if kernel is None:
+        raise SystemExit("the panel kernel does not run on this CPU (it needs AVX2 and FMA)")
+    if kernel.width != cpu_linear.panel_width():
+        raise SystemExit(f"{sources} lays out panels {kernel.width} wide, the tree {cpu_linear.panel_width()}")
+    return kernel.function
 
 
 def seconds(linear, x: torch.Tensor, panels: cpu_linear.Panels, out: torch.Tensor, calls: int) -> float:

@@ -12,11 +12,13 @@ throughput (benchmarks/throughput.py's workload, alternating, median of 3): 8.63
 64/64. The packed result equals `F.linear`'s up to rounding (the same products, summed in another order);
 tests/kernels/test_cpu_linear.py checks it.
 
-On an AVX2 CPU without AVX-512, fp32 and bf16 weights take panels of 16 outputs instead (`Panels`,
+On a CPU with AVX2 and FMA but not AVX-512, fp32 weights take panels of 16 outputs instead (`Panels`,
 csrc/linear_cpu.c): a decode step's few rows read each weight once, in order, near the streaming rate, where oneDNN's
-sgemm read them at about half of it (docs/benchmarks/cpu-runtime.md), and bf16 weights, which oneDNN does not
-pack on such a CPU, are read at half the bytes of fp32. `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to
-compare).
+sgemm read them at about half of it on the AVX2 box (docs/benchmarks/cpu-runtime.md); bf16 weights, which oneDNN
+does not pack on such a CPU, are read at half the bytes of fp32. On an AVX-512 CPU the kernel's panels are 32 wide
+and oneDNN stays the default (faster from 64 rows up: `_panel_kernel`); `KUBEINFER_CPU_LINEAR=panels` takes them
+there too (bf16 only where oneDNN has no bf16 GEMM: with AVX512-BF16 or AMX it runs twice the panels' rate from 16
+rows up), and `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
 """
 import ctypes
 import os
@@ -27,52 +29,76 @@ import torch
 from kubeinfer.kernels import cpu_native
 
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
-PANEL = 16   # output rows per panel (csrc/linear_cpu.c)
-CHOICE_ENV = "KUBEINFER_CPU_LINEAR"   # "auto" (the default) or "onednn"
-_kernel: list = []   # [the C function, or None where it does not run here], once looked up
+PANEL = 16   # output rows per panel where the kernel does not say (csrc/linear_cpu.c: 32 with AVX-512)
+CHOICE_ENV = "KUBEINFER_CPU_LINEAR"   # "auto" (the default), "panels" or "onednn"
+_kernel: list = []   # [the PanelKernel, or None where it does not run here], once looked up
 
 
 @dataclass(frozen=True)
 class Panels:
-    """A weight `[out, in]` (fp32 or bf16) as ceil(out / 16) panels of `[in][16]` (the last padded with zero
-    rows)."""
+    """A weight `[out, in]` (fp32 or bf16) as ceil(out / W) panels of `[in][W]` (the last padded with zero rows),
+    W the kernel's panel width."""
     data: torch.Tensor
     out_features: int
     in_features: int
 
 
-def panel_function(lib: ctypes.CDLL | None):
-    """The kernel function of a loaded `linear_cpu` library, its arguments declared; None where it does not run."""
+@dataclass(frozen=True)
+class PanelKernel:
+    function: object   # kubeinfer_linear, its arguments declared
+    width: int         # outputs per panel
+
+
+def panel_function(lib: ctypes.CDLL | None) -> PanelKernel | None:
+    """The kernel of a loaded `linear_cpu` library, its arguments declared; None where it does not run."""
     if lib is None or not lib.kubeinfer_linear_supported():
         return None
     function = lib.kubeinfer_linear
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     function.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int32]
     function.restype = ctypes.c_int
-    return function
+    width = lib.kubeinfer_linear_panel() if hasattr(lib, "kubeinfer_linear_panel") else PANEL   # older sources: 16
+    return PanelKernel(function, width)
 
 
-def _panel_kernel():
+def _panel_kernel() -> PanelKernel | None:
+    """The panel kernel where `pack` takes it: by default only where it is 16 wide (AVX2 without AVX-512: on an
+    AVX-512 CPU oneDNN's prefill runs 5-30% faster and the whole offline run 7-8% faster, though the panels win
+    10-50% at 1-16 rows); with KUBEINFER_CPU_LINEAR=panels wherever it runs; never with =onednn."""
     if not _kernel:
         choice = os.environ.get(CHOICE_ENV, "auto")
-        _kernel.append(panel_function(cpu_native.library("linear_cpu")) if choice != "onednn" else None)
+        kernel = panel_function(cpu_native.library("linear_cpu")) if choice != "onednn" else None
+        _kernel.append(kernel if kernel is None or choice == "panels" or kernel.width == PANEL else None)
     return _kernel[0]
 
 
 def layout() -> str:
-    """How `pack` lays out fp32 and bf16 weights on this machine: "panels" (our kernel) or "onednn"."""
+    """How `pack` lays out fp32 weights on this machine: "panels" (our kernel) or "onednn"."""
     return "panels" if _panel_kernel() is not None else "onednn"
 
 
-def to_panels(weight: torch.Tensor) -> Panels:
-    """`weight [out, in]` (a 2-D fp32 or bf16 CPU tensor) laid out in panels, a new tensor beside it."""
+def panel_width() -> int:
+    """Outputs per panel of this machine's kernel (16, or 32 with AVX-512)."""
+    kernel = _panel_kernel()
+    return PANEL if kernel is None else kernel.width
+
+
+def layout_key() -> str:
+    """What packed weights' bytes depend on (the weight cache's key): the layout, and a panel's width."""
+    return f"panels{panel_width()}" if layout() == "panels" else layout()
+
+
+def to_panels(weight: torch.Tensor, width: int | None = None) -> Panels:
+    """`weight [out, in]` (a 2-D fp32 or bf16 CPU tensor) laid out in panels of `width` outputs (this machine's
+    kernel's by default), a new tensor beside it."""
     if weight.dtype not in PACKED_DTYPES:   # the kernel reads every other dtype as fp32
         raise TypeError(f"panels hold fp32 or bf16 weights, not {weight.dtype}")
+    width = width or panel_width()
     out_features, in_features = weight.shape
-    padded = -(-out_features // PANEL) * PANEL
+    padded = -(-out_features // width) * width
     rows = weight if padded == out_features else torch.cat([weight, weight.new_zeros(padded - out_features,
                                                                                          in_features)])
-    data = rows.reshape(padded // PANEL, PANEL, in_features).transpose(1, 2).contiguous()
+    data = rows.reshape(padded // width, width, in_features).transpose(1, 2).contiguous()
     return Panels(data, out_features, in_features)
 
 
@@ -82,6 +108,9 @@ def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = No
     (contiguous, `[rows, out_features]`, x's dtype) where given."""
     if x.dtype != panels.data.dtype or not x.is_cpu:
         raise TypeError(f"a {panels.data.dtype} CPU linear got a {x.dtype} input on {x.device}")
+    kernel = _panel_kernel()
+    if panels.data.shape[-1] != kernel.width:
+        raise ValueError(f"panels {panels.data.shape[-1]} wide, but this CPU's kernel takes {kernel.width}")
     rows = x.reshape(-1, panels.in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -92,7 +121,7 @@ def panel_linear(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = No
                          f"write a {out.dtype} tensor of shape {tuple(out.shape)}")
     if bias is not None:
         bias = bias.float().contiguous()   # the kernel adds the bias in fp32, before a bf16 output's one rounding
-    if rows.shape[0] and _panel_kernel()(
+    if rows.shape[0] and kernel.function(
             rows.data_ptr(), rows.stride(0), rows.shape[0], panels.in_features, panels.data.data_ptr(),
             panels.out_features, None if bias is None else bias.data_ptr(), out.data_ptr(), panels.out_features,
             rows.dtype == torch.bfloat16):
@@ -118,12 +147,17 @@ def can_pack(weight: torch.Tensor) -> bool:
     return _panel_kernel() is not None or onednn_packs(weight)
 
 
+def takes_panels(weight: torch.Tensor) -> bool:
+    """Whether `pack` lays `weight` out in panels: where their kernel runs, for fp32, and for bf16 where oneDNN has
+    no bf16 GEMM (with one, AVX512-BF16 or AMX, it runs twice the panels' rate from 16 rows up)."""
+    return _panel_kernel() is not None and (weight.dtype == torch.float32 or (
+        weight.dtype == torch.bfloat16 and not onednn_packs(weight)))
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor | Panels:
-    """`weight [out, in]` laid out for `linear`: in panels where their kernel runs, else in oneDNN's layout (an
-    opaque tensor: use it only there)."""
-    if _panel_kernel() is not None and weight.dtype in PACKED_DTYPES:
-        return to_panels(weight)
-    return onednn_pack(weight)
+    """`weight [out, in]` laid out for `linear`: in panels where `takes_panels`, else in oneDNN's layout (an opaque
+    tensor: use it only there)."""
+    return to_panels(weight) if takes_panels(weight) else onednn_pack(weight)
 
 
 def onednn_pack(weight: torch.Tensor) -> torch.Tensor:

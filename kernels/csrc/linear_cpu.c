@@ -1,5 +1,5 @@
 /* Linear layers (y = x W^T + b) on AVX2/FMA CPUs, fp32 or bf16, over weights laid out once, at load, in panels of 16
-   outputs.
+   outputs (32 where the build has AVX-512).
 
    Why: on the 2-vCPU AVX2 box a decode step's GEMMs have a few rows, and oneDNN's packed sgemm read the weights at
    about half the streaming rate there (docs/benchmarks/cpu-runtime.md, "Where a decode step's time goes"); bf16
@@ -12,9 +12,9 @@
      whole (bound by the weights' read). bf16 rows are widened to fp32 first.
    - **More rows** (decode batches, prefill chunks; bound by the FMA units): 192 rows at a time are packed six to a
      k (`pack_rows`: the six broadcasts of a k read 24 contiguous bytes), and each thread takes its panels in chunks
-     of up to 16: K block by K block (up to 640 wide, split evenly), the block's packed rows (~L2) go through
-     every panel of the chunk, summed in an fp32 scratch, while the next slice is prefetched a line per k (its first
-     rows would otherwise wait on memory). A slice of 640 (40 KB fp32) outgrows L1, yet blocks of 640 ran 1-9%
+     of up to 256 outputs: K block by K block (up to 640 wide for 16-wide panels, split evenly), the block's
+     packed rows (~L2) go through every panel of the chunk, summed in an fp32 scratch, while the next slice is
+     prefetched a line per k (two for 32-wide fp32; its first rows would otherwise wait on memory). A slice of 640 (40 KB fp32) outgrows L1, yet blocks of 640 ran 1-9%
      faster than blocks of 256 (16 KB, in L1) on every real shape measured, and 1,024 no faster (fewer passes over
      the scratch; why the spill costs so little was not measured). The inner loop is unrolled by four: its counter
      and pointers cost a fifth of the FMA rate otherwise (measured with every operand in L1: 76-81 -> 84-94 GFLOP/s
@@ -22,34 +22,64 @@
    bf16 panels are widened to fp32 as they are read (half the bytes of fp32), sums in fp32, each output rounded once
    to nearest even, as torch's bf16 GEMM.
 
+   With AVX-512 a panel is 32 outputs, a row's two accumulators two zmm registers (the same code, twice as wide;
+   `kubeinfer_linear_panel` says which): a 16-wide panel in one register would need a broadcast load per FMA, which
+   measured 250-340 GFLOP/s at 512 rows where the 32-wide one does 350-450, against oneDNN's 450-480 (2-vCPU AMD EPYC
+   with AVX-512, fp32, SmolLM2's projections). The launcher keeps oneDNN for bf16 where oneDNN has a bf16 GEMM
+   (AVX512-BF16, AMX: twice the fp32 rate; kernels/cpu_linear.py).
+
    Every row runs the same sums in the same order whatever the row count and path (k ascending into one
    accumulator, from the bias; K blocks continue it through fp32 memory): a row's result does not depend on the
-   rows beside it. Only where the build has AVX2 and FMA but not AVX-512 (`kubeinfer_linear_supported`): the one
-   kind of CPU it was measured on; elsewhere the launcher keeps oneDNN. Panels run in parallel under OpenMP (torch's
-   pool). */
+   rows beside it. Only where the build has AVX2 and FMA (`kubeinfer_linear_supported`); elsewhere the launcher keeps
+   oneDNN. Panels run in parallel under OpenMP (torch's pool). */
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "bf16.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #include <stdlib.h>
-#define PANEL 16
-#define ROWS 6          /* input rows a micro-kernel takes at once: 12 accumulators + 2 weight + 1 input register */
-#define K_BLOCK 640     /* largest K block of the packed path (measured against 256, 320 and 1,024) */
+#define K_BLOCK (10240 / PANEL)  /* largest K block of the packed path: a 40 KB fp32 slice (640 for 16-wide panels:
+                                   measured against 256, 320 and 1,024; 320 for 32-wide, against 640 and 1,536) */
 #define M_BLOCK 192     /* rows packed at a time (a K block of them: up to 480 KB, about L2's size) */
-#define CHUNK 16        /* panels a thread takes together: a K block of the packed rows serves all of them */
+#define CHUNK (256 / PANEL)  /* panels a thread takes together (256 outputs): a K block of the packed rows serves
+                               all of them */
 
 int kubeinfer_linear_supported(void) { return 1; }
 
+#if defined(__AVX512F__)
+/* AVX-512: panels of 32 outputs, two registers a row as AVX2's two of a 16-wide panel, so a k's two weight loads
+   and six broadcasts still feed twelve FMAs, each of 16 products. */
+#define PANEL 32
+#define ROWS 12
+static inline __m512 weights_f32(const void *panel, int64_t i) { return _mm512_loadu_ps((const float *)panel + i); }
+static inline __m512 weights_bf16(const void *panel, int64_t i) {   /* a bf16 is the high half of an fp32 */
+    const __m256i halves = _mm256_loadu_si256((const __m256i *)((const uint16_t *)panel + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
+#define WEIGHTS(T) const __m512 w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + 16);
+#define DECLARE(r) __m512 c##r##0, c##r##1;                                                                      \
+    if (accumulate) { c##r##0 = _mm512_loadu_ps(y + r * ldy); c##r##1 = _mm512_loadu_ps(y + r * ldy + 16); }     \
+    else { c##r##0 = b0; c##r##1 = b1; }
+#define MULTIPLY(r) { const __m512 a = _mm512_set1_ps(x[r * ldx + k]);                                             \
+    c##r##0 = _mm512_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm512_fmadd_ps(a, w1, c##r##1); }
+#define MULTIPLY_PACKED(r) { const __m512 a = _mm512_set1_ps(x[k * ROWS + r]);                                    \
+    c##r##0 = _mm512_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm512_fmadd_ps(a, w1, c##r##1); }
+#define STORE(r) _mm512_storeu_ps(y + r * ldy, c##r##0); _mm512_storeu_ps(y + r * ldy + 16, c##r##1);
+#define BIAS const __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();                               \
+    const __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+#else
+#define PANEL 16
+#define ROWS 6          /* input rows a micro-kernel takes at once: 12 accumulators + 2 weight + 1 input register */
 /* Eight weights of a panel row as fp32: fp32 panels, or bf16 ones widened (a bf16 is the high half of an fp32). */
 static inline __m256 weights_f32(const void *panel, int64_t i) { return _mm256_loadu_ps((const float *)panel + i); }
 static inline __m256 weights_bf16(const void *panel, int64_t i) {
     const __m128i halves = _mm_loadu_si128((const __m128i *)((const uint16_t *)panel + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
+#define WEIGHTS(T) const __m256 w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + 8);
 
 /* Accumulators as named variables, not an array: gcc keeps an array of __m256 in memory and stores it every step. */
 #define DECLARE(r) __m256 c##r##0, c##r##1;                                                                      \
@@ -60,22 +90,29 @@ static inline __m256 weights_bf16(const void *panel, int64_t i) {
 #define MULTIPLY_PACKED(r) { const __m256 a = _mm256_broadcast_ss(x + k * ROWS + r);                              \
     c##r##0 = _mm256_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm256_fmadd_ps(a, w1, c##r##1); }
 #define STORE(r) _mm256_storeu_ps(y + r * ldy, c##r##0); _mm256_storeu_ps(y + r * ldy + 8, c##r##1);
+#define BIAS const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();                               \
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+#endif
 #define ROWS1(M) M(0)
 #define ROWS2(M) ROWS1(M) M(1)
 #define ROWS3(M) ROWS2(M) M(2)
 #define ROWS4(M) ROWS3(M) M(3)
 #define ROWS5(M) ROWS4(M) M(4)
 #define ROWS6(M) ROWS5(M) M(5)
-#define BIAS const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();                               \
-    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+#define ROWS7(M) ROWS6(M) M(6)
+#define ROWS8(M) ROWS7(M) M(7)
+#define ROWS9(M) ROWS8(M) M(8)
+#define ROWS10(M) ROWS9(M) M(9)
+#define ROWS11(M) ROWS10(M) M(10)
+#define ROWS12(M) ROWS11(M) M(11)
+int kubeinfer_linear_panel(void) { return PANEL; }
 /* y[r][0:16] (+)= bias[0:16] + sum over k < kc of x[r][k] * panel[k][0:16], for r < R; fp32 x, y and bias. */
 #define MICRO_KERNEL(R, T)                                                                                        \
 static void micro##R##_##T(const float *restrict x, int64_t ldx, const void *restrict panel, int64_t kc,           \
                            const float *restrict bias, float *restrict y, int64_t ldy, int accumulate) {         \
     BIAS ROWS##R(DECLARE)                                                                                         \
     for (int64_t k = 0; k < kc; k++) {                                                                            \
-        const __m256 w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + 8);                  \
-        ROWS##R(MULTIPLY)                                                                                         \
+        WEIGHTS(T) ROWS##R(MULTIPLY)                                                                              \
     }                                                                                                             \
     ROWS##R(STORE)                                                                                                \
 }
@@ -86,28 +123,29 @@ static void packed##R##_##T(const float *restrict x, const void *restrict panel,
                             const char *next, int64_t line) {                                                    \
     BIAS ROWS##R(DECLARE)                                                                                         \
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {                                                    \
-        const __m256 w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + 8);                  \
-        ROWS##R(MULTIPLY_PACKED)                                                                                  \
-        if (next) _mm_prefetch(next + k * line, _MM_HINT_T0);                                                     \
+        WEIGHTS(T) ROWS##R(MULTIPLY_PACKED)                                                                       \
+        if (next) { _mm_prefetch(next + k * line, _MM_HINT_T0);                                                   \
+                    if (line > 64) _mm_prefetch(next + k * line + 64, _MM_HINT_T0); }                              \
     }                                                                                                             \
     ROWS##R(STORE)                                                                                                \
 }
+#if ROWS == 12
+#define KERNELS(K, T) K(1, T) K(2, T) K(3, T) K(4, T) K(5, T) K(6, T) K(7, T) K(8, T) K(9, T) K(10, T) K(11, T) K(12, T)
+#define LIST(P, T) {NULL, P##1_##T, P##2_##T, P##3_##T, P##4_##T, P##5_##T, P##6_##T, P##7_##T, P##8_##T, P##9_##T, \
+                    P##10_##T, P##11_##T, P##12_##T}
+#else
 #define KERNELS(K, T) K(1, T) K(2, T) K(3, T) K(4, T) K(5, T) K(6, T)
+#define LIST(P, T) {NULL, P##1_##T, P##2_##T, P##3_##T, P##4_##T, P##5_##T, P##6_##T}
+#endif
 KERNELS(MICRO_KERNEL, f32)
 KERNELS(MICRO_KERNEL, bf16)
 KERNELS(PACKED_KERNEL, f32)
 KERNELS(PACKED_KERNEL, bf16)
 typedef void (*micro_kernel)(const float *, int64_t, const void *, int64_t, const float *, float *, int64_t, int);
-static const micro_kernel MICRO[2][ROWS + 1] = {
-    {NULL, micro1_f32, micro2_f32, micro3_f32, micro4_f32, micro5_f32, micro6_f32},
-    {NULL, micro1_bf16, micro2_bf16, micro3_bf16, micro4_bf16, micro5_bf16, micro6_bf16},
-};
+static const micro_kernel MICRO[2][ROWS + 1] = {LIST(micro, f32), LIST(micro, bf16)};
 typedef void (*packed_kernel)(const float *, const void *, int64_t, const float *, float *, int64_t, int,
                               const char *, int64_t);
-static const packed_kernel PACKED[2][ROWS + 1] = {
-    {NULL, packed1_f32, packed2_f32, packed3_f32, packed4_f32, packed5_f32, packed6_f32},
-    {NULL, packed1_bf16, packed2_bf16, packed3_bf16, packed4_bf16, packed5_bf16, packed6_bf16},
-};
+static const packed_kernel PACKED[2][ROWS + 1] = {LIST(packed, f32), LIST(packed, bf16)};
 
 /* The bias of panel p's 16 columns: in place, or copied into `tail` (zero-padded) for the last, partial panel. */
 static const float *panel_bias(const float *bias, int64_t p, int64_t n, float *tail) {
@@ -255,6 +293,7 @@ int kubeinfer_linear(const void *x, int64_t ldx, int64_t m, int64_t k, const voi
 
 #else
 int kubeinfer_linear_supported(void) { return 0; }
+int kubeinfer_linear_panel(void) { return 16; }
 int kubeinfer_linear(const void *x, int64_t ldx, int64_t m, int64_t k, const void *panels, int64_t n,
                      const float *bias, void *y, int64_t ldy, int32_t bf16) {
     (void)x; (void)ldx; (void)m; (void)k; (void)panels; (void)n; (void)bias; (void)y; (void)ldy; (void)bf16;

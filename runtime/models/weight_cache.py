@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from kubeinfer.kernels.cpu_linear import Panels, layout
+from kubeinfer.kernels.cpu_linear import Panels, layout_key
 from kubeinfer.runtime.models.weights import (flat_bytes, is_opaque, mapped, named_weights, packed_as,
                                               private_mapping, tensor_of)
 from kubeinfer.runtime.parallel import world_size
@@ -111,7 +111,8 @@ def load_or_build(config, dtype: torch.dtype, device: torch.device, rank: int, b
     `build(load=False)`: the model with its weights allocated, not loaded."""
     if config.weight_cache_dir is None or config.load_format == "dummy":
         return build()
-    path = Path(config.weight_cache_dir) / f"{cache_key(config, dtype, device, rank, world_size(), layout())}.weights"
+    key = cache_key(config, dtype, device, rank, world_size(), layout_key())
+    path = Path(config.weight_cache_dir) / f"{key}.weights"
     if path.is_file():
         started = time.monotonic()
         model = build(load=False)

@@ -1,10 +1,23 @@
 """bf16 and fp32 linear layers over weights packed for oneDNN, and fp32 over panels (kernels/cpu_linear.py,
 csrc/linear_cpu.c), against F.linear and the exact product, and in a model."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kubeinfer.kernels import cpu_linear
+from kubeinfer.kernels import cpu_linear, cpu_native
+
+NO_PANELS = "the panel kernel needs AVX2 and FMA, and a C compiler"
+
+
+@pytest.fixture
+def panels_here(monkeypatch):
+    """The panel kernel taken wherever it runs (KUBEINFER_CPU_LINEAR=panels: on an AVX-512 CPU too)."""
+    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "panels")
+    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    if cpu_linear._panel_kernel() is None:
+        pytest.skip(NO_PANELS)
 
 needs_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2, dtype=torch.bfloat16)),
                                    reason="this torch or CPU has no oneDNN bf16 GEMM")
@@ -48,10 +61,10 @@ needs_fp32_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2
 @pytest.fixture(params=["panels", "onednn"])
 def fp32_layout(request, monkeypatch):
     """Each fp32 layout `pack` may choose: panels (where their kernel runs here) and oneDNN's."""
-    if request.param == "onednn":
-        monkeypatch.setattr(cpu_linear, "_kernel", [None])
-    elif cpu_linear._panel_kernel() is None:
-        pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
+    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "panels" if request.param == "panels" else "onednn")
+    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    if request.param == "panels" and cpu_linear._panel_kernel() is None:
+        pytest.skip(NO_PANELS)
     return request.param
 
 
@@ -66,20 +79,19 @@ def test_packed_fp32_linear_equals_f_linear_up_to_summation_order(tokens, featur
 
 
 # Row counts on both sides of the kernel's boundaries (6 rows a micro-kernel and the in-place path, 192 a packed
-# block), K past its 640-wide block (1,283: three blocks), outputs that leave a partial last panel or span several
-# chunks of 16 panels (960: 60 panels).
+# block), K past its block (640 wide for 16-wide panels, 320 for 32-wide: 1,283 is three or five blocks), outputs
+# that leave a partial last panel or span several chunks of 256 outputs (960).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [0, 1, 5, 6, 7, 13, 192, 193, 203])
 @pytest.mark.parametrize("features", [(5, 17), (72, 130), (1283, 33), (576, 960)])
-def test_panels_equal_the_exact_product_at_every_boundary(tokens, features, dtype):
-    if cpu_linear._panel_kernel() is None:
-        pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
+def test_panels_equal_the_exact_product_at_every_boundary(tokens, features, dtype, panels_here):
     torch.manual_seed(tokens)
     in_features, out_features = features
     weight = (torch.randn(out_features, in_features) / in_features ** 0.5).to(dtype)
     bias = torch.randn(out_features, dtype=dtype)
     panels = cpu_linear.to_panels(weight)
-    assert panels.data.shape == (-(-out_features // 16), in_features, 16) and panels.data.dtype == dtype
+    width = cpu_linear.panel_width()
+    assert panels.data.shape == (-(-out_features // width), in_features, width) and panels.data.dtype == dtype
     x = torch.randn(tokens, in_features + 8, dtype=dtype)[:, 3:in_features + 3]   # rows at a stride: a wider row's view
     for b in (None, bias):
         got = cpu_linear.panel_linear(x, panels, b)
@@ -100,12 +112,43 @@ def test_panels_equal_the_exact_product_at_every_boundary(tokens, features, dtyp
                                **(dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else {}))
 
 
+def test_the_panel_width_is_the_cpus_and_panels_of_another_are_refused_not_misread(panels_here):
+    """32 outputs a panel where the build has AVX-512 (this CPU's own, unless KUBEINFER_KERNEL_MARCH says another),
+    16 with AVX2 only; panels of the other width would be read as garbage, so they are refused."""
+    if not os.environ.get(cpu_native.MARCH_ENV):
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+        assert cpu_linear.panel_width() == (32 if "avx512f" in flags else 16)
+    other = 48 - cpu_linear.panel_width()
+    panels = cpu_linear.to_panels(torch.randn(40, 8), width=other)
+    assert panels.data.shape == (-(-40 // other), 8, other)
+    with pytest.raises(ValueError, match=f"panels {other} wide"):
+        cpu_linear.panel_linear(torch.randn(2, 8), panels)
+
+
+def test_bf16_takes_panels_only_where_onednn_has_no_bf16_gemm(panels_here):
+    """With one (AVX512-BF16, AMX) oneDNN runs bf16 at twice the panels' rate from 16 rows up; fp32 takes panels
+    wherever their kernel runs."""
+    bf16 = torch.ones(4, 4, dtype=torch.bfloat16)
+    assert isinstance(cpu_linear.pack(torch.ones(4, 4)), cpu_linear.Panels)
+    assert isinstance(cpu_linear.pack(bf16), cpu_linear.Panels) == (not torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def test_an_input_of_another_dtype_than_the_panels_is_refused_not_misread():
     panels = cpu_linear.to_panels(torch.randn(16, 8, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="bfloat16 CPU linear got a torch.float32 input"):
         cpu_linear.panel_linear(torch.randn(2, 8), panels)
     with pytest.raises(TypeError, match="not torch.float16"):
         cpu_linear.to_panels(torch.randn(16, 8, dtype=torch.float16))
+
+
+def test_by_default_the_panels_are_taken_only_16_wide(monkeypatch):
+    """On an AVX-512 CPU (32-wide panels) oneDNN stays the default: faster from 64 rows up."""
+    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "panels")
+    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    kernel = cpu_linear._panel_kernel()
+    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "auto")
+    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    assert cpu_linear._panel_kernel() == (kernel if kernel is not None and kernel.width == 16 else None)
 
 
 def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):
@@ -158,12 +201,10 @@ def test_an_untied_lm_head_packs_and_a_tied_one_packs_a_copy_beside_the_embeddin
     torch.testing.assert_close(tied(hidden), want, **tolerance)
 
 
-def test_an_lm_heads_logits_past_the_mmap_threshold_reuse_one_buffer_until_sleep_frees_it():
+def test_an_lm_heads_logits_past_the_mmap_threshold_reuse_one_buffer_until_sleep_frees_it(panels_here):
     """A step's logits over 32 MiB are written into the head's kept buffer (fresh pages cost a fault each, every
     step): equal to F.linear's, the same memory on the next call of as many rows or fewer, and freed by
     `release_output`. Below the threshold each call returns a new tensor."""
-    if cpu_linear.layout() != "panels":
-        pytest.skip("the kept buffer is the panel kernel's (an AVX2 CPU without AVX-512)")
     from kubeinfer.runtime.cpu_allocator import MMAP_THRESHOLD_BYTES
     from kubeinfer.runtime.layers.embedding import ParallelLMHead
     vocab, hidden_size = 40_000, 16
@@ -188,11 +229,9 @@ def test_an_lm_heads_logits_past_the_mmap_threshold_reuse_one_buffer_until_sleep
         cpu_linear.panel_linear(hidden[:2], head.packed, out=torch.empty(3, vocab))
 
 
-def test_a_rows_panel_result_does_not_depend_on_the_rows_beside_it():
+def test_a_rows_panel_result_does_not_depend_on_the_rows_beside_it(panels_here):
     """Every row runs the same sums in the same order at any row count (K blocks continue one accumulator), so a
     sequence's logits do not change with the batch it rides in."""
-    if cpu_linear._panel_kernel() is None:
-        pytest.skip("the panel kernel runs only on AVX2 CPUs without AVX-512, with a C compiler")
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         weight, bias = torch.randn(40, 1536, dtype=dtype), torch.randn(40)
