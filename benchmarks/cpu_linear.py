@@ -10,7 +10,6 @@ best of rounds, the layouts alternating within each round. "GB/s": the weight's 
 is bound by that read); "GFLOP/s": the products over the time (a prefill chunk is bound by that).
 """
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -68,7 +67,6 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 2048])
     args = parser.parse_args()
-    os.environ.setdefault(cpu_linear.CHOICE_ENV, "panels")   # the panels wherever their kernel runs, to compare
     dtype = getattr(torch, args.dtype)
     print(f"machine: {describe()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"shape: {args.shape}, {args.dtype}; streaming read {streaming_read_bandwidth() / 1e9:.1f} GB/s")

@@ -12,13 +12,13 @@ throughput (benchmarks/throughput.py's workload, alternating, median of 3): 8.63
 64/64. The packed result equals `F.linear`'s up to rounding (the same products, summed in another order);
 tests/kernels/test_cpu_linear.py checks it.
 
-On a CPU with AVX2 and FMA but not AVX-512, fp32 weights take panels of 16 outputs instead (`Panels`,
+On a CPU with AVX2 and FMA, fp32 weights take panels of 16 outputs instead (32 with AVX-512; `Panels`,
 csrc/linear_cpu.c): a decode step's few rows read each weight once, in order, near the streaming rate, where oneDNN's
-sgemm read them at about half of it on the AVX2 box (docs/benchmarks/cpu-runtime.md); bf16 weights, which oneDNN
-does not pack on such a CPU, are read at half the bytes of fp32. On an AVX-512 CPU the kernel's panels are 32 wide
-and oneDNN stays the default (faster from 64 rows up: `_panel_kernel`); `KUBEINFER_CPU_LINEAR=panels` takes them
-there too (bf16 only where oneDNN has no bf16 GEMM: with AVX512-BF16 or AMX it runs twice the panels' rate from 16
-rows up), and `KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
+sgemm read them at about half of it on the AVX2 box (docs/benchmarks/cpu-runtime.md); on the AVX-512 box 10-50%
+faster than oneDNN at 1-16 rows, even at 64, 5-20% slower at 512, the offline run 2% faster (5% with its prefixes
+cached). bf16 weights take panels where oneDNN has no bf16 GEMM (AVX2 without AVX512-BF16: read at half the bytes
+of fp32), and stay oneDNN's where it has one (AVX512-BF16 or AMX: twice the panels' rate from 16 rows up).
+`KUBEINFER_CPU_LINEAR=onednn` keeps oneDNN everywhere (to compare).
 """
 import ctypes
 import os
@@ -30,7 +30,7 @@ from kubeinfer.kernels import cpu_native
 
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 PANEL = 16   # output rows per panel where the kernel does not say (csrc/linear_cpu.c: 32 with AVX-512)
-CHOICE_ENV = "KUBEINFER_CPU_LINEAR"   # "auto" (the default), "panels" or "onednn"
+CHOICE_ENV = "KUBEINFER_CPU_LINEAR"   # "auto" (the default) or "onednn"
 _kernel: list = []   # [the PanelKernel, or None where it does not run here], once looked up
 
 
@@ -62,13 +62,10 @@ def panel_function(lib: ctypes.CDLL | None) -> PanelKernel | None:
 
 
 def _panel_kernel() -> PanelKernel | None:
-    """The panel kernel where `pack` takes it: by default only where it is 16 wide (AVX2 without AVX-512: on an
-    AVX-512 CPU oneDNN's prefill runs 5-30% faster and the whole offline run 7-8% faster, though the panels win
-    10-50% at 1-16 rows); with KUBEINFER_CPU_LINEAR=panels wherever it runs; never with =onednn."""
+    """The panel kernel, where it runs and KUBEINFER_CPU_LINEAR is not "onednn"."""
     if not _kernel:
         choice = os.environ.get(CHOICE_ENV, "auto")
-        kernel = panel_function(cpu_native.library("linear_cpu")) if choice != "onednn" else None
-        _kernel.append(kernel if kernel is None or choice == "panels" or kernel.width == PANEL else None)
+        _kernel.append(panel_function(cpu_native.library("linear_cpu")) if choice != "onednn" else None)
     return _kernel[0]
 
 

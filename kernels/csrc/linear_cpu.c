@@ -8,25 +8,25 @@
    reads each weight exactly once, in order, while 1-6 input rows are multiplied into 12 accumulator registers.
 
    Two paths:
-   - **Up to six rows** (a decode step of few sequences): the rows are read in place and every panel streams once,
-     whole (bound by the weights' read). bf16 rows are widened to fp32 first.
-   - **More rows** (decode batches, prefill chunks; bound by the FMA units): 192 rows at a time are packed six to a
-     k (`pack_rows`: the six broadcasts of a k read 24 contiguous bytes), and each thread takes its panels in chunks
-     of up to 256 outputs: K block by K block (up to 640 wide for 16-wide panels, split evenly), the block's
-     packed rows (~L2) go through every panel of the chunk, summed in an fp32 scratch, while the next slice is
-     prefetched a line per k (two for 32-wide fp32; its first rows would otherwise wait on memory). A slice of 640 (40 KB fp32) outgrows L1, yet blocks of 640 ran 1-9%
-     faster than blocks of 256 (16 KB, in L1) on every real shape measured, and 1,024 no faster (fewer passes over
-     the scratch; why the spill costs so little was not measured). The inner loop is unrolled by four: its counter
-     and pointers cost a fifth of the FMA rate otherwise (measured with every operand in L1: 76-81 -> 84-94 GFLOP/s
-     of the core's 95).
+   - **Up to ROWS rows** (6; 12 with AVX-512: a decode step of few sequences): the rows are read in place and every
+     panel streams once, whole (bound by the weights' read). bf16 rows are widened to fp32 first.
+   - **More rows** (decode batches, prefill chunks; bound by the FMA units): 192 rows at a time are packed ROWS to a
+     k (`pack_rows`, in parallel: the ROWS broadcasts of a k read contiguous bytes), and each thread takes its
+     panels in chunks of about 256 outputs (sizes differing by one panel at most): K block by K block (a 40 KB fp32
+     slice at most, split evenly), the block's packed rows (~L2) go through every panel of the chunk, summed in an
+     fp32 scratch, while the next slice is prefetched a line per k (two for 32-wide fp32; its first rows would
+     otherwise wait on memory). On the AVX2 box a slice of 640 (40 KB) outgrew L1, yet ran 1-9% faster than blocks
+     of 256 (16 KB, in L1) on every real shape measured, and 1,024 no faster (fewer passes over the scratch; why the
+     spill costs so little was not measured). The inner loop is unrolled by four: its counter and pointers cost a
+     fifth of the FMA rate otherwise (measured with every operand in L1: 76-81 -> 84-94 GFLOP/s of the core's 95).
    bf16 panels are widened to fp32 as they are read (half the bytes of fp32), sums in fp32, each output rounded once
    to nearest even, as torch's bf16 GEMM.
 
-   With AVX-512 a panel is 32 outputs, a row's two accumulators two zmm registers (the same code, twice as wide;
-   `kubeinfer_linear_panel` says which): a 16-wide panel in one register would need a broadcast load per FMA, which
-   measured 250-340 GFLOP/s at 512 rows where the 32-wide one does 350-450, against oneDNN's 450-480 (2-vCPU AMD EPYC
-   with AVX-512, fp32, SmolLM2's projections). The launcher keeps oneDNN for bf16 where oneDNN has a bf16 GEMM
-   (AVX512-BF16, AMX: twice the fp32 rate; kernels/cpu_linear.py).
+   With AVX-512 a panel is 32 outputs, a row's two accumulators two zmm registers, and a micro-kernel takes 12 rows
+   (24 accumulators of the 32 registers; `kubeinfer_linear_panel` says the width): a 16-wide panel in one register
+   would need a broadcast load per FMA, which measured 250-340 GFLOP/s at 512 rows where this does 350-440 (2-vCPU
+   AMD EPYC with AVX-512, fp32, SmolLM2's projections; oneDNN 440-470, and 10-50% behind at 1-16 rows). The launcher
+   keeps oneDNN for bf16 where oneDNN has a bf16 GEMM (AVX512-BF16, AMX: twice the fp32 rate; kernels/cpu_linear.py).
 
    Every row runs the same sums in the same order whatever the row count and path (k ascending into one
    accumulator, from the bias; K blocks continue it through fp32 memory): a row's result does not depend on the
@@ -51,9 +51,9 @@ int kubeinfer_linear_supported(void) { return 1; }
 
 #if defined(__AVX512F__)
 /* AVX-512: panels of 32 outputs, two registers a row as AVX2's two of a 16-wide panel, so a k's two weight loads
-   and six broadcasts still feed twelve FMAs, each of 16 products. */
+   and twelve broadcasts feed 24 FMAs, each of 16 products (12 rows measured ahead of 6 at 1-16 rows, even above). */
 #define PANEL 32
-#define ROWS 12
+#define ROWS 12         /* 24 accumulators + 2 weight + 1 input register of the 32 */
 static inline __m512 weights_f32(const void *panel, int64_t i) { return _mm512_loadu_ps((const float *)panel + i); }
 static inline __m512 weights_bf16(const void *panel, int64_t i) {   /* a bf16 is the high half of an fp32 */
     const __m256i halves = _mm256_loadu_si256((const __m256i *)((const uint16_t *)panel + i));
@@ -116,7 +116,7 @@ static void micro##R##_##T(const float *restrict x, int64_t ldx, const void *res
     }                                                                                                             \
     ROWS##R(STORE)                                                                                                \
 }
-/* The same over rows packed six to a k (x[k * ROWS + r]), fetching a line of `next` (NULL: none) per k. */
+/* The same over rows packed ROWS to a k (x[k * ROWS + r]), fetching a line of `next` (NULL: none) per k. */
 #define PACKED_KERNEL(R, T)                                                                                       \
 static void packed##R##_##T(const float *restrict x, const void *restrict panel, int64_t kc,                      \
                             const float *restrict bias, float *restrict y, int64_t ldy, int accumulate,          \
@@ -170,7 +170,7 @@ static void write_out(const float *scratch, int64_t ldc, int64_t rows, int64_t c
     }
 }
 
-/* Up to six fp32 rows x [rows][ldx] through panel p, whole K at once: straight into y (fp32, a whole panel), or
+/* Up to ROWS fp32 rows x [rows][ldx] through panel p, whole K at once: straight into y (fp32, a whole panel), or
    through a 16-column scratch when y is bf16 or the panel is the last, partial one (nothing written past y's row). */
 static void few_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, const void *panels, int bf16, int64_t p,
                      int64_t n, const float *bias, void *y, int64_t ldy) {
@@ -186,10 +186,11 @@ static void few_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, const
     write_out(scratch, PANEL, rows, width, bf16, y, ldy, p * PANEL);
 }
 
-/* `rows` rows of x (fp32 or bf16, [rows][ldx]) as fp32 in groups of six, each group k-major: out[g][k][ROWS]
+/* `rows` rows of x (fp32 or bf16, [rows][ldx]) as fp32 in groups of ROWS, each group k-major: out[g][k][ROWS]
    (the last group's missing rows zero). */
 static void pack_rows(const void *x, int64_t ldx, int64_t rows, int64_t k, int bf16, float *out) {
-    for (int64_t g = 0; g * ROWS < rows; g++) {
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < (rows + ROWS - 1) / ROWS; g++) {
         float *group = out + g * ROWS * k;
         for (int64_t r = 0; r < ROWS; r++) {
             const int64_t row = g * ROWS + r;
@@ -232,7 +233,7 @@ static void chunk_rows(const float *packed, int64_t rows, int64_t k, const void 
     write_out(acc, ldc, rows, (n < p1 * PANEL ? n : p1 * PANEL) - p0 * PANEL, bf16, y, ldy, p0 * PANEL);
 }
 
-/* Up to six rows: panels in parallel, each streamed once. */
+/* Up to ROWS rows: panels in parallel, each streamed once. */
 static int linear_few(const void *x, int64_t ldx, int64_t m, int64_t k, const void *panels, int64_t n,
                       const float *bias, void *y, int64_t ldy, int bf16) {
     float *widened = NULL;   /* bf16 rows as fp32: the micro-kernels read fp32 rows */
@@ -262,7 +263,7 @@ int kubeinfer_linear(const void *x, int64_t ldx, int64_t m, int64_t k, const voi
         return 0;
     if (m <= ROWS)
         return linear_few(x, ldx, m, k, panels, n, bias, y, ldy, bf16);
-    /* Chunks of at most CHUNK panels, as many for each thread (a few panels more or less than CHUNK each). */
+    /* Chunks of about CHUNK panels, as many for each thread, their sizes differing by one at most. */
     const int64_t count = (n + PANEL - 1) / PANEL, threads = omp_get_max_threads(), element = bf16 ? 2 : 4;
     const int64_t chunks = threads * ((count + threads * CHUNK - 1) / (threads * CHUNK));
     const int64_t chunk = (count + chunks - 1) / chunks;
@@ -280,7 +281,7 @@ int kubeinfer_linear(const void *x, int64_t ldx, int64_t m, int64_t k, const voi
         void *out = (char *)y + m0 * ldy * element;
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
-            const int64_t p0 = c * chunk, p1 = p0 + chunk < count ? p0 + chunk : count;
+            const int64_t p0 = c * count / chunks, p1 = (c + 1) * count / chunks;
             if (p0 < p1)
                 chunk_rows(packed, rows, k, panels, bf16, p0, p1, n, bias,
                            acc + (size_t)omp_get_thread_num() * (size_t)block_rows * (size_t)(chunk * PANEL), out, ldy);

@@ -13,8 +13,8 @@ NO_PANELS = "the panel kernel needs AVX2 and FMA, and a C compiler"
 
 @pytest.fixture
 def panels_here(monkeypatch):
-    """The panel kernel taken wherever it runs (KUBEINFER_CPU_LINEAR=panels: on an AVX-512 CPU too)."""
-    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "panels")
+    """The panel kernel, looked up afresh without KUBEINFER_CPU_LINEAR."""
+    monkeypatch.delenv(cpu_linear.CHOICE_ENV, raising=False)
     monkeypatch.setattr(cpu_linear, "_kernel", [])
     if cpu_linear._panel_kernel() is None:
         pytest.skip(NO_PANELS)
@@ -61,7 +61,7 @@ needs_fp32_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2
 @pytest.fixture(params=["panels", "onednn"])
 def fp32_layout(request, monkeypatch):
     """Each fp32 layout `pack` may choose: panels (where their kernel runs here) and oneDNN's."""
-    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "panels" if request.param == "panels" else "onednn")
+    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "auto" if request.param == "panels" else "onednn")
     monkeypatch.setattr(cpu_linear, "_kernel", [])
     if request.param == "panels" and cpu_linear._panel_kernel() is None:
         pytest.skip(NO_PANELS)
@@ -139,16 +139,6 @@ def test_an_input_of_another_dtype_than_the_panels_is_refused_not_misread():
         cpu_linear.panel_linear(torch.randn(2, 8), panels)
     with pytest.raises(TypeError, match="not torch.float16"):
         cpu_linear.to_panels(torch.randn(16, 8, dtype=torch.float16))
-
-
-def test_by_default_the_panels_are_taken_only_16_wide(monkeypatch):
-    """On an AVX-512 CPU (32-wide panels) oneDNN stays the default: faster from 64 rows up."""
-    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "panels")
-    monkeypatch.setattr(cpu_linear, "_kernel", [])
-    kernel = cpu_linear._panel_kernel()
-    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "auto")
-    monkeypatch.setattr(cpu_linear, "_kernel", [])
-    assert cpu_linear._panel_kernel() == (kernel if kernel is not None and kernel.width == 16 else None)
 
 
 def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):

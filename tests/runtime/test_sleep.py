@@ -24,11 +24,10 @@ def greedy(max_tokens=TOKENS):
 
 
 @pytest.mark.parametrize("level", [1, 2])
-@pytest.mark.parametrize("arch, layout", [("llama", "auto"), ("qwen2", "auto"), ("llama", "onednn"),
-                                          ("llama", "panels")])
+@pytest.mark.parametrize("arch, layout", [("llama", "auto"), ("qwen2", "auto"), ("llama", "onednn")])
 def test_outputs_after_a_wake_are_transformers(model_dirs, arch, layout, level, monkeypatch):
-    """An untied head and a tied one (a packed copy beside the plain); the CPU's own linear layout, oneDNN's and the
-    panels (oneDNN's opaque weights: their plain bytes go to the stash and are packed again at wake)."""
+    """An untied head and a tied one (a packed copy beside the plain); the CPU's own linear layout (panels where
+    their kernel runs) and oneDNN's (opaque weights: their plain bytes go to the stash, packed again at wake)."""
     use_linear_layout(monkeypatch, layout)
     llm = LLM(str(model_dirs[arch]))
     if layout == "onednn":

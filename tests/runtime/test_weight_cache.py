@@ -29,12 +29,11 @@ def no_checkpoint_reads(monkeypatch):
     return lambda: monkeypatch.setattr(loader, "load_weights", refuse)
 
 
-@pytest.mark.parametrize("arch, layout", [("llama", "auto"), ("qwen2", "auto"), ("llama", "onednn"),
-                                          ("llama", "panels")])
+@pytest.mark.parametrize("arch, layout", [("llama", "auto"), ("qwen2", "auto"), ("llama", "onednn")])
 def test_a_second_engine_loads_from_the_cache_without_the_checkpoint(model_dirs, tmp_path, arch, layout,
                                                                    no_checkpoint_reads, monkeypatch):
-    """An untied head and a tied one with its packed copy; the CPU's own linear layout, oneDNN's and the panels
-    (oneDNN's opaque weights: the file holds their plain bytes, packed again at load)."""
+    """An untied head and a tied one with its packed copy; the CPU's own linear layout (panels where their kernel
+    runs) and oneDNN's (opaque weights: the file holds their plain bytes, packed again at load)."""
     use_linear_layout(monkeypatch, layout)
     model = model_dirs[arch]
     first = LLM(str(model), weight_cache_dir=str(tmp_path))

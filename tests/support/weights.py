@@ -1,6 +1,5 @@
 """An engine's weights as copies, and their comparison byte for byte (sleep and the weight cache must give back
 exactly what the engine held); the CPU GEMM's layout chosen for a test (kernels/cpu_linear.py)."""
-import pytest
 import torch
 
 from kubeinfer.kernels import cpu_linear
@@ -20,8 +19,6 @@ def same_bytes(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> bool:
 
 def use_linear_layout(monkeypatch, choice: str) -> None:
     """Engines built from here on (in this process) lay out their CPU linear weights by `choice`: "auto" (this CPU's
-    default: panels on AVX2 without AVX-512, else oneDNN's), "panels" (wherever their kernel runs) or "onednn"."""
+    default: panels where their kernel runs) or "onednn"."""
     monkeypatch.setenv(cpu_linear.CHOICE_ENV, choice)
     monkeypatch.setattr(cpu_linear, "_kernel", [])
-    if choice == "panels" and cpu_linear.layout() != "panels":
-        pytest.skip("the panel kernel needs AVX2 and FMA, and a C compiler")
