@@ -1,6 +1,6 @@
 """CPU linear layers at a real model's shapes: MKL on the plain weight (`F.linear`), oneDNN on a weight packed once,
-and (AVX2 CPUs, 32 wide with AVX-512) the panel kernel (kernels/cpu_linear.py, csrc/linear_cpu.c), from a decode step's rows to a
-prefill chunk's, against the box's streaming read and FLOP rate.
+and (AVX2 CPUs; 32-wide panels with AVX-512) the panel kernel (kernels/cpu_linear.py, csrc/linear_cpu.c), from a
+decode step's rows to a prefill chunk's, against the box's streaming read and FLOP rate.
 
     python -P benchmarks/cpu_linear.py [--shape smollm2-135m] [--dtype float32] [--tokens 1 4 16 64 2048]
 
