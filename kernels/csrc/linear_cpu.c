@@ -54,45 +54,46 @@ int kubeinfer_linear_supported(void) { return 1; }
    and twelve broadcasts feed 24 FMAs, each of 16 products (12 rows measured ahead of 6 at 1-16 rows, even above). */
 #define PANEL 32
 #define ROWS 12         /* 24 accumulators + 2 weight + 1 input register of the 32 */
-static inline __m512 weights_f32(const void *panel, int64_t i) { return _mm512_loadu_ps((const float *)panel + i); }
-static inline __m512 weights_bf16(const void *panel, int64_t i) {   /* a bf16 is the high half of an fp32 */
+typedef __m512 vec;
+#define V_LOAD _mm512_loadu_ps
+#define V_STORE _mm512_storeu_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_SET1 _mm512_set1_ps
+#define V_ZERO _mm512_setzero_ps
+/* A panel row's 16 weights as fp32: fp32 panels, or bf16 ones widened (a bf16 is the high half of an fp32). */
+static inline vec weights_bf16(const void *panel, int64_t i) {
     const __m256i halves = _mm256_loadu_si256((const __m256i *)((const uint16_t *)panel + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
-#define WEIGHTS(T) const __m512 w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + 16);
-#define DECLARE(r) __m512 c##r##0, c##r##1;                                                                      \
-    if (accumulate) { c##r##0 = _mm512_loadu_ps(y + r * ldy); c##r##1 = _mm512_loadu_ps(y + r * ldy + 16); }     \
-    else { c##r##0 = b0; c##r##1 = b1; }
-#define MULTIPLY(r) { const __m512 a = _mm512_set1_ps(x[r * ldx + k]);                                             \
-    c##r##0 = _mm512_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm512_fmadd_ps(a, w1, c##r##1); }
-#define MULTIPLY_PACKED(r) { const __m512 a = _mm512_set1_ps(x[k * ROWS + r]);                                    \
-    c##r##0 = _mm512_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm512_fmadd_ps(a, w1, c##r##1); }
-#define STORE(r) _mm512_storeu_ps(y + r * ldy, c##r##0); _mm512_storeu_ps(y + r * ldy + 16, c##r##1);
-#define BIAS const __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();                               \
-    const __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
 #else
 #define PANEL 16
 #define ROWS 6          /* input rows a micro-kernel takes at once: 12 accumulators + 2 weight + 1 input register */
-/* Eight weights of a panel row as fp32: fp32 panels, or bf16 ones widened (a bf16 is the high half of an fp32). */
-static inline __m256 weights_f32(const void *panel, int64_t i) { return _mm256_loadu_ps((const float *)panel + i); }
-static inline __m256 weights_bf16(const void *panel, int64_t i) {
+typedef __m256 vec;
+#define V_LOAD _mm256_loadu_ps
+#define V_STORE _mm256_storeu_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_SET1 _mm256_set1_ps
+#define V_ZERO _mm256_setzero_ps
+/* A panel row's 8 weights as fp32: fp32 panels, or bf16 ones widened (a bf16 is the high half of an fp32). */
+static inline vec weights_bf16(const void *panel, int64_t i) {
     const __m128i halves = _mm_loadu_si128((const __m128i *)((const uint16_t *)panel + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
-#define WEIGHTS(T) const __m256 w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + 8);
-
-/* Accumulators as named variables, not an array: gcc keeps an array of __m256 in memory and stores it every step. */
-#define DECLARE(r) __m256 c##r##0, c##r##1;                                                                      \
-    if (accumulate) { c##r##0 = _mm256_loadu_ps(y + r * ldy); c##r##1 = _mm256_loadu_ps(y + r * ldy + 8); }      \
-    else { c##r##0 = b0; c##r##1 = b1; }
-#define MULTIPLY(r) { const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);                                       \
-    c##r##0 = _mm256_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm256_fmadd_ps(a, w1, c##r##1); }
-#define MULTIPLY_PACKED(r) { const __m256 a = _mm256_broadcast_ss(x + k * ROWS + r);                              \
-    c##r##0 = _mm256_fmadd_ps(a, w0, c##r##0); c##r##1 = _mm256_fmadd_ps(a, w1, c##r##1); }
-#define STORE(r) _mm256_storeu_ps(y + r * ldy, c##r##0); _mm256_storeu_ps(y + r * ldy + 8, c##r##1);
-#define BIAS const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();                               \
-    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
 #endif
+#define HALF (PANEL / 2)   /* a register's lanes: a panel row is two registers */
+static inline vec weights_f32(const void *panel, int64_t i) { return V_LOAD((const float *)panel + i); }
+#define WEIGHTS(T) const vec w0 = weights_##T(panel, k * PANEL), w1 = weights_##T(panel, k * PANEL + HALF);
+
+/* Accumulators as named variables, not an array: gcc keeps an array of vectors in memory and stores it every step. */
+#define DECLARE(r) vec c##r##0, c##r##1;                                                                         \
+    if (accumulate) { c##r##0 = V_LOAD(y + r * ldy); c##r##1 = V_LOAD(y + r * ldy + HALF); }                      \
+    else { c##r##0 = b0; c##r##1 = b1; }
+#define MULTIPLY(r) { const vec a = V_SET1(x[r * ldx + k]);                                                        \
+    c##r##0 = V_FMA(a, w0, c##r##0); c##r##1 = V_FMA(a, w1, c##r##1); }
+#define MULTIPLY_PACKED(r) { const vec a = V_SET1(x[k * ROWS + r]);                                               \
+    c##r##0 = V_FMA(a, w0, c##r##0); c##r##1 = V_FMA(a, w1, c##r##1); }
+#define STORE(r) V_STORE(y + r * ldy, c##r##0); V_STORE(y + r * ldy + HALF, c##r##1);
+#define BIAS const vec b0 = bias ? V_LOAD(bias) : V_ZERO(), b1 = bias ? V_LOAD(bias + HALF) : V_ZERO();
 #define ROWS1(M) M(0)
 #define ROWS2(M) ROWS1(M) M(1)
 #define ROWS3(M) ROWS2(M) M(2)
