@@ -3,8 +3,8 @@
    The kernel's vector code is written once against these names (VEC16 defined); with AVX-512 each is the one
    intrinsic it wraps, with AVX2 and FMA (x86-64-v3: AMD Zen, Intel before AVX-512) each does the same on two
    8-lane halves, and a 16-lane mask is a 16-bit integer as __mmask16 is. Without either, VEC16 is undefined and
-   the kernel runs its plain loops. exp is glibc's vector math library (libmvec, linked through -lm) on AVX-512,
-   the function gcc's vectorizer calls for expf on 16 lanes; on AVX2 an inline polynomial (v8_exp). */
+   the kernel runs its plain loops. exp is an inline polynomial on both (v8_exp; with AVX-512 the same on 16 lanes,
+   where glibc's libmvec call it replaced cost prefill attention 6-19%: docs/benchmarks/cpu-runtime.md). */
 #ifndef KUBEINFER_VEC16_H
 #define KUBEINFER_VEC16_H
 #include <stdint.h>
@@ -14,7 +14,6 @@
 #define VEC16 1
 typedef __m512 vec16;
 typedef __mmask16 mask16;
-__m512 _ZGVeN16v_expf(__m512);
 static inline vec16 v16_load(const float *p) { return _mm512_load_ps(p); }   /* 64-byte aligned */
 static inline vec16 v16_loadu(const float *p) { return _mm512_loadu_ps(p); }
 static inline void v16_store(float *p, vec16 a) { _mm512_store_ps(p, a); }
@@ -32,10 +31,22 @@ static inline vec16 v16_mask_max(vec16 src, mask16 m, vec16 a, vec16 b) { return
 /* Lanes of m: a; other lanes: 0. */
 static inline vec16 v16_maskz_mov(mask16 m, vec16 a) { return _mm512_maskz_mov_ps(m, a); }
 static inline int v16_any_gt(vec16 a, vec16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
-/* exp of arguments clamped to [-87, 88]: outside it libmvec takes a scalar path lane by lane (the online softmax
-   starts from a running max of -1e30, and a tile's lanes without a query token never leave it). */
+/* exp inline, the AVX2 twin's polynomial on 16 lanes (v8_exp below), 2^n applied by scalef; arguments clamped to
+   [-87, 88] (the online softmax starts from a running max of -1e30). */
 static inline vec16 v16_exp(vec16 x) {
-    return _ZGVeN16v_expf(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)));
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
 }
 /* Sixteen bf16 values (the high halves of fp32s) widened. */
 static inline vec16 v16_load_bf16(const uint16_t *p) {
