@@ -9,6 +9,21 @@
 #define KUBEINFER_VEC16_H
 #include <stdint.h>
 
+/* exp's reduction and polynomial over one vector type's intrinsics (`pre`: _mm256 or _mm512): x = n ln2 + r with
+   |r| <= ln2 / 2 (ln2 in two parts, so r is exact to fp32), exp(r) into p by the degree-7 Taylor-like polynomial of
+   the Cephes library's expf (relative error ~1e-7); x clamped and n rounded by the caller, 2^n applied after. */
+#define EXP_POLYNOMIAL(pre, x, n, p) do {                                                                         \
+        __typeof__(x) r_ = pre##_fnmadd_ps(n, pre##_set1_ps(0.693359375f), x);                                  \
+        r_ = pre##_fnmadd_ps(n, pre##_set1_ps(-2.12194440e-4f), r_);                                            \
+        p = pre##_set1_ps(1.9875691500e-4f);                                                                    \
+        p = pre##_fmadd_ps(p, r_, pre##_set1_ps(1.3981999507e-3f));                                             \
+        p = pre##_fmadd_ps(p, r_, pre##_set1_ps(8.3334519073e-3f));                                             \
+        p = pre##_fmadd_ps(p, r_, pre##_set1_ps(4.1665795894e-2f));                                             \
+        p = pre##_fmadd_ps(p, r_, pre##_set1_ps(1.6666665459e-1f));                                             \
+        p = pre##_fmadd_ps(p, r_, pre##_set1_ps(5.0000001201e-1f));                                             \
+        p = pre##_fmadd_ps(p, pre##_mul_ps(r_, r_), pre##_add_ps(r_, pre##_set1_ps(1.0f)));                     \
+    } while (0)
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define VEC16 1
@@ -31,21 +46,14 @@ static inline vec16 v16_mask_max(vec16 src, mask16 m, vec16 a, vec16 b) { return
 /* Lanes of m: a; other lanes: 0. */
 static inline vec16 v16_maskz_mov(mask16 m, vec16 a) { return _mm512_maskz_mov_ps(m, a); }
 static inline int v16_any_gt(vec16 a, vec16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
-/* exp inline, the AVX2 twin's polynomial on 16 lanes (v8_exp below), 2^n applied by scalef; arguments clamped to
-   [-87, 88] (the online softmax starts from a running max of -1e30). */
+/* exp inline: EXP_POLYNOMIAL on 16 lanes, 2^n applied by scalef; arguments clamped to [-87, 88] as v8_exp's below
+   (the online softmax starts from a running max of -1e30). */
 static inline vec16 v16_exp(vec16 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 p;
+    EXP_POLYNOMIAL(_mm512, x, n, p);
     return _mm512_scalef_ps(p, n);
 }
 /* Sixteen bf16 values (the high halves of fp32s) widened. */
@@ -103,25 +111,17 @@ static inline vec16 v16_maskz_mov(mask16 m, vec16 a) {
 static inline int v16_any_gt(vec16 a, vec16 b) {
     return _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)) | _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ));
 }
-/* exp on 8 lanes, inline: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to fp32), exp(r) by
-   the degree-7 Taylor-like polynomial of the Cephes library's expf (relative error ~1e-7), times 2^n built in the
-   exponent bits. Arguments are clamped to [-87, 88], where 2^n stays a normal number. libmvec's version is a call
-   per 8 lanes, and it takes a scalar path lane by lane for arguments outside that range: the online softmax starts
-   from a running max of -1e30, and a tile's lanes without a query token never leave it (16% of a 4 x 200-token
-   prefill's attention was expf, 3% its scalar path, before this). */
+/* exp on 8 lanes, inline: EXP_POLYNOMIAL, times 2^n built in the exponent bits. Arguments are clamped to
+   [-87, 88], where 2^n stays a normal number. libmvec's version is a call per 8 lanes, and it takes a scalar path
+   lane by lane for arguments outside that range: the online softmax starts from a running max of -1e30, and a
+   tile's lanes without a query token never leave it (16% of a 4 x 200-token prefill's attention was expf, 3% its
+   scalar path, before this). */
 static inline __m256 v8_exp(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256 p;
+    EXP_POLYNOMIAL(_mm256, x, n, p);
     const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
