@@ -107,7 +107,7 @@ static inline vec weights_f32(const void *panel, int64_t i) { return V_LOAD((con
 #define ROWS11(M) ROWS10(M) M(10)
 #define ROWS12(M) ROWS11(M) M(11)
 int kubeinfer_linear_panel(void) { return PANEL; }
-/* y[r][0:16] (+)= bias[0:16] + sum over k < kc of x[r][k] * panel[k][0:16], for r < R; fp32 x, y and bias. */
+/* y[r][0:PANEL] (+)= bias[0:PANEL] + sum over k < kc of x[r][k] * panel[k][0:PANEL], for r < R; fp32 x, y, bias. */
 #define MICRO_KERNEL(R, T)                                                                                        \
 static void micro##R##_##T(const float *restrict x, int64_t ldx, const void *restrict panel, int64_t kc,           \
                            const float *restrict bias, float *restrict y, int64_t ldy, int accumulate) {         \
@@ -148,7 +148,7 @@ typedef void (*packed_kernel)(const float *, const void *, int64_t, const float 
                               const char *, int64_t);
 static const packed_kernel PACKED[2][ROWS + 1] = {LIST(packed, f32), LIST(packed, bf16)};
 
-/* The bias of panel p's 16 columns: in place, or copied into `tail` (zero-padded) for the last, partial panel. */
+/* The bias of panel p's PANEL columns: in place, or copied into `tail` (zero-padded) for the last, partial panel. */
 static const float *panel_bias(const float *bias, int64_t p, int64_t n, float *tail) {
     if (!bias || n - p * PANEL >= PANEL)
         return bias ? bias + p * PANEL : NULL;
@@ -172,7 +172,7 @@ static void write_out(const float *scratch, int64_t ldc, int64_t rows, int64_t c
 }
 
 /* Up to ROWS fp32 rows x [rows][ldx] through panel p, whole K at once: straight into y (fp32, a whole panel), or
-   through a 16-column scratch when y is bf16 or the panel is the last, partial one (nothing written past y's row). */
+   through a panel-wide scratch when y is bf16 or the panel is the last, partial one (nothing written past y's row). */
 static void few_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, const void *panels, int bf16, int64_t p,
                      int64_t n, const float *bias, void *y, int64_t ldy) {
     const void *panel = (const char *)panels + p * k * PANEL * (bf16 ? 2 : 4);

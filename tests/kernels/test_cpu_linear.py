@@ -7,17 +7,18 @@ import torch
 import torch.nn.functional as F
 
 from kubeinfer.kernels import cpu_linear, cpu_native
+from support.weights import use_linear_layout
 
 NO_PANELS = "the panel kernel needs AVX2 and FMA, and a C compiler"
 
 
 @pytest.fixture
 def panels_here(monkeypatch):
-    """The panel kernel, looked up afresh without KUBEINFER_CPU_LINEAR."""
-    monkeypatch.delenv(cpu_linear.CHOICE_ENV, raising=False)
-    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    """The panel kernel, looked up afresh under the default choice (KUBEINFER_CPU_LINEAR=auto)."""
+    use_linear_layout(monkeypatch, "auto")
     if cpu_linear._panel_kernel() is None:
         pytest.skip(NO_PANELS)
+
 
 needs_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2, dtype=torch.bfloat16)),
                                    reason="this torch or CPU has no oneDNN bf16 GEMM")
@@ -61,8 +62,7 @@ needs_fp32_packing = pytest.mark.skipif(not cpu_linear.can_pack(torch.empty(2, 2
 @pytest.fixture(params=["panels", "onednn"])
 def fp32_layout(request, monkeypatch):
     """Each fp32 layout `pack` may choose: panels (where their kernel runs here) and oneDNN's."""
-    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "auto" if request.param == "panels" else "onednn")
-    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    use_linear_layout(monkeypatch, "auto" if request.param == "panels" else "onednn")
     if request.param == "panels" and cpu_linear._panel_kernel() is None:
         pytest.skip(NO_PANELS)
     return request.param
@@ -142,8 +142,7 @@ def test_an_input_of_another_dtype_than_the_panels_is_refused_not_misread():
 
 
 def test_the_onednn_choice_keeps_oneDNN_for_fp32(monkeypatch):
-    monkeypatch.setenv(cpu_linear.CHOICE_ENV, "onednn")
-    monkeypatch.setattr(cpu_linear, "_kernel", [])
+    use_linear_layout(monkeypatch, "onednn")
     assert cpu_linear._panel_kernel() is None
     if cpu_linear.can_pack(torch.empty(2, 2)):
         assert not isinstance(cpu_linear.pack(torch.ones(4, 4)), cpu_linear.Panels)

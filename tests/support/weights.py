@@ -7,7 +7,6 @@ from kubeinfer.runtime.engine.sleep import weight_slots
 from kubeinfer.runtime.models.weights import flat_bytes
 
 
-
 def weights_of(llm) -> list[torch.Tensor]:
     """Each weight's bytes (a oneDNN-packed one's plain weight's), copied."""
     return [flat_bytes(slot.get()).clone() for slot in weight_slots([llm.engine.model_runner.model])]
