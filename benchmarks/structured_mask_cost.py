@@ -1,5 +1,5 @@
 """What structured output costs the engine per step: 64 sequences decoding under one JSON schema (sampled, so they
-diverge), the grammar's part of each step (filling the batch's bitmask, applying it to the logits, the loop guard,
+diverge), the grammar's part of each step (filling the batch's bitmask, applying it to the logits, the loop guards,
 advancing the matchers) against the whole step, and the same batch's plain step for reference. Steps where all
 sequences decode are counted. Fixed seeds; prints its figures.
 
@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grammar_libraries  # noqa: E402
 
 SCHEMA = grammar_libraries.SCHEMA   # one schema for both structured-output benchmarks
-spent = {"mask": 0.0, "loops": 0.0, "advance": 0.0}   # seconds in each grammar part during the current step
+PARTS = ("mask", "loops", "strings", "advance")
+spent = dict.fromkeys(PARTS, 0.0)   # seconds in each grammar part during the current step
 
 
 def timed(name: str, function):
@@ -44,24 +45,24 @@ def timed(name: str, function):
     return wrapper
 
 
-def run(engine: LLMEngine, batch: int, structured) -> tuple[list[float], list[float], list[float], list[float]]:
+def run(engine: LLMEngine, batch: int, structured) -> tuple[list[float], ...]:
+    """Each counted step's seconds, then each grammar part's seconds in it (PARTS' order)."""
     for i in range(batch):
         params = SamplingParams(max_tokens=120, temperature=1.0, seed=i, structured=structured,
                                 ignore_eos=structured is None)
         engine.add_request(str(i), f"request {i}: a person as JSON", params)
-    steps, masks, loops, advances = [], [], [], []
+    steps, parts = [], {name: [] for name in PARTS}
     while engine.has_unfinished_requests():
         decoding = (len(engine.scheduler.running) == batch and not engine.scheduler.waiting
                     and all(seq.num_output_tokens > 0 for seq in engine.scheduler.running))
-        spent.update(mask=0.0, loops=0.0, advance=0.0)
+        spent.update(dict.fromkeys(PARTS, 0.0))
         started = time.perf_counter()
         engine.step()
         if decoding:
             steps.append(time.perf_counter() - started)
-            masks.append(spent["mask"])
-            loops.append(spent["loops"])
-            advances.append(spent["advance"])
-    return steps, masks, loops, advances
+            for name in PARTS:
+                parts[name].append(spent[name])
+    return steps, *parts.values()
 
 
 def main() -> None:
@@ -92,6 +93,7 @@ def main() -> None:
         torch.set_num_threads(args.torch_threads)
     sampler_module.apply_grammars = timed("mask", sampler_module.apply_grammars)
     sampler_module.ban_loops = timed("loops", sampler_module.ban_loops)
+    sampler_module.close_looping_strings = timed("strings", sampler_module.close_looping_strings)
     advance = core_module.EngineCore._advance_grammars
     core_module.EngineCore._advance_grammars = staticmethod(timed("advance", advance))
     engine = LLMEngine(EngineConfig(model=model, device=args.device, max_num_seqs=args.batch, max_model_len=512,
@@ -100,8 +102,8 @@ def main() -> None:
     structured = response_format_output({"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}})
     run(engine, args.batch, structured)   # warm-up: the grammar compiled, the allocator warm
     plain = run(engine, args.batch, None)[0]
-    steps, masks, loops, advances = run(engine, args.batch, structured)
-    grammar = [m + g + a for m, g, a in zip(masks, loops, advances)]
+    steps, masks, loops, strings, advances = run(engine, args.batch, structured)
+    grammar = [sum(parts) for parts in zip(masks, loops, strings, advances)]
     ms = lambda values: statistics.median(values) * 1e3   # noqa: E731
     tokens = engine.tokenizer.vocab_size if hasattr(engine, "tokenizer") else "?"
     print(f"model {model} (vocab {engine.config.model_config.vocab_size}, tokenizer {tokens}), batch {args.batch}, "
@@ -111,6 +113,7 @@ def main() -> None:
     print(f"constrained decode step  {ms(steps):8.2f} ms")
     print(f"  bitmask fill + apply   {ms(masks):8.2f} ms")
     print(f"  loop guard             {ms(loops):8.2f} ms")
+    print(f"  string loop guard      {ms(strings):8.2f} ms")
     print(f"  matchers advanced      {ms(advances):8.2f} ms")
     print(f"  grammar share of step  {statistics.median(g / s for g, s in zip(grammar, steps)) * 100:8.1f} %")
 

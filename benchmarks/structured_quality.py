@@ -7,7 +7,8 @@ pydantic schemas (tests/support/pydantic_cases.py) and six population prompts, g
     none      no grammar at all: the model's own text (valid only where it happens to be the JSON alone)
 
 and prints, per layout: answers that validate, answers cut by max_tokens, mean tokens, and the share of output
-characters that are whitespace between JSON tokens. Offline (the LLM class), fp32, one batch per layout and run.
+characters that are whitespace between JSON tokens; the compact and bounded layouts' cut answers, their last 300
+characters each, go to stderr. Offline (the LLM class), fp32, one batch per layout and run.
 
     python -P benchmarks/structured_quality.py [--max-tokens 256] [--seeds 3]
 """
@@ -92,8 +93,8 @@ def main() -> None:
                     outside = STRINGS.sub('""', result.text)
                     spaces += len(re.findall(r"\s", outside))
                     chars += len(result.text)
-                    if run == "greedy" and layout in ("compact", "bounded") and result.finish_reason == "length":
-                        print(f"  cut ({layout}): {result.text[:120]!r}", file=sys.stderr)
+                    if layout in ("compact", "bounded") and result.finish_reason == "length":
+                        print(f"  cut ({layout}, {run}): {result.text[-300:]!r}", file=sys.stderr)
                 mean = sum(len(r.token_ids) for r in results) / len(results)
                 print(f"| {layout} | {run} | {valid}/{len(cases)} | {cut}/{len(cases)} | {mean:.0f} | "
                       f"{spaces / max(chars, 1):.0%} | {elapsed:.0f} |", flush=True)

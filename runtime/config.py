@@ -45,7 +45,7 @@ class EngineConfig:
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     json_layout: str = "model"             # structured output's whitespace: the model's own, bounded, or compact
-    structured_loop_guard: bool = True     # a constrained answer may not repeat one block a 4th time (loop_guard.py)
+    structured_loop_guard: bool = True     # no 4th repeat of a block, looping strings end (loop_guard, string_loops)
     prefix_cache_sharing: str = "tenant"   # whose prefix cache blocks a request may reuse: its tenant's (or its
                                            # trust group's), or everyone's (shared); docs/runtime.md
     tensor_parallel_size: int = 1

@@ -25,6 +25,7 @@ from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.structured.bitmask import apply_grammars
 from kubeinfer.runtime.structured.loop_guard import ban_loops
+from kubeinfer.runtime.structured.string_loops import close_looping_strings
 
 
 class Sampler:
@@ -43,7 +44,8 @@ class Sampler:
             logits = self._apply_min_tokens_and_penalties(logits.clone(), seqs)
             if any(seq.guide is not None for seq in seqs):
                 apply_grammars(logits, seqs)
-                self.loop_bans += ban_loops(logits, seqs) if self.loop_guard else 0
+                if self.loop_guard:
+                    self.loop_bans += ban_loops(logits, seqs) + close_looping_strings(logits, seqs)
         greedy = ops.argmax(logits)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
@@ -69,7 +71,9 @@ class Sampler:
             logits = self._apply_min_tokens_and_penalties(logits.clone(), row_seqs, extras)
             if any(seq.guide is not None for seq in seqs):
                 apply_grammars(logits, seqs, drafts)
-                self.loop_bans += ban_loops(logits, row_seqs, extras) if self.loop_guard else 0
+                if self.loop_guard:
+                    self.loop_bans += (ban_loops(logits, row_seqs, extras)
+                                       + close_looping_strings(logits, row_seqs, extras))
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
         greedy = ops.argmax(logits)

@@ -62,7 +62,8 @@ class EngineMetrics:
         self.prefix_queries = metric(Counter, "kubeinfer_prefix_cache_queries", "Prompt tokens looked up")
         self.preemptions = metric(Counter, "kubeinfer_num_preemptions", "Sequences preempted for recompute")
         self.loop_bans = metric(Counter, "kubeinfer_structured_loop_bans",
-                                "Tokens structured output's loop guard banned (an answer's block repeated 3 times)")
+                                "Steps where structured output's loop guards banned a token (an answer's block "
+                                "repeated 3 times) or ended a string that repeats itself")
         self.structured_resamples = metric(Counter, "kubeinfer_structured_resamples",
                                            "Held structured answers drawn again after failing their schema's check")
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])

@@ -16,6 +16,7 @@ import llguidance
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.structured.bitmask import fill_threads
+from kubeinfer.runtime.structured.string_loops import TokenTable
 
 logger = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 256
@@ -29,6 +30,7 @@ class GrammarCache:
         self.capacity = capacity
         self.copy_matchers = fill_threads() < PARALLEL_FILL_THREADS if copy_matchers is None else copy_matchers
         self._tokenizer: llguidance.LLTokenizer | None = None   # built at the first constrained request
+        self._token_table: TokenTable | None = None
         self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self.num_compiled = 0
 
@@ -42,6 +44,13 @@ class GrammarCache:
             logger.info("structured output: tokenizer ready for the grammar library in %.2f s",
                         time.perf_counter() - started)
         return self._tokenizer
+
+    @property
+    def token_table(self) -> TokenTable:
+        """The tokens' bytes and classes for the string loop guard (string_loops.py), built once."""
+        if self._token_table is None:
+            self._token_table = TokenTable.of(self.tokenizer, self.vocab_size)
+        return self._token_table
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher of `grammar` (checked and compiled once; then copied, or built apart)."""

@@ -6,6 +6,7 @@ import json
 
 import jsonschema
 import pytest
+from pydantic import BaseModel
 
 from kubeinfer.runtime.layers import sampler as sampler_module
 from kubeinfer.runtime.llm import LLM
@@ -20,6 +21,15 @@ POPULATION = ["What is the capital of France and its population? Reply in JSON."
               "Which city is the capital of France? How many people live there?",
               "Describe the largest city of Japan in JSON.", "Give me a JSON object about Berlin."]
 MAX_TOKENS = 256
+
+
+class Product(BaseModel):
+    name: str
+    url: str
+
+
+# Greedy, the model writes these links as digits and dashes that go round until max_tokens (string_loops.py).
+LOOPING_STRINGS = ["Give me an Amazon product with its link as JSON.", "An example web search result as JSON."]
 
 
 def output_format(model, layout: str = "model"):
@@ -85,6 +95,22 @@ def test_the_loop_guard_ends_a_list_that_repeats_one_item(llm, monkeypatch):
     Book.model_validate_json(guarded.text)
 
 
+def test_the_string_guard_ends_a_string_that_loops(llm, monkeypatch):
+    """Greedy, the link string goes round (`1234567890-1234567890-20-...`), legally, to max_tokens; with the guard it
+    ends once its last 64 tokens are nearly all repeats, and the answers validate."""
+    formats = [output_format(Product)] * len(LOOPING_STRINGS)
+    bans = llm.engine.core.stats().structured_loop_bans
+    guarded = ask(llm, LOOPING_STRINGS, formats, temperature=0)
+    assert llm.engine.core.stats().structured_loop_bans > bans   # counted with the loop guard's bans
+    monkeypatch.setattr(sampler_module, "close_looping_strings", lambda *args: 0)
+    looping = ask(llm, LOOPING_STRINGS, formats, temperature=0)
+    for closed, cut in zip(guarded, looping):
+        assert cut.finish_reason == "length", cut.text
+        assert closed.finish_reason == "stop", closed.text
+        assert closed.text[:60] == cut.text[:60]   # the same answer up to the loop
+        Product.model_validate_json(closed.text)
+
+
 @pytest.mark.slow
 def test_twenty_pydantic_schemas_sampled_are_answered_validly(llm):
     """The same at temperature 0.7 (half of the greedy test's time again; -m slow): measured, none cut."""
@@ -93,11 +119,13 @@ def test_twenty_pydantic_schemas_sampled_are_answered_validly(llm):
 
 
 def test_speculative_decoding_keeps_the_answers(llm, smollm2):
-    """n-gram drafts the grammar refuses are never accepted: greedy answers with speculation equal those without."""
-    formats = [output_format(CityFacts)] * len(POPULATION)
-    plain = [o.text for o in ask(llm, POPULATION, formats, temperature=0)]
+    """n-gram drafts the grammar refuses are never accepted, and the loop guards judge each draft row after its drafts:
+    greedy answers with speculation equal those without."""
+    questions = POPULATION + LOOPING_STRINGS
+    formats = [output_format(CityFacts)] * len(POPULATION) + [output_format(Product)] * len(LOOPING_STRINGS)
+    plain = [o.text for o in ask(llm, questions, formats, temperature=0)]
     with LLM(str(smollm2), kv_cache_memory_gib=0.5, max_model_len=2048, speculative_method="ngram",
              speculative_ngram_min=1) as speculating:
-        assert [o.text for o in ask(speculating, POPULATION, formats, temperature=0)] == plain
+        assert [o.text for o in ask(speculating, questions, formats, temperature=0)] == plain
         stats = speculating.engine.core.scheduler.stats
     assert stats.num_draft_tokens > stats.num_accepted_tokens > 0   # drafted, some kept, some refused
