@@ -134,10 +134,13 @@ def memory_bound(engines, expected) -> int:
     return (both_awake + one_awake) // 2
 
 
+SCRAPE_TIMEOUT = 60   # seconds: one /metrics scrape of a busy engine
+
+
 def sleep_state(server: PoolEngine, name: str) -> tuple[float, float]:
     """(sleep level, sleeps since start) from the engine's /metrics."""
     text = httpx.get(server.url + "/metrics?name[]=kubeinfer_engine_sleep_level&name[]=kubeinfer_engine_sleeps_total",
-                     timeout=60).text
+                     timeout=SCRAPE_TIMEOUT).text
     samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                for family in text_string_to_metric_families(text) for sample in family.samples}
     return (metric_value(samples, "kubeinfer_engine_sleep_level", model_name=name),
@@ -152,18 +155,35 @@ class Observer:
     def __init__(self, engines: dict[str, PoolEngine]):
         self.engines, self.both_awake, self.rss_peak, self.samples = engines, 0, 0, 0
         self.stopped = threading.Event()
+        self.sampled, self.ended = threading.Condition(), False
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         (first, one), (second, other) = self.engines.items()
-        while not self.stopped.wait(0.005):
-            before = sleep_state(one, first)
-            between = sleep_state(other, second)
-            after = sleep_state(one, first)
-            if before[0] == after[0] == between[0] == 0 and before[1] == after[1]:
-                self.both_awake += 1
-            self.rss_peak = max(self.rss_peak, sum(tree_rss(s.pid) for s in self.engines.values()))
-            self.samples += 1
+        try:
+            while not self.stopped.wait(0.005):
+                before = sleep_state(one, first)
+                between = sleep_state(other, second)
+                after = sleep_state(one, first)
+                if before[0] == after[0] == between[0] == 0 and before[1] == after[1]:
+                    self.both_awake += 1
+                self.rss_peak = max(self.rss_peak, sum(tree_rss(s.pid) for s in self.engines.values()))
+                with self.sampled:
+                    self.samples += 1
+                    self.sampled.notify_all()
+        finally:
+            with self.sampled:
+                self.ended = True
+                self.sampled.notify_all()
+
+    def await_sample(self) -> None:
+        """Returns once a sample that began after this call is taken: each phase of a test is seen at least once,
+        however slowly the box lets this thread run. Bounded by the sample's own three scrapes' timeouts."""
+        with self.sampled:
+            wanted = self.samples + 2   # the one in progress may have begun before the call
+            assert self.sampled.wait_for(lambda: self.samples >= wanted or self.ended,
+                                         timeout=2 * (3 * SCRAPE_TIMEOUT + 5)), "the observer took no sample"
+            assert not self.ended, "the observer stopped (see its thread's exception above)"
 
     def __enter__(self) -> "Observer":
         self.thread.start()
@@ -190,7 +210,8 @@ def test_requests_alternating_between_two_models_each_get_their_own_answer(engin
             for name in MODELS:
                 prompt = PROMPTS[round_]
                 assert complete(client, name, prompt) == expected[name, prompt]
-    assert observer.samples >= 5 and observer.both_awake == 0
+                observer.await_sample()   # the engines seen in each of the six phases (both awake: never)
+    assert observer.both_awake == 0
     assert observer.rss_peak <= memory_bound, f"{observer.rss_peak / 2**20:.0f} > {memory_bound / 2**20:.0f} MiB"
     # alpha awake at the start, then beta, alpha, beta, alpha, beta woken, each after the other was put to sleep
     assert pool_router.metric("kubeinfer_router_pool_wakeups_total", model="beta") == 3
