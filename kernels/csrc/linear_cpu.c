@@ -11,7 +11,8 @@
    - **Up to ROWS rows** (6; 12 with AVX-512: a decode step of few sequences): the rows are read in place and every
      panel streams once, whole (bound by the weights' read). bf16 rows are widened to fp32 first.
    - **More rows** (decode batches, prefill chunks; bound by the FMA units): 192 rows at a time are packed ROWS to a
-     k (`pack_rows`, in parallel: the ROWS broadcasts of a k read contiguous bytes), and each thread takes its
+     k (`pack_rows`, in parallel: the ROWS broadcasts of a k read contiguous bytes; fp32 rows with AVX-512 are read
+     in place instead, see chunk_rows), and each thread takes its
      panels in chunks of about 256 outputs (sizes differing by one panel at most): K block by K block (a 40 KB fp32
      slice at most, split evenly), the block's packed rows (~L2) go through every panel of the chunk, summed in an
      fp32 scratch, while the next slice is prefetched a line per k (two for 32-wide fp32; its first rows would
@@ -54,6 +55,7 @@ int kubeinfer_linear_supported(void) { return 1; }
    and twelve broadcasts feed 24 FMAs, each of 16 products (12 rows measured ahead of 6 at 1-16 rows, even above). */
 #define PANEL 32
 #define ROWS 12         /* 24 accumulators + 2 weight + 1 input register of the 32 */
+#define FP32_IN_PLACE 1 /* fp32 rows read where they are, not packed: see chunk_rows */
 typedef __m512 vec;
 #define V_LOAD _mm512_loadu_ps
 #define V_STORE _mm512_storeu_ps
@@ -68,6 +70,7 @@ static inline vec weights_bf16(const void *panel, int64_t i) {
 #else
 #define PANEL 16
 #define ROWS 6          /* input rows a micro-kernel takes at once: 12 accumulators + 2 weight + 1 input register */
+#define FP32_IN_PLACE 0
 typedef __m256 vec;
 #define V_LOAD _mm256_loadu_ps
 #define V_STORE _mm256_storeu_ps
@@ -130,6 +133,19 @@ static void packed##R##_##T(const float *restrict x, const void *restrict panel,
     }                                                                                                             \
     ROWS##R(STORE)                                                                                                \
 }
+/* The same over rows in place (x[r * ldx + k]), fetching a line of `next` per k as PACKED_KERNEL does. */
+#define STRIDED_KERNEL(R, T)                                                                                      \
+static void strided##R##_##T(const float *restrict x, int64_t ldx, const void *restrict panel, int64_t kc,         \
+                             const float *restrict bias, float *restrict y, int64_t ldy, int accumulate,         \
+                             const char *next, int64_t line) {                                                   \
+    BIAS ROWS##R(DECLARE)                                                                                         \
+    _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {                                                    \
+        WEIGHTS(T) ROWS##R(MULTIPLY)                                                                              \
+        if (next) { _mm_prefetch(next + k * line, _MM_HINT_T0);                                                   \
+                    if (line > 64) _mm_prefetch(next + k * line + 64, _MM_HINT_T0); }                              \
+    }                                                                                                             \
+    ROWS##R(STORE)                                                                                                \
+}
 #if ROWS == 12
 #define KERNELS(K, T) K(1, T) K(2, T) K(3, T) K(4, T) K(5, T) K(6, T) K(7, T) K(8, T) K(9, T) K(10, T) K(11, T) K(12, T)
 #define LIST(P, T) {NULL, P##1_##T, P##2_##T, P##3_##T, P##4_##T, P##5_##T, P##6_##T, P##7_##T, P##8_##T, P##9_##T, \
@@ -142,11 +158,15 @@ KERNELS(MICRO_KERNEL, f32)
 KERNELS(MICRO_KERNEL, bf16)
 KERNELS(PACKED_KERNEL, f32)
 KERNELS(PACKED_KERNEL, bf16)
+KERNELS(STRIDED_KERNEL, f32)
 typedef void (*micro_kernel)(const float *, int64_t, const void *, int64_t, const float *, float *, int64_t, int);
 static const micro_kernel MICRO[2][ROWS + 1] = {LIST(micro, f32), LIST(micro, bf16)};
 typedef void (*packed_kernel)(const float *, const void *, int64_t, const float *, float *, int64_t, int,
                               const char *, int64_t);
 static const packed_kernel PACKED[2][ROWS + 1] = {LIST(packed, f32), LIST(packed, bf16)};
+typedef void (*strided_kernel)(const float *, int64_t, const void *, int64_t, const float *, float *, int64_t, int,
+                               const char *, int64_t);
+static const strided_kernel STRIDED[ROWS + 1] = LIST(strided, f32);
 
 /* The bias of panel p's PANEL columns: in place, or copied into `tail` (zero-padded) for the last, partial panel. */
 static const float *panel_bias(const float *bias, int64_t p, int64_t n, float *tail) {
@@ -208,10 +228,14 @@ static void pack_rows(const void *x, int64_t ldx, int64_t rows, int64_t k, int b
     }
 }
 
-/* Panels [p0, p1) for `rows` packed rows, K block by K block, summed in `acc` ([rows][(p1 - p0) * 16] fp32), then
-   written into y. */
-static void chunk_rows(const float *packed, int64_t rows, int64_t k, const void *panels, int bf16, int64_t p0,
-                       int64_t p1, int64_t n, const float *bias, float *acc, void *y, int64_t ldy) {
+/* Panels [p0, p1) for `rows` fp32 rows, K block by K block, summed in `acc` ([rows][(p1 - p0) * PANEL] fp32), then
+   written into y. The rows are packed (ldx 0: `pack_rows`'s layout), or read where they are ([rows][ldx]): with
+   AVX-512, fp32 rows in place ran 1.04-1.25x the packed ones on every SmolLM2 projection at 512 and 2,048 rows (the
+   packing's pass and barrier cost more than twelve rows' strided broadcasts; 2-vCPU AMD EPYC, cpu_linear_ab.py), and
+   matched oneDNN's packed sgemm there. The AVX2 build on that box gained 0-12% the same way; the AVX2 box where the
+   packing was chosen was not measured again, so AVX2 keeps it. */
+static void chunk_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, const void *panels, int bf16,
+                       int64_t p0, int64_t p1, int64_t n, const float *bias, float *acc, void *y, int64_t ldy) {
     const int64_t element = bf16 ? 2 : 4, ldc = (p1 - p0) * PANEL;
     const int64_t blocks = (k + K_BLOCK - 1) / K_BLOCK, k_block = ((k + blocks - 1) / blocks + 7) / 8 * 8;
     float tail[PANEL];
@@ -226,8 +250,13 @@ static void chunk_rows(const float *packed, int64_t rows, int64_t k, const void 
             const char *next = next_k0 < k ? (const char *)panels + (next_p * k + next_k0) * PANEL * element : NULL;
             for (int64_t r = 0; r < rows; r += ROWS) {
                 const int64_t count = rows - r < ROWS ? rows - r : ROWS;
-                PACKED[bf16][count](packed + r * k + k0 * ROWS, slice, kc, b, acc + r * ldc + (p - p0) * PANEL, ldc,
-                                    k0 > 0, r == 0 ? next : NULL, PANEL * element);
+                float *sums = acc + r * ldc + (p - p0) * PANEL;
+                if (ldx)   /* fp32 */
+                    STRIDED[count](x + r * ldx + k0, ldx, slice, kc, b, sums, ldc, k0 > 0, r == 0 ? next : NULL,
+                                   PANEL * element);
+                else
+                    PACKED[bf16][count](x + r * k + k0 * ROWS, slice, kc, b, sums, ldc, k0 > 0, r == 0 ? next : NULL,
+                                        PANEL * element);
             }
         }
     }
@@ -269,22 +298,25 @@ int kubeinfer_linear(const void *x, int64_t ldx, int64_t m, int64_t k, const voi
     const int64_t chunks = threads * ((count + threads * CHUNK - 1) / (threads * CHUNK));
     const int64_t chunk = (count + chunks - 1) / chunks;
     const int64_t block_rows = ((m < M_BLOCK ? m : M_BLOCK) + ROWS - 1) / ROWS * ROWS;
-    float *packed = malloc((size_t)block_rows * (size_t)k * sizeof(float));
+    const int in_place = FP32_IN_PLACE && !bf16;
+    float *packed = in_place ? NULL : malloc((size_t)block_rows * (size_t)k * sizeof(float));
     float *acc = malloc((size_t)threads * (size_t)block_rows * (size_t)(chunk * PANEL) * sizeof(float));
-    if (!packed || !acc) {
+    if ((!in_place && !packed) || !acc) {
         free(packed);
         free(acc);
         return -1;
     }
     for (int64_t m0 = 0; m0 < m; m0 += M_BLOCK) {
         const int64_t rows = m - m0 < M_BLOCK ? m - m0 : M_BLOCK;
-        pack_rows((const char *)x + m0 * ldx * element, ldx, rows, k, bf16, packed);
+        if (!in_place)
+            pack_rows((const char *)x + m0 * ldx * element, ldx, rows, k, bf16, packed);
+        const float *from = in_place ? (const float *)x + m0 * ldx : packed;
         void *out = (char *)y + m0 * ldy * element;
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t p0 = c * count / chunks, p1 = (c + 1) * count / chunks;
             if (p0 < p1)
-                chunk_rows(packed, rows, k, panels, bf16, p0, p1, n, bias,
+                chunk_rows(from, in_place ? ldx : 0, rows, k, panels, bf16, p0, p1, n, bias,
                            acc + (size_t)omp_get_thread_num() * (size_t)block_rows * (size_t)(chunk * PANEL), out, ldy);
         }
     }
