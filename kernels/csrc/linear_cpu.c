@@ -120,32 +120,23 @@ static void micro##R##_##T(const float *restrict x, int64_t ldx, const void *res
     }                                                                                                             \
     ROWS##R(STORE)                                                                                                \
 }
-/* The same over rows packed ROWS to a k (x[k * ROWS + r]), fetching a line of `next` (NULL: none) per k. */
-#define PACKED_KERNEL(R, T)                                                                                       \
-static void packed##R##_##T(const float *restrict x, const void *restrict panel, int64_t kc,                      \
-                            const float *restrict bias, float *restrict y, int64_t ldy, int accumulate,          \
-                            const char *next, int64_t line) {                                                    \
+/* The same fetching a line of `next` (NULL: none) per k, over rows packed ROWS to a k (x[k * ROWS + r]: `packed`)
+   or in place (x[r * ldx + k]: `strided`, which takes ldx). */
+#define FETCHING_KERNEL(NAME, MUL, LDX, R, T)                                                                     \
+static void NAME##R##_##T(const float *restrict x, LDX const void *restrict panel, int64_t kc,                    \
+                          const float *restrict bias, float *restrict y, int64_t ldy, int accumulate,            \
+                          const char *next, int64_t line) {                                                      \
     BIAS ROWS##R(DECLARE)                                                                                         \
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {                                                    \
-        WEIGHTS(T) ROWS##R(MULTIPLY_PACKED)                                                                       \
+        WEIGHTS(T) ROWS##R(MUL)                                                                                   \
         if (next) { _mm_prefetch(next + k * line, _MM_HINT_T0);                                                   \
                     if (line > 64) _mm_prefetch(next + k * line + 64, _MM_HINT_T0); }                              \
     }                                                                                                             \
     ROWS##R(STORE)                                                                                                \
 }
-/* The same over rows in place (x[r * ldx + k]), fetching a line of `next` per k as PACKED_KERNEL does. */
-#define STRIDED_KERNEL(R, T)                                                                                      \
-static void strided##R##_##T(const float *restrict x, int64_t ldx, const void *restrict panel, int64_t kc,         \
-                             const float *restrict bias, float *restrict y, int64_t ldy, int accumulate,         \
-                             const char *next, int64_t line) {                                                   \
-    BIAS ROWS##R(DECLARE)                                                                                         \
-    _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {                                                    \
-        WEIGHTS(T) ROWS##R(MULTIPLY)                                                                              \
-        if (next) { _mm_prefetch(next + k * line, _MM_HINT_T0);                                                   \
-                    if (line > 64) _mm_prefetch(next + k * line + 64, _MM_HINT_T0); }                              \
-    }                                                                                                             \
-    ROWS##R(STORE)                                                                                                \
-}
+#define PACKED_KERNEL(R, T) FETCHING_KERNEL(packed, MULTIPLY_PACKED, , R, T)
+#define LDX_PARAMETER int64_t ldx,
+#define STRIDED_KERNEL(R, T) FETCHING_KERNEL(strided, MULTIPLY, LDX_PARAMETER, R, T)
 #if ROWS == 12
 #define KERNELS(K, T) K(1, T) K(2, T) K(3, T) K(4, T) K(5, T) K(6, T) K(7, T) K(8, T) K(9, T) K(10, T) K(11, T) K(12, T)
 #define LIST(P, T) {NULL, P##1_##T, P##2_##T, P##3_##T, P##4_##T, P##5_##T, P##6_##T, P##7_##T, P##8_##T, P##9_##T, \

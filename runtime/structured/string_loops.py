@@ -1,12 +1,12 @@
 """A constrained answer's strings that loop are closed.
 
 The grammar keeps a string legal, not finished. A small model writes `amazon-amazon-amazon-...`, a digit string that
-goes round (`1234567890123...`), or one sentence over and over with a word changed (`The JSON Error Message Is Rejected.  The json error
-message is rejected. ...`), and nothing in the schema stops it before max_tokens. loop_guard.py catches a block
-repeated exactly; these wander. Inside a string (a value or a key) of a constrained answer, a token *repeats* when
-the NGRAM tokens ending with it already occurred, in that order, earlier in the same string. When REPEATED or more
-of a string's last WINDOW tokens repeat, the string is looping: only tokens that end it (an unescaped `"`) stay
-allowed, where the grammar allows one, and the model writes the one it ranks highest.
+goes round (`1234567890123...`), or one sentence over and over with a word changed (`The JSON Error Message Is
+Rejected.  The json error message is rejected. ...`), and nothing in the schema stops it before max_tokens.
+loop_guard.py catches a block repeated exactly; these wander. Inside a string (a value or a key) of a constrained
+answer, a token *repeats* when the NGRAM tokens ending with it already occurred, in that order, earlier in the same
+string. When REPEATED or more of a string's last WINDOW tokens repeat, the string is looping: only tokens that end it
+(an unescaped `"`) stay allowed, where the grammar allows one, and the model writes the one it ranks highest.
 
 Measured on SmolLM2-135M-Instruct (benchmarks/structured_quality.py, the corpus sample of
 tests/runtime/test_structured_corpus.py; docs/server.md, "Structured output"). What it costs a legitimate answer: a
