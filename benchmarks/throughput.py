@@ -135,6 +135,8 @@ def main() -> None:
                         help="both engines' KV cache; 0 leaves ours to its default sizing")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="both engines' weights and activations (ours keeps an fp32 KV cache on the CPU)")
+    parser.add_argument("--kv-prefault", action="store_true",
+                        help="ours commits its KV pool at start-up, as vLLM's allocation does (ours: as it fills)")
     args = parser.parse_args()
     torch.manual_seed(0)
     python = vllm_env.ensure_venv(args.vllm_venv) if args.peer == "vllm" else None
@@ -142,6 +144,7 @@ def main() -> None:
         model, load_format = model_folder(Path(tmp), args.shape, args.model)
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         settings = ours_settings(args.threads, args.dtype, load_format, args.kv_cache_gib or None)
+        settings |= {"kv_prefault": True} if args.kv_prefault else {}
         prompts, outputs = workload(args.num_requests, vocab, name=args.workload)
         prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outputs)
         print(f"machine: {describe()}, torch {torch.__version__}; "

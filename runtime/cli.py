@@ -56,7 +56,7 @@ ENGINE_FLAGS = [
     ("max_cpu_loras", int, "LoRA adapters kept in host memory (none: max(max_loras, 8))"),
 ]
 BOOL_FLAGS = ["enable_prefix_caching", "enforce_eager", "enable_expert_parallel", "priority_preemption",
-              "structured_loop_guard"]
+              "structured_loop_guard", "kv_prefault"]
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -102,6 +102,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "go on repeating its own phrases: for outputs that really repeat, at the risk of loops "
                              "to max_tokens (docs/server.md) "
                              "[env KUBEINFER_STRUCTURED_LOOP_GUARD]")
+    parser.add_argument("--kv-prefault", dest="kv_prefault", action="store_true",
+                        default=_env_bool("kv_prefault", False),
+                        help="on CPU, commit the KV pool's memory at start-up instead of as it fills: no request "
+                             "pays a page's first touch (slow on lazily backed VMs) [env KUBEINFER_KV_PREFAULT]")
     parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true",
                         default=_env_bool("enforce_eager", False),
                         help="no CUDA graphs: run every decode step eagerly [env KUBEINFER_ENFORCE_EAGER]")

@@ -40,14 +40,14 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
     cpu_memory_utilization: float | None = None   # CPU: share of host memory; None: 0.9 of a cgroup's, 0.5 of a machine's
+    kv_prefault: bool = False              # CPU: the KV pool's pages committed at start-up, not as blocks fill
     max_waiting_requests: int = 1024
     scheduling_policy: str = "fcfs"        # or shortest-first (docs/runtime.md, Scheduling)
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     json_layout: str = "model"             # structured output's whitespace: the model's own, bounded, or compact
     structured_loop_guard: bool = True     # no 4th repeat of a block, looping strings end (loop_guard, string_loops)
-    prefix_cache_sharing: str = "tenant"   # whose prefix cache blocks a request may reuse: its tenant's (or its
-                                           # trust group's), or everyone's (shared); docs/runtime.md
+    prefix_cache_sharing: str = "tenant"   # whose prefix blocks a request reuses: its tenant's/trust group's, or all's
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks
     enable_expert_parallel: bool = False   # = expert_parallel_size tensor_parallel_size

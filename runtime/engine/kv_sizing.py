@@ -111,9 +111,11 @@ def num_kv_blocks(config, block_bytes: int, device: torch.device, dtype: torch.d
     return num_blocks, source
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, prefault: bool = False) -> torch.Tensor:
     """A zeroed CPU tensor on anonymous memory: the kernel commits (and zeroes) each page when it is first touched,
-    so a pool sized for the whole budget takes memory as it fills, not at start-up."""
+    so a pool sized for the whole budget takes memory as it fills, not at start-up. `prefault`: every page touched
+    now (written with zeros, by torch's threads), so that no step pays a page's first touch later; where memory
+    behind a VM is backed lazily that touch ran at ~1 GB/s (docs/runtime.md, `--kv-prefault`)."""
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     if nbytes == 0:
@@ -121,4 +123,5 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):   # fewer TLB misses when attention walks a large pool
         buffer.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
+    pool = torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
+    return pool.zero_() if prefault else pool

@@ -150,16 +150,18 @@ class ModelRunner:
                            "more memory, or set --max-model-len)", fits, self.num_blocks, config.block_size,
                            config.max_model_len, fits)
         shape = (2, model_config.num_layers, self.num_blocks, config.block_size, self.num_kv_heads, model_config.head_dim)
-        self.kv_cache = (kv_sizing.lazy_zeros(shape, self.kv_dtype) if self.device.type == "cpu"
+        started = time.perf_counter()
+        self.kv_cache = (kv_sizing.lazy_zeros(shape, self.kv_dtype, config.kv_prefault) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
         if self.draft is not None:   # the same blocks, addressed by the same tables
             self.draft.allocate_kv_cache(self.num_blocks, self.kv_dtype)
         attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         for layer, module in enumerate(attention_layers):
             module.k_cache, module.v_cache = self.kv_cache[0, layer], self.kv_cache[1, layer]
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s): %d tokens, %.1f sequences of max_model_len %d",
+        committed = f"; committed in {time.perf_counter() - started:.1f} s" if config.kv_prefault else ""
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s): %d tokens, %.1f sequences of max_model_len %d%s",
                     self.num_blocks, config.block_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**30,
-                    budget_source, fits, fits / self.max_model_len, self.max_model_len)
+                    budget_source, fits, fits / self.max_model_len, self.max_model_len, committed)
 
     @property
     def max_blocks_per_seq(self) -> int:

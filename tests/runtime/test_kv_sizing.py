@@ -1,6 +1,8 @@
 """The KV cache's default size on the CPU (runtime/engine/kv_sizing.py): a share of the memory the process may use
 (its cgroup's limit or the machine's) less what is in use and a step's margin; the pool committed as it fills."""
 import logging
+import ctypes
+import mmap
 import resource
 
 import pytest
@@ -11,6 +13,7 @@ from kubeinfer.operator.spec import parse_spec
 from kubeinfer.runtime.engine import kv_sizing
 from kubeinfer.runtime.engine.kv_sizing import HostMemory, cpu_kv_budget, read_host_memory
 from kubeinfer.runtime.llm import LLM
+from kubeinfer.runtime.sampling_params import SamplingParams
 
 GIB = 2**30
 
@@ -79,6 +82,41 @@ def test_lazy_zeros_are_zeros_and_commit_as_they_are_written(dtype):
     assert not pool[1, 2, 511].any() and not pool[0, 0, 0].any()
     pool[1, 2, 511] = 1.5
     assert float(pool[1, 2, 511].float().mean()) == 1.5 and float(pool.float().sum()) == 1.5 * 16 * 4 * 64
+
+
+def test_a_prefaulted_pool_is_committed_at_once_and_still_zeros():
+    shape = (2, 3, 512, 16, 4, 64)   # 48 MiB of fp32: 12,288 pages of 4 KiB (24 huge pages where the kernel gives them)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    pool = kv_sizing.lazy_zeros(shape, torch.float32, prefault=True)
+    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faulted >= 24 and not pool.any()   # touched now, by the allocation itself
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    pool[1, 2, 511] = 1.5
+    pool[0, 0, 0] = 2.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 8   # a block's first write faults no more
+    assert float(pool.sum()) == (1.5 + 2.0) * 16 * 4 * 64
+
+
+def resident_share(tensor: torch.Tensor) -> float:
+    """The share of `tensor`'s pages that are in memory (mincore)."""
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr() // page * page
+    length = tensor.data_ptr() + tensor.numel() * tensor.element_size() - start
+    pages = (length + page - 1) // page
+    flags = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(start, length, flags) == 0, ctypes.get_errno()
+    return sum(flag & 1 for flag in flags) / pages
+
+
+@pytest.mark.parametrize("prefault", [False, True])
+def test_the_engine_prefaults_its_pool_only_when_asked(llama_dir, prefault):
+    with LLM(str(llama_dir), max_model_len=512, max_num_seqs=256, kv_cache_memory_gib=0.25,
+             kv_prefault=prefault) as llm:
+        llm.generate(["a short prompt"], SamplingParams(max_tokens=2))
+        share = resident_share(llm.engine.model_runner.kv_cache)
+    assert share == 1.0 if prefault else share < 0.5, share
 
 
 def test_the_engine_sizes_its_cache_from_host_memory_and_says_so(llama_dir, caplog):
