@@ -12,8 +12,8 @@
      panel streams once, whole (bound by the weights' read). bf16 rows are widened to fp32 first.
    - **More rows** (decode batches, prefill chunks; bound by the FMA units): 192 rows at a time are packed ROWS to a
      k (`pack_rows`, in parallel: the ROWS broadcasts of a k read contiguous bytes; fp32 rows with AVX-512 are read
-     in place instead, see chunk_rows), and each thread takes its
-     panels in chunks of about 256 outputs (sizes differing by one panel at most): K block by K block (a 40 KB fp32
+     in place instead, see chunk_rows), and each thread takes its panels in chunks of about 256 outputs (sizes
+     differing by one panel at most): K block by K block (a 40 KB fp32
      slice at most, split evenly), the block's packed rows (~L2) go through every panel of the chunk, summed in an
      fp32 scratch, while the next slice is prefetched a line per k (two for 32-wide fp32; its first rows would
      otherwise wait on memory). On the AVX2 box a slice of 640 (40 KB) outgrew L1, yet ran 1-9% faster than blocks
@@ -25,8 +25,9 @@
 
    With AVX-512 a panel is 32 outputs, a row's two accumulators two zmm registers, and a micro-kernel takes 12 rows
    (24 accumulators of the 32 registers; `kubeinfer_linear_panel` says the width): a 16-wide panel in one register
-   would need a broadcast load per FMA, which measured 250-340 GFLOP/s at 512 rows where this does 350-440 (2-vCPU
-   AMD EPYC with AVX-512, fp32, SmolLM2's projections; oneDNN 440-470, and 10-50% behind at 1-16 rows). The launcher
+   would need a broadcast load per FMA, which measured 250-340 GFLOP/s at 512 rows where this did 350-440 with its
+   rows packed (2-vCPU AMD EPYC with AVX-512, fp32, SmolLM2's projections; oneDNN 440-470, and 10-50% behind at 1-16
+   rows); with fp32 rows in place, 0.90-0.94x oneDNN's rate at 512 rows, in one run of cpu_linear.py. The launcher
    keeps oneDNN for bf16 where oneDNN has a bf16 GEMM (AVX512-BF16, AMX: twice the fp32 rate; kernels/cpu_linear.py).
 
    Every row runs the same sums in the same order whatever the row count and path (k ascending into one
@@ -221,9 +222,10 @@ static void pack_rows(const void *x, int64_t ldx, int64_t rows, int64_t k, int b
 
 /* Panels [p0, p1) for `rows` fp32 rows, K block by K block, summed in `acc` ([rows][(p1 - p0) * PANEL] fp32), then
    written into y. The rows are packed (ldx 0: `pack_rows`'s layout), or read where they are ([rows][ldx]): with
-   AVX-512, fp32 rows in place ran 1.04-1.25x the packed ones on every SmolLM2 projection at 512 and 2,048 rows (the
-   packing's pass and barrier cost more than twelve rows' strided broadcasts; 2-vCPU AMD EPYC, cpu_linear_ab.py), and
-   matched oneDNN's packed sgemm there. The AVX2 build on that box gained 0-12% the same way; the AVX2 box where the
+   AVX-512, fp32 rows in place ran 0.99-1.12x the packed ones on every projection of SmolLM2, Qwen2.5-0.5B and
+   Llama-3.2-1B at 13-2,048 rows (the packing's pass and barrier cost more than twelve rows' strided broadcasts;
+   2-vCPU AMD EPYC, cpu_linear_ab.py, 7 rounds), as long as the next weight slice is fetched ahead (without it, 64
+   rows of Llama's gate/up lost 20%). The AVX2 build on that box gained 0-12% the same way; the AVX2 box where the
    packing was chosen was not measured again, so AVX2 keeps it. */
 static void chunk_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, const void *panels, int bf16,
                        int64_t p0, int64_t p1, int64_t n, const float *bias, float *acc, void *y, int64_t ldy) {

@@ -47,7 +47,8 @@ class GrammarCache:
 
     @property
     def token_table(self) -> TokenTable:
-        """The tokens' bytes and classes for the string loop guard (string_loops.py), built once."""
+        """Each token's bytes, and whether it can end a string, for the string loop guard (string_loops.py); built
+        once, at the first constrained request."""
         if self._token_table is None:
             self._token_table = TokenTable.of(self.tokenizer, self.vocab_size)
         return self._token_table

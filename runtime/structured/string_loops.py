@@ -121,10 +121,9 @@ def close_looping_strings(logits: torch.Tensor, seqs: list, extras: list[list[in
     after the sequence's own (drafts)."""
     closed = 0
     for row, seq in enumerate(seqs):
-        scan = getattr(seq, "string_scan", None)
-        if seq.guide is None or scan is None:
+        if seq.guide is None or seq.string_scan is None:
             continue
-        state = scan.advance(seq.token_ids, seq.num_output_tokens)
+        state = seq.string_scan.advance(seq.token_ids, seq.num_output_tokens)
         state = state.after(list(extras[row])) if extras else state
         if not state.looping:
             continue
