@@ -1,6 +1,6 @@
 """What structured output costs the engine per step: 64 sequences decoding under one JSON schema (sampled, so they
-diverge), the grammar's part of each step (filling the batch's bitmask, applying it to the logits, the loop guards,
-advancing the matchers) against the whole step, and the same batch's plain step for reference. Steps where all
+diverge), the grammar's part of each step (filling the batch's bitmask, applying it to the logits, the three loop
+guards, advancing the matchers) against the whole step, and the same batch's plain step for reference. Steps where all
 sequences decode are counted. Fixed seeds; prints its figures.
 
     python benchmarks/structured_mask_cost.py [--batch 64] [--model demo] [--vocab 32000] [--device cuda]
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grammar_libraries  # noqa: E402
 
 SCHEMA = grammar_libraries.SCHEMA   # one schema for both structured-output benchmarks
-PARTS = ("mask", "loops", "strings", "advance")
+PARTS = ("mask", "loops", "strings", "keys", "advance")
 spent = dict.fromkeys(PARTS, 0.0)   # seconds in each grammar part during the current step
 
 
@@ -94,6 +94,7 @@ def main() -> None:
     sampler_module.apply_grammars = timed("mask", sampler_module.apply_grammars)
     sampler_module.ban_loops = timed("loops", sampler_module.ban_loops)
     sampler_module.close_looping_strings = timed("strings", sampler_module.close_looping_strings)
+    sampler_module.end_repeating_objects = timed("keys", sampler_module.end_repeating_objects)
     advance = core_module.EngineCore._advance_grammars
     core_module.EngineCore._advance_grammars = staticmethod(timed("advance", advance))
     engine = LLMEngine(EngineConfig(model=model, device=args.device, max_num_seqs=args.batch, max_model_len=512,
@@ -102,8 +103,8 @@ def main() -> None:
     structured = response_format_output({"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}})
     run(engine, args.batch, structured)   # warm-up: the grammar compiled, the allocator warm
     plain = run(engine, args.batch, None)[0]
-    steps, masks, loops, strings, advances = run(engine, args.batch, structured)
-    grammar = [sum(parts) for parts in zip(masks, loops, strings, advances)]
+    steps, masks, loops, strings, keys, advances = run(engine, args.batch, structured)
+    grammar = [sum(parts) for parts in zip(masks, loops, strings, keys, advances)]
     ms = lambda values: statistics.median(values) * 1e3   # noqa: E731
     tokens = engine.tokenizer.vocab_size if hasattr(engine, "tokenizer") else "?"
     print(f"model {model} (vocab {engine.config.model_config.vocab_size}, tokenizer {tokens}), batch {args.batch}, "
@@ -114,6 +115,7 @@ def main() -> None:
     print(f"  bitmask fill + apply   {ms(masks):8.2f} ms")
     print(f"  loop guard             {ms(loops):8.2f} ms")
     print(f"  string loop guard      {ms(strings):8.2f} ms")
+    print(f"  repeated-key guard     {ms(keys):8.2f} ms")
     print(f"  matchers advanced      {ms(advances):8.2f} ms")
     print(f"  grammar share of step  {statistics.median(g / s for g, s in zip(grammar, steps)) * 100:8.1f} %")
 

@@ -98,9 +98,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "admitted first) [env KUBEINFER_PRIORITY_PREEMPTION]")
     parser.add_argument("--no-structured-loop-guard", dest="structured_loop_guard", action="store_false",
                         default=_env_bool("structured_loop_guard", True),
-                        help="let a constrained answer repeat one block of tokens a 4th time (16+ tokens) and a string "
-                             "go on repeating its own phrases: for outputs that really repeat, at the risk of loops "
-                             "to max_tokens (docs/server.md) "
+                        help="let a constrained answer repeat one block of tokens a 4th time (16+ tokens), a string "
+                             "go on repeating its own phrases and an object take members after a repeated key: for "
+                             "outputs that really repeat, at the risk of loops to max_tokens (docs/server.md) "
                              "[env KUBEINFER_STRUCTURED_LOOP_GUARD]")
     parser.add_argument("--kv-prefault", dest="kv_prefault", action="store_true",
                         default=_env_bool("kv_prefault", False),

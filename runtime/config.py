@@ -46,7 +46,7 @@ class EngineConfig:
     priority_preemption: bool = True       # fair: a waiting higher class preempts running lower ones
     tool_call_parser: str = "hermes"       # how `tool_choice: auto` output is read for calls (docs/server.md)
     json_layout: str = "model"             # structured output's whitespace: the model's own, bounded, or compact
-    structured_loop_guard: bool = True     # no 4th repeat of a block, looping strings end (loop_guard, string_loops)
+    structured_loop_guard: bool = True     # the loop guards (structured/: loop_guard, string_loops, duplicate_keys)
     prefix_cache_sharing: str = "tenant"   # whose prefix blocks a request reuses: its tenant's/trust group's, or all's
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1          # MoE: experts split over this many of the tensor-parallel ranks

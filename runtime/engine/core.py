@@ -24,7 +24,6 @@ from kubeinfer.runtime.layers.fused_moe import expert_load_summary
 from kubeinfer.runtime.lora.adapter import LoraError
 from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.structured.grammars import GrammarCache
-from kubeinfer.runtime.structured.string_loops import StringScan
 
 logger = logging.getLogger(__name__)
 EXPERT_LOAD_INTERVAL_S = 1.0
@@ -105,7 +104,7 @@ class EngineCore:
             seq.lora_id = self.lora_ids[params.lora_name]
         if params.structured is not None:
             seq.guide = self.grammars.matcher(params.structured.grammar)
-            seq.string_scan = StringScan(self.grammars.token_table)
+            seq.string_scan, seq.key_scan = self.grammars.guard_scans()
             if output_token_ids and not seq.guide.consume_tokens(list(output_token_ids)):
                 raise InvalidRequestError("the resumed output does not follow the request's grammar")
         self.seqs[request_id] = seq

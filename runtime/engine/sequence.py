@@ -46,6 +46,7 @@ class Sequence:
         self.draft_limit: int | None = None    # drafts to propose next step (adapted to acceptance); None: all
         self.guide = None   # structured output: the grammar's matcher, advanced by every kept output token
         self.string_scan = None   # and the answer's strings as the string loop guard reads them (string_loops.py)
+        self.key_scan = None      # and its objects' keys as the repeated-key guard reads them (duplicate_keys.py)
         self.lora_path: str | None = None   # the folder of its adapter (params.lora_name), resolved at admission
         self.lora_id: str | None = None     # its adapter's content digest: what its prefix cache blocks are keyed by
         self.lora_slot: int | None = None   # the device slot of its adapter while it runs (lora/slot_table.py)

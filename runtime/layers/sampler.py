@@ -24,6 +24,7 @@ from kubeinfer.kernels import ops
 from kubeinfer.runtime.engine.messages import TokenLogprobs
 from kubeinfer.runtime.engine.sequence import Sequence
 from kubeinfer.runtime.structured.bitmask import apply_grammars
+from kubeinfer.runtime.structured.duplicate_keys import end_repeating_objects
 from kubeinfer.runtime.structured.loop_guard import ban_loops
 from kubeinfer.runtime.structured.string_loops import close_looping_strings
 
@@ -45,7 +46,8 @@ class Sampler:
             if any(seq.guide is not None for seq in seqs):
                 apply_grammars(logits, seqs)
                 if self.loop_guard:
-                    self.loop_bans += ban_loops(logits, seqs) + close_looping_strings(logits, seqs)
+                    self.loop_bans += (ban_loops(logits, seqs) + close_looping_strings(logits, seqs)
+                                       + end_repeating_objects(logits, seqs))
         greedy = ops.argmax(logits)
         if all(seq.params.is_greedy for seq in seqs):
             tokens = greedy
@@ -73,7 +75,8 @@ class Sampler:
                 apply_grammars(logits, seqs, drafts)
                 if self.loop_guard:
                     self.loop_bans += (ban_loops(logits, row_seqs, extras)
-                                       + close_looping_strings(logits, row_seqs, extras))
+                                       + close_looping_strings(logits, row_seqs, extras)
+                                       + end_repeating_objects(logits, row_seqs, extras))
         draft_ids = torch.tensor([draft[j] if j < len(draft) else -1 for draft in drafts
                                   for j in range(len(draft) + 1)], device=device)
         greedy = ops.argmax(logits)

@@ -63,7 +63,8 @@ class EngineMetrics:
         self.preemptions = metric(Counter, "kubeinfer_num_preemptions", "Sequences preempted for recompute")
         self.loop_bans = metric(Counter, "kubeinfer_structured_loop_bans",
                                 "Steps where structured output's loop guards banned a token (an answer's block "
-                                "repeated 3 times) or ended a string that repeats itself")
+                                "repeated 3 times), ended a string that repeats itself or an object that repeated a "
+                                "key")
         self.structured_resamples = metric(Counter, "kubeinfer_structured_resamples",
                                            "Held structured answers drawn again after failing their schema's check")
         self.success = metric(Counter, "kubeinfer_request_success", "Finished requests", ["finished_reason"])

@@ -16,7 +16,8 @@ import llguidance
 
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.structured.bitmask import fill_threads
-from kubeinfer.runtime.structured.string_loops import TokenTable
+from kubeinfer.runtime.structured.duplicate_keys import CommaTokens, KeyScan
+from kubeinfer.runtime.structured.string_loops import StringScan, TokenTable
 
 logger = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 256
@@ -31,6 +32,7 @@ class GrammarCache:
         self.copy_matchers = fill_threads() < PARALLEL_FILL_THREADS if copy_matchers is None else copy_matchers
         self._tokenizer: llguidance.LLTokenizer | None = None   # built at the first constrained request
         self._token_table: TokenTable | None = None
+        self._comma_tokens: CommaTokens | None = None
         self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self.num_compiled = 0
 
@@ -52,6 +54,13 @@ class GrammarCache:
         if self._token_table is None:
             self._token_table = TokenTable.of(self.tokenizer, self.vocab_size)
         return self._token_table
+
+    def guard_scans(self) -> tuple[StringScan, KeyScan]:
+        """A new answer's scans for the string loop guard (string_loops.py) and the repeated-key guard
+        (duplicate_keys.py); the tables they read are built once, at the first constrained request."""
+        if self._comma_tokens is None:
+            self._comma_tokens = CommaTokens(self.token_table.token_bytes, self.vocab_size)
+        return StringScan(self.token_table), KeyScan(self.token_table.token_bytes, self._comma_tokens)
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher of `grammar` (checked and compiled once; then copied, or built apart)."""

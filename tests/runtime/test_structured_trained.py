@@ -14,6 +14,7 @@ from kubeinfer.runtime.sampling_params import SamplingParams
 from kubeinfer.runtime.server.chat import render_chat
 from kubeinfer.runtime.structured.enforceable import FRACTION_DIGITS
 from kubeinfer.runtime.structured.formats import response_format_output
+from kubeinfer.runtime.structured.schema_check import json_schema_output
 from support.pydantic_cases import CASES, Book, CityFacts
 
 POPULATION = ["What is the capital of France and its population? Reply in JSON.",
@@ -111,6 +112,31 @@ def test_the_string_guard_ends_a_string_that_loops(llm, monkeypatch):
         Product.model_validate_json(closed.text)
 
 
+def test_an_object_that_repeats_a_key_is_ended(llm, monkeypatch):
+    """Greedy, asked for an example of these SDK types (the corpus sample's prompt), the model goes round in an open
+    object (`"status_message": "Hello, World! ...", "status_message": ...`; keys that grow `"event_type_19":
+    "event_type_19", ...` and come back) to max_tokens; with the guard the object takes no member after its first
+    repeated key, and the answers end and validate."""
+    from openai.types.beta.beta_web_search_preview_tool import BetaWebSearchPreviewTool
+    from openai.types.realtime.conversation_item_truncate_event import ConversationItemTruncateEvent
+    from openai.types.webhooks.batch_cancelled_webhook_event import BatchCancelledWebhookEvent
+    models = [BetaWebSearchPreviewTool, ConversationItemTruncateEvent, BatchCancelledWebhookEvent]
+    formats = [json_schema_output(model.model_json_schema(), "schema") for model in models]
+    tokenizer = llm.tokenizer
+    prompts = [render_chat(tokenizer.chat_template, [{"role": "user", "content": (
+        f"Give one example of a {model.__name__} as JSON.")}], True, tokenizer.bos_token, tokenizer.eos_token)
+        for model in models]
+
+    def answers():
+        return llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=512, structured=f) for f in formats])
+    guarded = answers()
+    monkeypatch.setattr(sampler_module, "end_repeating_objects", lambda *args: 0)
+    for model, ended, cut in zip(models, guarded, answers()):
+        assert cut.finish_reason == "length", cut.text
+        assert ended.finish_reason == "stop", ended.text
+        model.model_validate_json(ended.text)
+
+
 @pytest.mark.slow
 def test_twenty_pydantic_schemas_sampled_are_answered_validly(llm):
     """The same at temperature 0.7 (half of the greedy test's time again; -m slow): measured, none cut."""
@@ -121,8 +147,13 @@ def test_twenty_pydantic_schemas_sampled_are_answered_validly(llm):
 def test_speculative_decoding_keeps_the_answers(llm, smollm2):
     """n-gram drafts the grammar refuses are never accepted, and the loop guards judge each draft row after its drafts:
     greedy answers with speculation equal those without."""
-    questions = POPULATION + LOOPING_STRINGS
-    formats = [output_format(CityFacts)] * len(POPULATION) + [output_format(Product)] * len(LOOPING_STRINGS)
+    from openai.types.beta.beta_web_search_preview_tool import BetaWebSearchPreviewTool
+    from openai.types.realtime.conversation_item_truncate_event import ConversationItemTruncateEvent
+    repeating = [BetaWebSearchPreviewTool, ConversationItemTruncateEvent]   # objects that repeat a key (guarded)
+    questions = (POPULATION + LOOPING_STRINGS
+                 + [f"Give one example of a {model.__name__} as JSON." for model in repeating])
+    formats = ([output_format(CityFacts)] * len(POPULATION) + [output_format(Product)] * len(LOOPING_STRINGS)
+               + [json_schema_output(model.model_json_schema(), "schema") for model in repeating])
     plain = [o.text for o in ask(llm, questions, formats, temperature=0)]
     with LLM(str(smollm2), kv_cache_memory_gib=0.5, max_model_len=2048, speculative_method="ngram",
              speculative_ngram_min=1) as speculating:
