@@ -13,14 +13,17 @@ validate is returned. docs/server.md has the table, keyword by keyword.
     format the library does not know         dropped (an annotation in draft 2020-12, as the spec says)
     a number without multipleOf              at most FRACTION_DIGITS digits after the point
     a number without minimum / maximum       below 10**INTEGER_DIGITS in magnitude
+    a free-form value ({}, true, the members of an object or array nothing describes)
+                                              the same two bounds if it is a number (not inside it: the grammar
+                                              would outgrow the library's limit on large schemas)
     an object with properties and nothing said of others      no others (additionalProperties false)
 
-A small model left to write a number without bounds can write digits forever (`11.19888888...`), and one left to add
-properties a schema does not name invents them until max_tokens (measured on SmolLM2-135M-Instruct with pydantic's
-schemas, which leave additionalProperties open: 14 of 26 greedy answers cut; docs/server.md). No schema range needs
-more digits than these, a property the schema does not name is never required, and composed objects (allOf with more
-than one branch, dependentSchemas, if) are left open: an answer the bounds shape is still valid for the user's
-schema.
+A small model left to write a number without bounds can write digits forever (`11.19888888...`; in a free-form
+value `"id": 1234567890123...`), and one left to add properties a schema does not name invents them until
+max_tokens (measured on SmolLM2-135M-Instruct with pydantic's schemas, which leave additionalProperties open: 14 of
+26 greedy answers cut; docs/server.md). No schema range needs more digits than these, a property the schema does not
+name is never required, and composed objects (allOf with more than one branch, dependentSchemas, if) are left open:
+an answer the bounds shape is still valid for the user's schema.
 """
 import copy
 
@@ -74,11 +77,23 @@ def _excludes_all(schema) -> bool:
     return isinstance(schema, dict) and schema.get("not") in ({}, True)
 
 
+def free_value() -> dict:
+    """Any JSON value, bounded as a schema's number is if it is a number (numeric keywords constrain numbers only).
+    Not the numbers inside its objects and arrays: that nesting, a few levels deep at each free-form value, made the
+    grammars of the openai SDK's largest schemas too big for the library (4 of the 152 of the corpus's sample)."""
+    limit = 10 ** INTEGER_DIGITS - 1
+    return {"minimum": -limit, "maximum": limit, "multipleOf": 10.0 ** -FRACTION_DIGITS}
+
+
 def _rewrite(schema, approximated: set[str], close: bool):
+    if schema is True:
+        return free_value()
     if not isinstance(schema, dict):
         return schema
     if _excludes_all(schema):   # below the root: the value cannot appear at all, which `false` says exactly
         return False
+    if not schema.keys() & (VALIDATION | set(DEFINITIONS)):   # annotations at most: any value
+        return {**schema, **free_value()}
     closable = close and "properties" in schema and not any(key in schema for key in OPEN_KEYS + IN_PLACE)
     if "$ref" in schema:   # annotations beside a $ref (markdownDescription, ...) are siblings to the library
         for key in [key for key in schema if key not in VALIDATION and key not in DEFINITIONS and key[0] != "$"]:
@@ -90,11 +105,12 @@ def _rewrite(schema, approximated: set[str], close: bool):
         if isinstance(schema.get(key), dict):
             schema[key] = _definitions(schema[key], approximated, close)
     for key in SCHEMA_VALUES:
-        if isinstance(schema.get(key), dict):
+        if isinstance(schema.get(key), dict) or schema.get(key) is True:
             schema[key] = _rewrite(schema[key], approximated, close)
     for key in SCHEMA_LISTS:
         if isinstance(schema.get(key), list):
             schema[key] = [_rewrite(sub, approximated, close) for sub in schema[key]]
+    _free_members(schema)
     _unevaluated(schema, approximated)
     _contains(schema)
     for key in CHECKED_AFTER:
@@ -142,6 +158,19 @@ def _contains(schema: dict) -> None:
     needed = schema.get("minContains", 1)
     if isinstance(needed, int) and needed > schema.get("minItems", 0):
         schema["minItems"] = needed
+
+
+def _free_members(schema: dict) -> None:
+    """An object or array type whose members nothing describes (no properties, items, in-place applicator): its
+    members are free-form values."""
+    if any(key in schema for key in IN_PLACE + ("enum", "const")):
+        return
+    types = schema.get("type")
+    types = {types} if isinstance(types, str) else set(types or ())
+    if "object" in types and not any(key in schema for key in ("properties",) + OPEN_KEYS):
+        schema["additionalProperties"] = free_value()
+    if "array" in types and not any(key in schema for key in ("items", "prefixItems", "unevaluatedItems")):
+        schema["items"] = free_value()
 
 
 def _bound_numbers(schema: dict) -> None:

@@ -10,7 +10,7 @@ import pytest
 from kubeinfer.runtime.errors import InvalidRequestError
 from kubeinfer.runtime.structured.answer_check import violation
 from kubeinfer.runtime.structured.enforceable import (CHECKED_AFTER, FRACTION_DIGITS, INTEGER_DIGITS, Unsatisfiable,
-                                                       enforceable)
+                                                       enforceable, free_value)
 from kubeinfer.runtime.structured.json_layout import INDENT, MAX_LEVELS, nesting
 from kubeinfer.runtime.structured.schema_check import json_schema_output
 
@@ -111,8 +111,28 @@ def test_objects_get_no_properties_the_schema_does_not_name_unless_composed():
                    dict(OBJECT, patternProperties={"^x": {}}), dict(OBJECT, anyOf=[{"required": ["b"]}]),
                    dict(OBJECT, dependentSchemas={"a": {"properties": {"b": {}}}})):
         rewritten, _ = enforceable(schema)
-        assert rewritten.get("additionalProperties") in (None, True), schema
-    assert enforceable({"type": "object"})[0] == {"type": "object"}   # free-form objects stay free
+        assert rewritten.get("additionalProperties") in (None, free_value()), schema
+    # free-form objects stay free: any key, any value (its numbers bounded: test_free_form_values_have_bounded_numbers)
+    assert enforceable({"type": "object"})[0] == {"type": "object", "additionalProperties": free_value()}
+
+
+def test_free_form_values_have_bounded_numbers(tokenizer):
+    """A value nothing describes ({}, true, an object's or array's undescribed members) is any JSON value, and a number
+    in it gets a described number's bounds: greedy, SmolLM2 wrote `"id": 1234567890123...` to max_tokens there."""
+    big = "1" + "0" * INTEGER_DIGITS
+    for schema in ({"type": "object", "additionalProperties": True}, {"type": "object"},
+                   {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
+                   {"type": "object", "properties": {"a": {"description": "anything"}}, "required": ["a"]}):
+        for value in ('"text"', "[1, {}]", '{"b": null}', "true", "-12.5"):   # any JSON value, as before
+            assert accepts(tokenizer, schema, f'{{"a": {value}}}'), (schema, value)
+        assert not accepts(tokenizer, schema, f'{{"a": {big}}}'), schema
+        assert not accepts(tokenizer, schema, '{"a": 1.' + "1" * (FRACTION_DIGITS + 1) + "}"), schema
+    items = {"type": "array"}
+    assert accepts(tokenizer, items, '["x", 1, [2]]') and not accepts(tokenizer, items, f"[{big}]")
+    assert accepts(tokenizer, True, "[1, 2]") and not accepts(tokenizer, True, big)   # the whole answer free-form
+    # one level only: the numbers inside a free-form object or array stay unbounded (the grammars of large schemas
+    # would outgrow the library's limit)
+    assert accepts(tokenizer, {"type": "object"}, f'{{"a": [{big}]}}')
 
 
 def test_nesting_depth_bounds_the_indentation(tokenizer):
